@@ -1,0 +1,91 @@
+#pragma once
+// DataLoader: worker threads build whole batches (gather, transform, collate into one contiguous
+// tensor) ahead of the trainer into a bounded queue; batches come out in order. On CUDA the batch
+// is built in pinned memory and copied with non_blocking.
+//
+//   fasttrain::DataLoader loader(splits.train, pipeline,
+//                                fasttrain::LoaderOptions(256).workers(2).shuffle(true).seed(7));
+//   loader.start_epoch(0);
+//   while (auto batch = loader.next()) { ... batch->inputs ... }   // [B, C, H, W] float32
+//   double waited = loader.wait_seconds();
+//
+// Shuffling and augmentation are keyed on (seed, epoch, sample index): the batches are identical
+// for any worker count. An exception in a worker is rethrown by next().
+#include <torch/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "fasttrain/data/dataset.h"
+#include "fasttrain/data/transforms.h"
+#include "fasttrain/util/arg.h"
+
+namespace fasttrain {
+
+struct LoaderOptions {
+  explicit LoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
+  FT_ARG(int64_t, batch_size);
+  // Worker threads; -1 = auto (see auto_worker_count), 0 = build batches in the caller's thread.
+  FT_ARG(int, workers) = -1;
+  // Batches kept ready ahead of the trainer (bounded queue).
+  FT_ARG(int, prefetch) = 4;
+  FT_ARG(bool, shuffle) = true;
+  FT_ARG(bool, drop_last) = true;
+  FT_ARG(uint64_t, seed) = 0;
+  // Where batches are delivered; on CUDA they are staged in pinned memory when pin_memory is set.
+  FT_ARG(torch::Device, device) = torch::kCPU;
+  FT_ARG(bool, pin_memory) = true;
+};
+
+// Workers for `auto`: enough to keep the trainer fed without taking cores from compute.
+int auto_worker_count();
+
+struct Batch {
+  torch::Tensor inputs;   // [B, C, H, W] float32 on the loader's device
+  torch::Tensor targets;  // [B] int64 on the loader's device
+  int64_t epoch = 0;
+  int64_t index = 0;      // batch index within the epoch
+};
+
+class DataLoader {
+ public:
+  DataLoader(ImageDataset dataset, TransformPipeline pipeline, LoaderOptions options);
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  // Starts producing batches of `epoch`, beginning at batch `first_batch` (for resuming).
+  // Abandons whatever is left of the previous epoch.
+  void start_epoch(int64_t epoch, int64_t first_batch = 0);
+  // The next batch of the current epoch, nullopt at its end. Rethrows a worker's exception.
+  std::optional<Batch> next();
+
+  int64_t batches_per_epoch() const;
+  const ImageDataset& dataset() const { return dataset_; }
+  const LoaderOptions& options() const { return options_; }
+  int workers() const { return workers_; }
+  // Seconds the caller spent blocked in next() since construction.
+  double wait_seconds() const { return wait_seconds_; }
+
+  // The sample order of `epoch` (a permutation when shuffling): a pure function of (seed, epoch).
+  std::vector<int64_t> epoch_order(int64_t epoch) const;
+
+ private:
+  struct Impl;
+  ImageDataset dataset_;
+  TransformPipeline pipeline_;
+  LoaderOptions options_;
+  int workers_ = 0;
+  double wait_seconds_ = 0;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace fasttrain

@@ -1,0 +1,85 @@
+#pragma once
+// Per-sample transforms, run in the loader's worker threads on the raw uint8 samples.
+// Augmentations (uint8 -> uint8) compose in order; Normalize is always last (uint8 -> float).
+// Every random choice comes from a SampleRng keyed on (seed, epoch, sample index), so the
+// result does not depend on which worker ran it.
+//
+//   auto pipeline = fasttrain::TransformPipeline({0.2860f}, {0.3530f})
+//                       .add(std::make_shared<fasttrain::RandomCrop>(2))
+//                       .add(std::make_shared<fasttrain::HorizontalFlip>());
+//   pipeline.apply(sample_u8, shape, out_f32, fasttrain::SampleRng(seed, epoch, index));
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace fasttrain {
+
+// Counter-based generator: a pure function of its key, cheap to create per sample (splitmix64).
+class SampleRng {
+ public:
+  SampleRng(uint64_t seed, uint64_t epoch, uint64_t index);
+  uint64_t next();
+  // Uniform integer in [0, bound).
+  uint64_t below(uint64_t bound);
+  // Uniform in [0, 1).
+  double uniform();
+
+ private:
+  uint64_t state_;
+};
+
+struct SampleShape {
+  int64_t channels = 1;
+  int64_t height = 0;
+  int64_t width = 0;
+  int64_t numel() const { return channels * height * width; }
+};
+
+class Augmentation {
+ public:
+  virtual ~Augmentation() = default;
+  // Reads `in`, writes `out` (same shape, distinct buffers, layout [C, H, W]).
+  virtual void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng& rng) const = 0;
+  virtual std::string describe() const = 0;
+};
+
+// Pads by `padding` zeros on every side, then crops a random window of the original size.
+class RandomCrop : public Augmentation {
+ public:
+  explicit RandomCrop(int padding);
+  void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  int padding_;
+};
+
+// Mirrors left-right with probability `probability`.
+class HorizontalFlip : public Augmentation {
+ public:
+  explicit HorizontalFlip(double probability = 0.5);
+  void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng& rng) const override;
+  std::string describe() const override;
+
+ private:
+  double probability_;
+};
+
+// Augmentations followed by normalisation: out = (in / 255 - mean[c]) / std[c].
+class TransformPipeline {
+ public:
+  TransformPipeline(std::vector<float> mean, std::vector<float> std);
+  TransformPipeline& add(std::shared_ptr<const Augmentation> augmentation);
+  // `out` holds shape.numel() floats. Thread-safe: keeps no mutable state.
+  void apply(const uint8_t* in, const SampleShape& shape, float* out, SampleRng rng) const;
+  bool has_augmentations() const { return !augmentations_.empty(); }
+  std::string describe() const;
+
+ private:
+  std::vector<std::shared_ptr<const Augmentation>> augmentations_;
+  std::vector<float> scale_;   // 1 / (255 * std[c])
+  std::vector<float> offset_;  // -mean[c] / std[c]
+};
+
+}  // namespace fasttrain

@@ -1,0 +1,46 @@
+#pragma once
+// Optimizers built by name: "sgd" (momentum, nesterov), "adam", "adamw" (decoupled weight decay).
+// Weight decay applies to weight matrices and conv kernels only: biases and norm weights (every
+// parameter with dim <= 1) go to a second group with weight_decay 0.
+//
+//   auto optimizer = fasttrain::make_optimizer(model->named_parameters(),
+//                                              fasttrain::OptimizerOptions("adamw").lr(3e-3));
+//   fasttrain::set_learning_rate(*optimizer, 1e-3);
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fasttrain/util/arg.h"
+
+namespace fasttrain {
+
+struct OptimizerOptions {
+  explicit OptimizerOptions(std::string name) : name_(std::move(name)) {}
+  FT_ARG(std::string, name);
+  FT_ARG(double, lr) = 1e-3;
+  FT_ARG(double, momentum) = 0.9;       // sgd momentum; adam/adamw beta1 is betas[0]
+  FT_ARG(bool, nesterov) = false;
+  FT_ARG(double, weight_decay) = 0.0;
+  FT_ARG(double, beta1) = 0.9;
+  FT_ARG(double, beta2) = 0.999;
+  FT_ARG(double, eps) = 1e-8;
+};
+
+const std::vector<std::string>& optimizer_names();
+
+// Validates `options` (unknown name -> error listing valid names; non-finite or negative values).
+void validate(const OptimizerOptions& options);
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options);
+
+// Sets lr on every parameter group.
+void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
+double learning_rate(const torch::optim::Optimizer& optimizer);
+// Sets SGD momentum or Adam/AdamW beta1 on every group (for momentum cycling).
+void set_momentum(torch::optim::Optimizer& optimizer, double momentum);
+
+}  // namespace fasttrain

@@ -1,0 +1,21 @@
+#pragma once
+// Devices and threads.
+//
+//   torch::Device device = fasttrain::parse_device("auto");   // cuda if available, else cpu
+//   fasttrain::set_intra_op_threads(0);                         // 0 = physical cores
+#include <torch/types.h>
+
+#include <string>
+
+namespace fasttrain {
+
+// "auto" | "cpu" | "cuda" | "cuda:N". An unavailable CUDA device is an error.
+torch::Device parse_device(const std::string& spec);
+
+// Physical cores of this machine (hyper-threads counted once); at least 1.
+int physical_cores();
+
+// Sets LibTorch's intra-op threads: `threads` > 0 as given, 0 = physical_cores(). Returns the count set.
+int set_intra_op_threads(int threads);
+
+}  // namespace fasttrain

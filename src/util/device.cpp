@@ -1,0 +1,54 @@
+#include "fasttrain/util/device.h"
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+torch::Device parse_device(const std::string& spec) {
+  if (spec == "auto") {
+    return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  }
+  if (spec == "cpu") return torch::Device(torch::kCPU);
+  if (spec.rfind("cuda", 0) == 0) {
+    FT_CONFIG_CHECK(torch::cuda::is_available(),
+                    "device '{}' requested but this LibTorch ({}) sees no CUDA device; use \"cpu\" or \"auto\"",
+                    spec, TORCH_VERSION);
+    torch::Device device(spec);
+    FT_CONFIG_CHECK(!device.has_index() || device.index() < static_cast<int>(torch::cuda::device_count()),
+                    "device '{}' does not exist: {} CUDA device(s) visible", spec, torch::cuda::device_count());
+    return device;
+  }
+  throw ConfigError(fmt::format("device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got '{}'", spec));
+}
+
+int physical_cores() {
+  // Count distinct (physical id, core id) pairs; fall back to the logical count.
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::set<std::pair<int, int>> cores;
+  std::string line;
+  int physical_id = 0;
+  while (std::getline(cpuinfo, line)) {
+    auto value = [&] { return std::stoi(line.substr(line.find(':') + 1)); };
+    if (line.rfind("physical id", 0) == 0) physical_id = value();
+    if (line.rfind("core id", 0) == 0) cores.emplace(physical_id, value());
+  }
+  if (!cores.empty()) return static_cast<int>(cores.size());
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+int set_intra_op_threads(int threads) {
+  FT_CONFIG_CHECK(threads >= 0, "train.threads must be >= 0 (0 = physical cores), got {}", threads);
+  int count = threads > 0 ? threads : physical_cores();
+  at::set_num_threads(count);
+  return count;
+}
+
+}  // namespace fasttrain
