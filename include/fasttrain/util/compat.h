@@ -11,3 +11,21 @@
 namespace fasttrain::compat {
 inline const char* torch_version() { return TORCH_VERSION; }
 }  // namespace fasttrain::compat
+
+#include <torch/optim/optimizer.h>
+
+namespace fasttrain::compat {
+
+// Drops every gradient (grad = None) so the next backward writes instead of accumulating and the
+// memory is freed between steps. LibTorch 2.x has zero_grad(set_to_none); 1.13 only zeroes.
+inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 0)
+  optimizer.zero_grad(/*set_to_none=*/true);
+#else
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& parameter : group.params()) parameter.mutable_grad() = torch::Tensor();
+  }
+#endif
+}
+
+}  // namespace fasttrain::compat

@@ -1,0 +1,122 @@
+// fasttrain: the command-line tool. A thin layer over the library: parse a subcommand, build the
+// Config, call the run functions of train/run.h. Only main() catches errors: it prints
+// `error: ...` with a hint and exits 2 for bad configuration or usage, 1 for anything else.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include "fasttrain/fasttrain.h"
+
+namespace {
+
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+};
+
+void add_config_args(CLI::App& command, ConfigArgs& args, bool required) {
+  auto* option = command.add_option("config", args.path, "TOML config (see docs/CONFIG.md)");
+  if (required) option->required();
+  command.add_option("--set", args.overrides, "Override a key: --set section.key=value (repeatable)");
+}
+
+fasttrain::Config build_config(const ConfigArgs& args) {
+  fasttrain::Config config = args.path.empty() ? fasttrain::Config() : fasttrain::load_config(args.path);
+  for (const auto& assignment : args.overrides) fasttrain::apply_override(config, assignment);
+  fasttrain::validate(config);
+  return config;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"fasttrain: train neural networks fast on LibTorch, with the PyTorch performance playbook as "
+               "switches"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("fasttrain 0.1.0 (LibTorch ") + TORCH_VERSION + ")");
+
+  // ---- train ----
+  ConfigArgs train_args;
+  std::string run_dir;
+  auto* train = app.add_subcommand("train", "Train a model; writes the run directory (runs/<run.name>)");
+  add_config_args(*train, train_args, false);
+  train->add_option("--run-dir", run_dir, "Run directory (default: <run.root>/<run.name>)");
+
+  // ---- eval ----
+  ConfigArgs eval_args;
+  std::string weights;
+  auto* eval = app.add_subcommand("eval", "Evaluate saved weights on the test set of the config's data");
+  add_config_args(*eval, eval_args, false);
+  eval->add_option("--weights", weights, "Weights saved by train (RUN_DIR/final/model.pt)")->required();
+
+  // ---- find-lr ----
+  ConfigArgs lr_args;
+  fasttrain::LrFinderOptions lr_options;
+  std::string lr_csv = "lr_find.csv";
+  auto* find_lr = app.add_subcommand("find-lr", "LR range test: sweep the LR exponentially, suggest a max LR");
+  add_config_args(*find_lr, lr_args, true);
+  find_lr->add_option("--start-lr", lr_options.start_lr(), "First LR")->capture_default_str();
+  find_lr->add_option("--end-lr", lr_options.end_lr(), "Last LR")->capture_default_str();
+  find_lr->add_option("--steps", lr_options.steps(), "Optimizer steps of the sweep")->capture_default_str();
+  find_lr->add_option("--csv", lr_csv, "Where to write the curve")->capture_default_str();
+
+  // ---- config ----
+  ConfigArgs show_args;
+  bool reference = false;
+  auto* config = app.add_subcommand("config", "Print the effective config (defaults, file, --set) as TOML");
+  add_config_args(*config, show_args, false);
+  config->add_flag("--reference", reference, "Print the Markdown reference of every key (docs/CONFIG.md)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+
+  if (*train) {
+    fasttrain::Config cfg = build_config(train_args);
+    if (run_dir.empty()) run_dir = cfg.run.root() + "/" + cfg.run.name();
+    std::cerr << "fasttrain: effective config\n" << fasttrain::to_toml(cfg) << "\n";
+    fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir);
+    std::cout << summary.to_json().dump(2) << "\n";
+    std::cerr << "fasttrain: run written to " << run_dir << "\n";
+  } else if (*eval) {
+    fasttrain::EvalResult result = fasttrain::eval_run(build_config(eval_args), weights);
+    std::cout << nlohmann::json{{"test_accuracy", result.accuracy}, {"test_loss", result.loss},
+                                {"samples", result.samples}}
+                     .dump(2)
+              << "\n";
+  } else if (*find_lr) {
+    fasttrain::LrFinderResult result = fasttrain::find_lr_run(build_config(lr_args), lr_options, lr_csv);
+    std::cout << result.table();
+    std::cout << fmt::format("suggested max lr: {:.3g}{}\ncurve written to {}\n", result.suggested_lr,
+                             result.diverged ? " (the sweep stopped at divergence)" : "", lr_csv);
+  } else if (*config) {
+    if (reference) {
+      std::cout << fasttrain::config_reference();
+    } else {
+      std::cout << fasttrain::to_toml(build_config(show_args));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const fasttrain::ConfigError& error) {
+    std::fprintf(stderr, "error: %s\nhint: see docs/CONFIG.md or `fasttrain config --reference`\n", error.what());
+    return 2;
+  } catch (const fasttrain::Error& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  } catch (const c10::Error& error) {
+    std::fprintf(stderr, "error: LibTorch: %s\n", error.what_without_backtrace());
+    return 1;
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,56 @@
+#pragma once
+// Models built by name from config: "mlp", "cnn" (the classic conv net), "resnet" (small, with
+// bias-free convs before BatchNorm). Input sizes come from the dataset, the rest from [model].
+//
+//   auto model = fasttrain::make_model(fasttrain::ModelOptions("cnn").widths({32, 64}).hidden({128}));
+//   torch::Tensor logits = model->forward(images);   // [B, C, H, W] -> [B, num_classes]
+//   std::cout << model->describe();                  // layers and parameter count
+#include <torch/nn/module.h>
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fasttrain/util/arg.h"
+
+namespace fasttrain {
+
+struct ModelOptions {
+  explicit ModelOptions(std::string name) : name_(std::move(name)) {}
+  FT_ARG(std::string, name);
+  // Set from the dataset.
+  FT_ARG(int64_t, in_channels) = 1;
+  FT_ARG(int64_t, height) = 28;
+  FT_ARG(int64_t, width) = 28;
+  FT_ARG(int64_t, num_classes) = 10;
+  // cnn: channels of each 3x3 conv stage (each followed by a 2x2 max-pool).
+  // resnet: channels of each stage (the first is also the stem; later stages halve the resolution).
+  FT_ARG(std::vector<int64_t>, widths) = std::vector<int64_t>{32, 64};
+  // mlp and cnn: hidden fully connected layers before the classifier.
+  FT_ARG(std::vector<int64_t>, hidden) = std::vector<int64_t>{128};
+  // cnn: BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it).
+  FT_ARG(bool, batchnorm) = false;
+  // resnet: residual blocks per stage.
+  FT_ARG(int64_t, blocks) = 1;
+  // Dropout before each fully connected layer (0 = none).
+  FT_ARG(double, dropout) = 0.0;
+};
+
+// A classifier: images in, logits out.
+class Model : public torch::nn::Module {
+ public:
+  virtual torch::Tensor forward(torch::Tensor images) = 0;  // [B, C, H, W] -> [B, num_classes]
+  // One line per layer and the parameter count.
+  std::string describe() const;
+  int64_t parameter_count() const;
+};
+
+const std::vector<std::string>& model_names();
+
+// Builds the model named by options.name(); an unknown name or bad size is a ConfigError naming
+// model.<key>, the value and what is allowed.
+std::shared_ptr<Model> make_model(const ModelOptions& options);
+
+}  // namespace fasttrain

@@ -1,0 +1,35 @@
+#pragma once
+// TrainOptions: the [train] section of the config.
+//
+//   auto options = fasttrain::TrainOptions().epochs(3).accumulation(2).clip_norm(1.0);
+#include <cstdint>
+#include <string>
+
+#include "fasttrain/util/arg.h"
+
+namespace fasttrain {
+
+struct TrainOptions {
+  // Passes over the training set; the run ends earlier when max_steps > 0 is reached.
+  FT_ARG(int64_t, epochs) = 1;
+  // Optimizer steps to run in total (0 = as many as `epochs` gives).
+  FT_ARG(int64_t, max_steps) = 0;
+  // Micro-batches per optimizer step; the effective batch is accumulation x data.batch_size.
+  FT_ARG(int64_t, accumulation) = 1;
+  // Clip gradients to this global L2 norm before the step (0 = off).
+  FT_ARG(double, clip_norm) = 0.0;
+  FT_ARG(double, label_smoothing) = 0.0;
+  FT_ARG(int64_t, seed) = 0;
+  // Intra-op threads (0 = the physical cores; LibTorch would otherwise pick 1 here).
+  FT_ARG(int, threads) = 0;
+  // "auto" | "cpu" | "cuda" | "cuda:N".
+  FT_ARG(std::string, device) = "auto";
+  // Evaluate on the test set every N optimizer steps (0 = only at the end of each epoch).
+  FT_ARG(int64_t, eval_every_steps) = 0;
+  // Test accuracy whose first crossing is recorded as time_to_target_s (0 = none).
+  FT_ARG(double, target_accuracy) = 0.0;
+  // End the run as soon as target_accuracy is reached.
+  FT_ARG(bool, stop_at_target) = false;
+};
+
+}  // namespace fasttrain

@@ -1,0 +1,57 @@
+// cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2, then
+// flatten, hidden Linear+ReLU layers and the classifier. With widths {32, 64} and hidden {128}
+// this is the textbook MNIST network the benchmarks compare against.
+#include <torch/nn.h>
+
+#include "fasttrain/models/registry.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+namespace {
+
+class Cnn : public Model {
+ public:
+  explicit Cnn(const ModelOptions& options) {
+    int64_t channels = options.in_channels(), height = options.height(), width = options.width();
+    for (int64_t stage_width : options.widths()) {
+      // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
+      features_->push_back(torch::nn::Conv2d(
+          torch::nn::Conv2dOptions(channels, stage_width, 3).padding(1).bias(!options.batchnorm())));
+      if (options.batchnorm()) features_->push_back(torch::nn::BatchNorm2d(stage_width));
+      features_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+      features_->push_back(torch::nn::MaxPool2d(2));
+      channels = stage_width;
+      height /= 2;
+      width /= 2;
+    }
+    FT_CONFIG_CHECK(height > 0 && width > 0, "model.widths has {} pooling stages, too many for {}x{} inputs",
+                    options.widths().size(), options.height(), options.width());
+    int64_t features = channels * height * width;
+    for (int64_t hidden : options.hidden()) {
+      if (options.dropout() > 0) classifier_->push_back(torch::nn::Dropout(options.dropout()));
+      classifier_->push_back(torch::nn::Linear(features, hidden));
+      classifier_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+      features = hidden;
+    }
+    if (options.dropout() > 0) classifier_->push_back(torch::nn::Dropout(options.dropout()));
+    classifier_->push_back(torch::nn::Linear(features, options.num_classes()));
+    register_module("features", features_);
+    register_module("classifier", classifier_);
+  }
+
+  torch::Tensor forward(torch::Tensor images) override {
+    auto maps = features_->forward(images);           // [B, widths.back(), H / 2^S, W / 2^S]
+    return classifier_->forward(maps.flatten(1));     // [B, classes]
+  }
+
+ private:
+  torch::nn::Sequential features_;
+  torch::nn::Sequential classifier_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> make_cnn(const ModelOptions& options) { return std::make_shared<Cnn>(options); }
+
+}  // namespace fasttrain

@@ -1,0 +1,37 @@
+// mlp: flatten, hidden Linear+ReLU layers, a Linear classifier.
+#include <torch/nn.h>
+
+#include "fasttrain/models/registry.h"
+
+namespace fasttrain {
+
+namespace {
+
+class Mlp : public Model {
+ public:
+  explicit Mlp(const ModelOptions& options) {
+    int64_t features = options.in_channels() * options.height() * options.width();
+    for (int64_t hidden : options.hidden()) {
+      if (options.dropout() > 0) layers_->push_back(torch::nn::Dropout(options.dropout()));
+      layers_->push_back(torch::nn::Linear(features, hidden));
+      layers_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+      features = hidden;
+    }
+    if (options.dropout() > 0) layers_->push_back(torch::nn::Dropout(options.dropout()));
+    layers_->push_back(torch::nn::Linear(features, options.num_classes()));
+    register_module("layers", layers_);
+  }
+
+  torch::Tensor forward(torch::Tensor images) override {
+    return layers_->forward(images.flatten(1));  // [B, C*H*W] -> [B, classes]
+  }
+
+ private:
+  torch::nn::Sequential layers_;
+};
+
+}  // namespace
+
+std::shared_ptr<Model> make_mlp(const ModelOptions& options) { return std::make_shared<Mlp>(options); }
+
+}  // namespace fasttrain

@@ -1,0 +1,120 @@
+// End-to-end tests of the fasttrain executable: what a user types, what lands in the run directory.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+using testing::run_command;
+
+const std::string kCli = FASTTRAIN_CLI;
+const std::string kSmallRun =
+    " --set model.name=mlp --set model.hidden=[64] --set data.batch_size=64 --set optim.lr=2e-3"
+    " --set schedule.name=one-cycle --set train.max_steps=300 --set train.eval_every_steps=150"
+    " --set train.target_accuracy=0.7 --set log.every_steps=50 --set train.threads=1";
+
+TEST(Cli, HelpListsTheSubcommands) {
+  auto result = run_command(kCli + " --help");
+  EXPECT_EQ(result.exit_code, 0);
+  for (const char* command : {"train", "eval", "find-lr", "config"}) {
+    EXPECT_NE(result.output.find(command), std::string::npos) << result.output;
+  }
+  auto train_help = run_command(kCli + " train --help");
+  EXPECT_EQ(train_help.exit_code, 0);
+  EXPECT_NE(train_help.output.find("--set"), std::string::npos);
+  EXPECT_NE(train_help.output.find("--run-dir"), std::string::npos);
+}
+
+TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  std::string run_dir = dir.file("run");
+  auto result = run_command(kCli + " train" + kSmallRun + " --run-dir " + run_dir);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+
+  auto summary = nlohmann::json::parse(testing::read_text(run_dir + "/summary.json"));
+  for (const char* key : {"test_accuracy", "best_test_accuracy", "wall_s", "time_to_target_s", "train_samples_per_s",
+                          "steps", "skipped_steps", "data_wait_fraction", "peak_memory_bytes"}) {
+    EXPECT_TRUE(summary.contains(key)) << key;
+  }
+  EXPECT_EQ(summary["steps"], 300);
+  EXPECT_EQ(summary["skipped_steps"], 0);
+  EXPECT_GT(summary["test_accuracy"].get<double>(), 0.75);
+  EXPECT_GE(summary["best_test_accuracy"].get<double>(), summary["test_accuracy"].get<double>());
+  ASSERT_TRUE(summary["time_to_target_s"].is_number());
+  EXPECT_LE(summary["time_to_target_s"].get<double>(), summary["wall_s"].get<double>());
+  EXPECT_GT(summary["train_samples_per_s"].get<double>(), 100);
+  EXPECT_GE(summary["data_wait_fraction"].get<double>(), 0);
+  EXPECT_LT(summary["data_wait_fraction"].get<double>(), 1);
+  EXPECT_GT(summary["peak_memory_bytes"].get<int64_t>(), 1 << 20);
+
+  // metrics.jsonl: a train record every 50 steps and an eval record every 150.
+  std::istringstream lines(testing::read_text(run_dir + "/metrics.jsonl"));
+  int train_records = 0, eval_records = 0;
+  for (std::string line; std::getline(lines, line);) {
+    auto record = nlohmann::json::parse(line);
+    (record["kind"] == "train" ? train_records : eval_records) += 1;
+  }
+  EXPECT_EQ(train_records, 6);
+  EXPECT_EQ(eval_records, 2);
+
+  // The effective config is complete and reproduces the run's settings.
+  std::string effective = testing::read_text(run_dir + "/config.toml");
+  EXPECT_NE(effective.find("max_steps = 300"), std::string::npos) << effective;
+  auto reloaded = run_command(kCli + " config " + run_dir + "/config.toml");
+  EXPECT_EQ(reloaded.exit_code, 0) << reloaded.output;
+  EXPECT_EQ(reloaded.output, effective);
+
+  // eval on the saved weights gives the run's final accuracy.
+  auto eval = run_command(kCli + " eval " + run_dir + "/config.toml --weights " + run_dir + "/final/model.pt");
+  ASSERT_EQ(eval.exit_code, 0) << eval.output;
+  auto evaluated = nlohmann::json::parse(eval.output.substr(eval.output.find('{')));
+  EXPECT_DOUBLE_EQ(evaluated["test_accuracy"].get<double>(), summary["test_accuracy"].get<double>());
+}
+
+TEST(Cli, ConfigErrorsExitWithCodeTwoAndNameTheKey) {
+  struct Case {
+    std::string args;
+    std::vector<std::string> expected;
+  };
+  std::vector<Case> cases = {
+      {"--set data.batch_size=0", {"data.batch_size", "0"}},
+      {"--set train.accumulation=0", {"train.accumulation", "0"}},
+      {"--set optim.lr=nan", {"optim.lr", "nan"}},
+      {"--set optim.name=lbfgs", {"optim.name", "lbfgs", "adamw"}},
+      {"--set train.nope=1", {"train.nope", "epochs"}},
+      {"--set data.path=/nonexistent/fmnist", {"data.path", "/nonexistent/fmnist"}},
+      {"/nonexistent/config.toml", {"/nonexistent/config.toml"}},
+  };
+  if (testing::have_fashion_mnist()) cases.push_back({"--set data.batch_size=70000", {"data.batch_size", "70000"}});
+  for (const auto& c : cases) {
+    auto result = run_command(kCli + " train " + c.args + " --set log.progress=none");
+    EXPECT_EQ(result.exit_code, 2) << c.args << "\n" << result.output;
+    EXPECT_NE(result.output.find("error: "), std::string::npos) << result.output;
+    for (const auto& part : c.expected) EXPECT_NE(result.output.find(part), std::string::npos) << result.output;
+  }
+  auto unknown_flag = run_command(kCli + " train --bogus");
+  EXPECT_EQ(unknown_flag.exit_code, 2) << unknown_flag.output;
+}
+
+TEST(Cli, FindLrWritesTheCurveAndSuggestsARate) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  std::string config = dir.file("lr.toml");
+  {
+    std::ofstream out(config);
+    out << "[model]\nname = \"mlp\"\nhidden = [64]\n[data]\nbatch_size = 64\n[train]\nthreads = 1\n";
+  }
+  auto result = run_command(kCli + " find-lr " + config + " --steps 60 --csv " + dir.file("lr.csv"));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("suggested max lr"), std::string::npos) << result.output;
+  std::string csv = testing::read_text(dir.file("lr.csv"));
+  EXPECT_EQ(csv.rfind("lr,", 0), 0u) << csv;
+  EXPECT_GT(std::count(csv.begin(), csv.end(), '\n'), 10);
+}
+
+}  // namespace
+}  // namespace fasttrain

@@ -1,0 +1,135 @@
+#include "fasttrain/config/config.h"
+
+#include <gtest/gtest.h>
+
+#include "support.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+namespace {
+
+// Expects a ConfigError whose message contains every one of `parts`.
+template <typename Fn>
+void expect_config_error(Fn&& fn, std::vector<std::string> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected a ConfigError mentioning " << parts.front();
+  } catch (const ConfigError& error) {
+    for (const auto& part : parts) EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
+        << "message: " << error.what() << "\nmissing: " << part;
+  }
+}
+
+TEST(Config, TomlMapsOntoTheOptionStructs) {
+  Config config;
+  apply_toml(config,
+             "[data]\nbatch_size = 64\nworkers = \"auto\"\nhflip = 0.5\n"
+             "[model]\nname = \"resnet\"\nwidths = [16, 32]\n"
+             "[optim]\nname = \"sgd\"\nlr = 0.1\nnesterov = true\n"
+             "[schedule]\nname = \"one-cycle\"\npct_start = 0.25\n"
+             "[train]\nepochs = 3\naccumulation = 2\n",
+             "inline");
+  EXPECT_EQ(config.data.batch_size(), 64);
+  EXPECT_EQ(config.data.workers(), -1);
+  EXPECT_DOUBLE_EQ(config.data.hflip(), 0.5);
+  EXPECT_EQ(config.model.name(), "resnet");
+  EXPECT_EQ(config.model.widths(), (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(config.optim.name(), "sgd");
+  EXPECT_DOUBLE_EQ(config.optim.lr(), 0.1);
+  EXPECT_TRUE(config.optim.nesterov());
+  EXPECT_EQ(config.schedule.name(), "one-cycle");
+  EXPECT_DOUBLE_EQ(config.schedule.pct_start(), 0.25);
+  EXPECT_EQ(config.train.epochs(), 3);
+  EXPECT_EQ(config.train.accumulation(), 2);
+}
+
+TEST(Config, OverridesTakeTomlValuesAndBareWords) {
+  Config config;
+  apply_override(config, "train.epochs=7");
+  apply_override(config, "optim.lr=3e-3");
+  apply_override(config, "model.name=mlp");
+  apply_override(config, "model.hidden=[256, 64]");
+  apply_override(config, "data.workers=3");
+  apply_override(config, "run.name=\"quoted name\"");
+  EXPECT_EQ(config.train.epochs(), 7);
+  EXPECT_DOUBLE_EQ(config.optim.lr(), 3e-3);
+  EXPECT_EQ(config.model.name(), "mlp");
+  EXPECT_EQ(config.model.hidden(), (std::vector<int64_t>{256, 64}));
+  EXPECT_EQ(config.data.workers(), 3);
+  EXPECT_EQ(config.run.name(), "quoted name");
+}
+
+TEST(Config, EffectiveConfigRoundTrips) {
+  Config config;
+  apply_override(config, "optim.lr=0.0123");
+  apply_override(config, "model.widths=[8, 16, 32]");
+  apply_override(config, "data.workers=auto");
+  apply_override(config, "schedule.div_factor=10");
+  std::string text = to_toml(config);
+  Config reread;
+  apply_toml(reread, text, "effective");
+  EXPECT_EQ(to_toml(reread), text);
+  EXPECT_DOUBLE_EQ(reread.schedule.div_factor(), 10.0);
+  EXPECT_NE(text.find("div_factor = 10.0"), std::string::npos) << text;
+}
+
+TEST(Config, ErrorsNameTheKeyTheValueAndWhatIsAllowed) {
+  Config config;
+  expect_config_error([&] { apply_override(config, "train.epoch=3"); }, {"train.epoch", "epochs"});
+  expect_config_error([&] { apply_override(config, "trian.epochs=3"); }, {"[trian]", "train"});
+  expect_config_error([&] { apply_override(config, "data.batch_size=0"); }, {"data.batch_size", ">= 1", "0"});
+  expect_config_error([&] { apply_override(config, "data.batch_size=-5"); }, {"data.batch_size", "-5"});
+  expect_config_error([&] { apply_override(config, "data.batch_size=big"); }, {"data.batch_size", "integer", "big"});
+  expect_config_error([&] { apply_override(config, "train.accumulation=0"); }, {"train.accumulation", "0"});
+  expect_config_error([&] { apply_override(config, "optim.lr=nan"); }, {"optim.lr", "nan"});
+  expect_config_error([&] { apply_override(config, "optim.lr=inf"); }, {"optim.lr", "inf"});
+  expect_config_error([&] { apply_override(config, "optim.lr=-1"); }, {"optim.lr", "-1"});
+  expect_config_error([&] { apply_override(config, "optim.name=lamb"); }, {"optim.name", "lamb", "adamw", "sgd"});
+  expect_config_error([&] { apply_override(config, "model.name=vit"); }, {"model.name", "vit", "resnet"});
+  expect_config_error([&] { apply_override(config, "schedule.name=poly"); }, {"schedule.name", "poly", "one-cycle"});
+  expect_config_error([&] { apply_override(config, "data.workers=many"); }, {"data.workers", "auto", "many"});
+  expect_config_error([&] { apply_override(config, "data.hflip=2"); }, {"data.hflip", "[0, 1]", "2"});
+  expect_config_error([&] { apply_override(config, "model.widths=[8, \"x\"]"); }, {"model.widths", "integers"});
+  expect_config_error([&] { apply_override(config, "noequals"); }, {"section.key=value", "noequals"});
+  expect_config_error([&] { apply_toml(config, "[train\nepochs = 1", "broken.toml"); }, {"broken.toml", "1:"});
+  expect_config_error([&] { apply_toml(config, "epochs = 1", "flat.toml"); }, {"flat.toml", "epochs", "section"});
+}
+
+TEST(Config, ValidateChecksAcrossKeysAndPaths) {
+  Config config;
+  config.data.path("/nonexistent/fasttrain-data");
+  expect_config_error([&] { validate(config); }, {"data.path", "/nonexistent/fasttrain-data"});
+  config = Config();
+  config.data.dataset("idx");
+  expect_config_error([&] { validate(config); }, {"data.path", "idx"});
+  config = Config();
+  config.data.path(testing::TempDir().path().empty() ? "/" : "/tmp");
+  config.train.device("tpu");
+  expect_config_error([&] { validate(config); }, {"train.device", "tpu"});
+  config = Config();
+  config.data.path("/tmp");
+  config.schedule.base_momentum(0.95).max_momentum(0.85);
+  expect_config_error([&] { validate(config); }, {"schedule.max_momentum", "schedule.base_momentum"});
+}
+
+TEST(Config, MissingFileIsNamed) {
+  expect_config_error([] { load_config("/nonexistent/fasttrain.toml"); }, {"/nonexistent/fasttrain.toml"});
+}
+
+TEST(Config, ShippedConfigsLoadAndValidate) {
+  for (const auto& entry : std::filesystem::directory_iterator(std::string(FASTTRAIN_SOURCE_DIR) + "/configs")) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    Config config = load_config(entry.path().string());
+    if (std::filesystem::is_directory(config.data.resolved_path())) validate(config);
+  }
+}
+
+TEST(Config, DocsConfigMdIsGeneratedFromTheSchema) {
+  std::string docs = testing::read_text(std::string(FASTTRAIN_SOURCE_DIR) + "/docs/CONFIG.md");
+  EXPECT_EQ(docs, config_reference())
+      << "docs/CONFIG.md is stale: regenerate it with `build/bin/fasttrain config --reference > docs/CONFIG.md`";
+}
+
+}  // namespace
+}  // namespace fasttrain

@@ -1,0 +1,65 @@
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "fasttrain/models/registry.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+namespace {
+
+TEST(Models, EveryModelMapsImagesToLogits) {
+  for (const auto& name : model_names()) {
+    SCOPED_TRACE(name);
+    auto model = make_model(ModelOptions(name).in_channels(3).height(16).width(16).num_classes(7).widths({8, 16}));
+    auto logits = model->forward(torch::randn({5, 3, 16, 16}));
+    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{5, 7}));
+    EXPECT_GT(model->parameter_count(), 0);
+    EXPECT_NE(model->describe().find("parameters"), std::string::npos);
+  }
+}
+
+TEST(Models, ClassicCnnHasTheTextbookParameterCount) {
+  // conv 1->32 (320) + conv 32->64 (18496) + fc 3136->128 (401536) + fc 128->10 (1290)
+  auto model = make_model(ModelOptions("cnn").widths({32, 64}).hidden({128}));
+  EXPECT_EQ(model->parameter_count(), 320 + 18496 + 401536 + 1290);
+}
+
+TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
+  for (const std::string name : {"cnn", "resnet"}) {
+    auto model = make_model(ModelOptions(name).widths({8, 16}).batchnorm(true));
+    for (const auto& module : model->modules(/*include_self=*/false)) {
+      if (auto* conv = module->as<torch::nn::Conv2d>()) {
+        EXPECT_FALSE(conv->options.bias()) << name << ": conv with bias before BatchNorm";
+      }
+    }
+  }
+}
+
+TEST(Models, BadOptionsAreNamed) {
+  auto message = [](const ModelOptions& options) {
+    try {
+      make_model(options);
+    } catch (const ConfigError& error) {
+      return std::string(error.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message(ModelOptions("transformer")).find("cnn, mlp, resnet"), std::string::npos)
+      << message(ModelOptions("transformer"));
+  EXPECT_NE(message(ModelOptions("cnn").widths({8, 0})).find("model.widths"), std::string::npos);
+  EXPECT_NE(message(ModelOptions("cnn").widths({})).find("model.widths"), std::string::npos);
+  EXPECT_NE(message(ModelOptions("cnn").widths({4, 4, 4, 4, 4, 4})).find("pooling stages"), std::string::npos);
+  EXPECT_NE(message(ModelOptions("mlp").dropout(1.5)).find("model.dropout"), std::string::npos);
+}
+
+TEST(Models, DropoutIsOffInEvalMode) {
+  auto model = make_model(ModelOptions("mlp").hidden({32}).dropout(0.5));
+  auto input = torch::randn({4, 1, 28, 28});
+  model->eval();
+  EXPECT_TRUE(torch::equal(model->forward(input), model->forward(input)));
+  model->train();
+  EXPECT_FALSE(torch::equal(model->forward(input), model->forward(input)));
+}
+
+}  // namespace
+}  // namespace fasttrain

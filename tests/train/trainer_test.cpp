@@ -1,0 +1,168 @@
+#include "fasttrain/train/trainer.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "support.h"
+#include "fasttrain/optim/optimizer.h"
+#include "fasttrain/optim/schedule.h"
+
+namespace fasttrain {
+namespace {
+
+TransformPipeline plain_pipeline() { return TransformPipeline({0.5f}, {0.25f}); }
+
+std::shared_ptr<Model> small_mlp(uint64_t seed) {
+  torch::manual_seed(seed);
+  return make_model(ModelOptions("mlp").in_channels(1).height(8).width(8).num_classes(4).hidden({16}));
+}
+
+std::unique_ptr<Trainer> make_trainer(std::shared_ptr<Model> model, TrainOptions options, double lr = 0.1,
+                                      const std::string& optimizer = "sgd") {
+  auto opt = make_optimizer(model->named_parameters(), OptimizerOptions(optimizer).lr(lr).momentum(0.9));
+  auto schedule = make_schedule(ScheduleOptions("constant"), lr, 0.9, 1000);
+  return std::make_unique<Trainer>(model, std::move(opt), std::move(schedule), options, torch::kCPU);
+}
+
+void expect_same_parameters(Model& a, Model& b, double tolerance) {
+  auto pa = a.parameters(), pb = b.parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(pa[i], pb[i], /*rtol=*/0, tolerance))
+        << "parameter " << i << " differs by " << (pa[i] - pb[i]).abs().max().item<double>();
+  }
+}
+
+TEST(Trainer, AccumulatedMicroBatchesEqualOneLargeBatch) {
+  auto data = testing::synthetic_images(128);
+  // 4 micro-batches of 8 vs one batch of 32, same sample order (the order depends on seed and epoch only).
+  DataLoader small(data, plain_pipeline(), LoaderOptions(8).workers(0).seed(3));
+  DataLoader large(data, plain_pipeline(), LoaderOptions(32).workers(0).seed(3));
+  auto accumulated = small_mlp(11), reference = small_mlp(11);
+  auto accumulating = make_trainer(accumulated, TrainOptions().epochs(2).accumulation(4));
+  auto plain = make_trainer(reference, TrainOptions().epochs(2).accumulation(1));
+  auto a = accumulating->fit(small, nullptr);
+  auto b = plain->fit(large, nullptr);
+  EXPECT_EQ(a.steps, 8);
+  EXPECT_EQ(b.steps, 8);
+  expect_same_parameters(*accumulated, *reference, 1e-6);
+  // And the weights really moved: the test would pass trivially otherwise.
+  auto untouched = small_mlp(11);
+  EXPECT_FALSE(torch::allclose(untouched->parameters()[0], accumulated->parameters()[0]));
+}
+
+TEST(Trainer, PlannedStepsCountShortWindowsAtEpochEnds) {
+  EXPECT_EQ(planned_steps(TrainOptions().epochs(2).accumulation(3), 8), 2 * 3);  // windows 3, 3, 2
+  EXPECT_EQ(planned_steps(TrainOptions().epochs(5).max_steps(7), 100), 7);
+  auto data = testing::synthetic_images(64);
+  DataLoader loader(data, plain_pipeline(), LoaderOptions(8).workers(0));
+  auto trainer = make_trainer(small_mlp(1), TrainOptions().epochs(2).accumulation(3));
+  EXPECT_EQ(trainer->fit(loader, nullptr).steps, 6);
+}
+
+TEST(Trainer, ClippingBoundsTheUpdateToLrTimesNorm) {
+  auto data = testing::synthetic_images(32);
+  DataLoader loader(data, plain_pipeline(), LoaderOptions(32).workers(0));
+  auto model = small_mlp(5);
+  auto before = torch::cat([&] {
+    std::vector<torch::Tensor> flat;
+    for (auto& p : model->parameters()) flat.push_back(p.detach().clone().flatten());
+    return flat;
+  }());
+  const double lr = 0.5, clip = 1e-3;
+  auto opt = make_optimizer(model->named_parameters(), OptimizerOptions("sgd").lr(lr).momentum(0));
+  Trainer trainer(model, std::move(opt), make_schedule(ScheduleOptions("constant"), lr, 0, 10),
+                  TrainOptions().max_steps(1).clip_norm(clip), torch::kCPU);
+  trainer.fit(loader, nullptr);
+  std::vector<torch::Tensor> flat;
+  for (auto& p : model->parameters()) flat.push_back(p.detach().flatten());
+  double moved = (torch::cat(flat) - before).norm().item<double>();
+  EXPECT_NEAR(moved, lr * clip, lr * clip * 1e-3);
+}
+
+TEST(Trainer, GradientsAreNoneAfterEachStep) {
+  auto data = testing::synthetic_images(32);
+  DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0));
+  auto model = small_mlp(2);
+  auto trainer = make_trainer(model, TrainOptions().max_steps(2));
+  trainer->fit(loader, nullptr);
+  for (const auto& p : model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+TEST(Trainer, EvaluateRunsInEvalModeAndRestoresIt) {
+  auto data = testing::synthetic_images(64);
+  DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0).shuffle(false).drop_last(false));
+  torch::manual_seed(0);
+  auto model = make_model(ModelOptions("mlp").in_channels(1).height(8).width(8).num_classes(4).hidden({16}).dropout(0.5));
+  auto trainer = make_trainer(model, TrainOptions());
+  model->train();
+  EvalResult first = trainer->evaluate(loader);
+  EvalResult second = trainer->evaluate(loader);
+  EXPECT_TRUE(model->is_training());
+  EXPECT_EQ(first.samples, 64);
+  EXPECT_DOUBLE_EQ(first.accuracy, second.accuracy);  // dropout off: deterministic
+  EXPECT_DOUBLE_EQ(first.loss, second.loss);
+}
+
+TEST(Trainer, EmaWeightsAreWhatEvaluationSees) {
+  auto data = testing::synthetic_images(64);
+  DataLoader train(data, plain_pipeline(), LoaderOptions(16).workers(0));
+  DataLoader test(data, plain_pipeline(), LoaderOptions(64).workers(0).shuffle(false).drop_last(false));
+  auto model = small_mlp(9);
+  auto trainer = make_trainer(model, TrainOptions().epochs(3), 0.5);
+  trainer->enable_ema(EmaOptions(0.9).warmup(false));
+  trainer->fit(train, nullptr);
+  EvalResult with_ema = trainer->evaluate(test);
+  // The same model evaluated by a trainer without EMA sees the live weights.
+  EvalResult without_ema = make_trainer(model, TrainOptions())->evaluate(test);
+  EvalResult again = trainer->evaluate(test);
+  EXPECT_NE(with_ema.loss, without_ema.loss);
+  EXPECT_DOUBLE_EQ(with_ema.loss, again.loss);  // the guard swapped the live weights back
+}
+
+TEST(Trainer, StopAtTargetEndsTheRunAndRecordsTheTime) {
+  auto data = testing::synthetic_images(64);
+  DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));
+  DataLoader test(data, plain_pipeline(), LoaderOptions(64).workers(0).shuffle(false).drop_last(false));
+  auto trainer = make_trainer(small_mlp(4), TrainOptions().epochs(5).eval_every_steps(2).target_accuracy(0.01)
+                                                .stop_at_target(true));
+  FitSummary summary = trainer->fit(train, &test);
+  EXPECT_EQ(summary.steps, 2);
+  ASSERT_TRUE(summary.time_to_target_s.has_value());
+  EXPECT_GT(*summary.time_to_target_s, 0);
+  EXPECT_LE(*summary.time_to_target_s, summary.wall_s);
+}
+
+TEST(Trainer, NonFiniteLossStopsWithTheStep) {
+  auto data = testing::synthetic_images(64);
+  DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));
+  auto trainer = make_trainer(small_mlp(4), TrainOptions().epochs(50), /*lr=*/1e30);
+  trainer->set_log_every(1);
+  try {
+    trainer->fit(train, nullptr);
+    FAIL() << "expected the run to stop on a non-finite loss";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("step"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find("optim.lr"), std::string::npos) << error.what();
+  }
+}
+
+TEST(Trainer, LearnsASeparableProblem) {
+  // Labels are a function of the image: the mean brightness quartile.
+  auto data = testing::synthetic_images(512);
+  auto brightness = data.images.to(torch::kFloat).mean({1, 2, 3});
+  auto edges = torch::quantile(brightness, torch::tensor({0.25, 0.5, 0.75}));
+  data.labels = torch::bucketize(brightness, edges).to(torch::kLong);
+  DataLoader train(data, plain_pipeline(), LoaderOptions(32).workers(2).seed(1));
+  DataLoader test(data, plain_pipeline(), LoaderOptions(128).workers(0).shuffle(false).drop_last(false));
+  auto trainer = make_trainer(small_mlp(3), TrainOptions().epochs(30), 3e-3, "adam");
+  FitSummary summary = trainer->fit(train, &test);
+  EXPECT_GT(summary.test_accuracy, 0.8);
+  EXPECT_EQ(summary.steps, 30 * 16);
+  EXPECT_GT(summary.train_samples_per_s, 0);
+  EXPECT_GE(summary.data_wait_fraction, 0);
+  EXPECT_GT(summary.peak_memory_bytes, 0);
+}
+
+}  // namespace
+}  // namespace fasttrain
