@@ -1,0 +1,119 @@
+#!/usr/bin/python3
+"""Runs fasttrain and its Python PyTorch peer side by side and reports the ratios (BENCHMARKS.md).
+
+  /usr/bin/python3 bench/compare.py classic   [--epochs 2]   # (a) same model and recipe: epoch time
+  /usr/bin/python3 bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
+  /usr/bin/python3 bench/compare.py all
+
+Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
+Each run's raw JSON goes to bench/out/. Both sides use 2 intra-op threads.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, "bench", "out")
+
+
+def machine():
+    model = "unknown CPU"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+
+
+def run(cmd):
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"command failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def fasttrain(build, config, run_name, overrides):
+    run_dir = os.path.join(OUT, run_name)
+    cmd = [os.path.join(build, "bin", "fasttrain"), "train", config, "--run-dir", run_dir,
+           "--set", "log.progress=none"]
+    for o in overrides:
+        cmd += ["--set", o]
+    run(cmd)
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def peer(args):
+    out = run(["/usr/bin/python3", os.path.join(ROOT, "bench", "peer_classic.py"), "--json"] + args)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def classic(opts):
+    """(a) The same model and recipe: epoch time and data wait."""
+    ours = fasttrain(opts.build, "configs/classic.toml", "classic",
+                     [f"train.epochs={opts.epochs}", "train.threads=2"])
+    theirs = peer(["--epochs", str(opts.epochs), "--threads", "2", "--target-accuracy", "1.1"])
+    samples_per_epoch = 60000
+    ours_epoch = samples_per_epoch / ours["train_samples_per_s"]
+    theirs_epoch = statistics.mean(theirs["epoch_train_s"])
+    row = {
+        "benchmark": "classic CNN epoch time (same model, Adam 1e-3, batch 64, 2 threads)",
+        "fasttrain_epoch_s": round(ours_epoch, 2),
+        "peer_epoch_s": round(theirs_epoch, 2),
+        "speedup": round(theirs_epoch / ours_epoch, 2),
+        "fasttrain_data_wait_fraction": round(ours["data_wait_fraction"], 4),
+        "fasttrain_test_accuracy": ours["test_accuracy"],
+        "peer_test_accuracy": theirs["evals"][-1]["test_accuracy"] if theirs["evals"] else None,
+    }
+    return row, {"fasttrain": ours, "peer": theirs}
+
+
+def speedrun(opts):
+    """(b) fasttrain's default config vs the classic peer: wall time to 91% test accuracy."""
+    ours_runs = [fasttrain(opts.build, "configs/default.toml", f"speedrun-{i}", [f"train.seed={i}"])
+                 for i in range(opts.repeats)]
+    # The peer evaluates every quarter epoch (938 steps per epoch) so its crossing is found early.
+    theirs = peer(["--epochs", "10", "--threads", "2", "--eval-every-steps", "235", "--stop-at-target"])
+    times = [r["time_to_target_s"] for r in ours_runs]
+    reached = [t for t in times if t is not None]
+    ours_time = statistics.median(reached) if len(reached) == len(times) else None
+    row = {
+        "benchmark": "time to 91% test accuracy (fasttrain default config vs classic peer)",
+        "fasttrain_time_to_target_s": times,
+        "fasttrain_median_s": ours_time,
+        "fasttrain_test_accuracy": [r["test_accuracy"] for r in ours_runs],
+        "peer_time_to_target_s": theirs["time_to_target_s"],
+        "speedup": round(theirs["time_to_target_s"] / ours_time, 2)
+        if ours_time and theirs["time_to_target_s"] else None,
+    }
+    return row, {"fasttrain": ours_runs, "peer": theirs}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("which", choices=["classic", "speedrun", "all"])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=3)
+    opts = p.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    benches = {"classic": classic, "speedrun": speedrun}
+    chosen = list(benches) if opts.which == "all" else [opts.which]
+    for name in chosen:
+        row, raw = benches[name](opts)
+        row["machine"] = machine()
+        with open(os.path.join(OUT, f"{name}.json"), "w") as f:
+            json.dump({"result": row, "raw": raw}, f, indent=2)
+        print(json.dumps(row, indent=2))
+
+
+if __name__ == "__main__":
+    main()
