@@ -1,7 +1,11 @@
 #pragma once
 // Exponential moving average of a model's parameters and buffers.
-//   ema = decay_t * ema + (1 - decay_t) * param, decay_t = min(decay, (1 + t) / (10 + t)) with warmup.
-// Buffers (BatchNorm running stats) are copied, not averaged.
+//   ema = decay_t * ema + (1 - decay_t) * param, decay_t = min(decay, (1 + t) / (10 + t)) with warmup,
+// t = the EMA updates made before this one (0 for the first). With every = N the update runs on
+// every Nth call of update() and uses decay_t^N, so the averaging horizon in optimizer steps does
+// not depend on N. Buffers (BatchNorm running stats) are copied, not averaged.
+// Create the Ema after moving the model to its device and dtype: the averages live next to the
+// weights.
 //
 //   fasttrain::Ema ema(*model, fasttrain::EmaOptions(0.999));
 //   ... after each optimizer step: ema.update();
@@ -25,12 +29,18 @@ struct EmaOptions {
 
 class Ema {
  public:
+  // Invalid options (decay outside [0, 1], every < 1) throw ConfigError naming ema.<key>.
   Ema(torch::nn::Module& model, EmaOptions options);
+  // Call once after each optimizer step.
   void update();
+  const EmaOptions& options() const { return options_; }
   int64_t updates() const { return updates_; }
   const std::vector<torch::Tensor>& shadow() const { return shadow_; }
 
   // Swaps the model's tensors with the EMA's for the guard's lifetime; swaps back on exit.
+  // The values are copied in place, so the model's Parameters keep their identity and storage
+  // (optimizer state, DDP buckets and CUDA-graph addresses stay valid). Guards do not nest, and
+  // update() inside a guard is an error.
   class SwapGuard {
    public:
     explicit SwapGuard(Ema& ema);
@@ -50,6 +60,7 @@ class Ema {
   EmaOptions options_;
   int64_t steps_ = 0;
   int64_t updates_ = 0;
+  bool swapped_ = false;
 };
 
 }  // namespace fasttrain

@@ -1,9 +1,21 @@
 #pragma once
 // Learning-rate (and momentum) schedules as pure functions of the optimizer step, with the
 // semantics of PyTorch's torch.optim.lr_scheduler classes (tests compare against them):
-//   constant, step (StepLR), cosine (linear warmup, then CosineAnnealingLR to min_lr),
-//   one-cycle (OneCycleLR: pct_start, div_factor, final_div_factor, cos/linear annealing,
-//   momentum cycling), cyclic (CyclicLR triangular, optional momentum cycling).
+//   constant  max_lr.
+//   step      StepLR: max_lr * gamma^floor(step / step_size).
+//   cosine    linear warm-up, then cosine to min_lr; exactly
+//               SequentialLR([LinearLR(start_factor=1/W, total_iters=W-1),
+//                             CosineAnnealingLR(T_max=total_steps-W, eta_min=min_lr)], milestones=[W])
+//             with W = warmup_steps (plain CosineAnnealingLR(T_max=total_steps) when W = 0):
+//               step < W:  max_lr * (step + 1) / W        (max_lr at step W-1; never trains at lr 0)
+//               step >= W: min_lr + (max_lr - min_lr) * (1 + cos(pi * (step - W) / (total_steps - W))) / 2
+//             reaching min_lr at step == total_steps and holding it after.
+//   one-cycle OneCycleLR(max_lr, total_steps, pct_start, div_factor, final_div_factor, anneal,
+//             cycle_momentum, base_momentum, max_momentum, three_phase); steps >= total_steps hold
+//             the final LR (PyTorch extrapolates at total_steps and throws after).
+//   cyclic    CyclicLR(mode="triangular", base_lr, max_lr, step_size_up, step_size_down,
+//             cycle_momentum, base_momentum, max_momentum); momentum falls while the LR rises.
+// tests/optim/make_schedule_references.py records PyTorch's sequences for the tests.
 //
 //   auto schedule = fasttrain::make_schedule(fasttrain::ScheduleOptions("one-cycle").pct_start(0.25),
 //                                            /*max_lr=*/0.01, /*base_momentum=*/0.9, /*total_steps=*/1000);
@@ -48,14 +60,21 @@ const std::vector<std::string>& schedule_names();
 class Schedule {
  public:
   virtual ~Schedule() = default;
-  // Learning rate for the optimizer step that follows `step` completed steps.
+  // Learning rate for the optimizer step that follows `step` completed steps (what PyTorch's
+  // scheduler.get_last_lr() returns after `step` scheduler.step() calls). step < 0 is an error.
   virtual double lr(int64_t step) const = 0;
   // Momentum (SGD) or beta1 (Adam) for that step, when the schedule cycles it.
-  virtual std::optional<double> momentum(int64_t step) const { (void)step; return std::nullopt; }
+  virtual std::optional<double> momentum(int64_t step) const {
+    (void)step;
+    return std::nullopt;
+  }
 };
 
-// `max_lr` is the optimizer's configured lr; `total_steps` the optimizer steps of the whole run.
-// Invalid options are an error naming the key (schedule.<key>) and the value.
+// `max_lr` is the optimizer's configured lr; `total_steps` the optimizer steps of the whole run
+// (used by cosine and one-cycle only). `base_momentum` is the optimizer's configured momentum (SGD
+// momentum or Adam beta1): schedules that do not cycle momentum return nullopt from momentum() and
+// leave it as it is; the cycling ones move between options.base_momentum() and max_momentum().
+// Invalid options throw ConfigError naming the key (schedule.<key>), the value and what is allowed.
 std::unique_ptr<Schedule> make_schedule(const ScheduleOptions& options, double max_lr, double base_momentum,
                                         int64_t total_steps);
 

@@ -1,0 +1,76 @@
+#include "fasttrain/optim/ema.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+Ema::Ema(torch::nn::Module& model, EmaOptions options) : options_(std::move(options)) {
+  FT_CONFIG_CHECK(std::isfinite(options_.decay()) && options_.decay() >= 0 && options_.decay() <= 1,
+                  "ema.decay must be in [0, 1], got {}", options_.decay());
+  FT_CONFIG_CHECK(options_.every() >= 1, "ema.every must be >= 1, got {}", options_.every());
+  torch::NoGradGuard no_grad;
+  for (const auto& p : model.parameters()) live_.push_back(p);
+  parameter_count_ = live_.size();
+  for (const auto& b : model.buffers()) live_.push_back(b);
+  shadow_.reserve(live_.size());
+  for (const auto& t : live_) shadow_.push_back(t.detach().clone());
+}
+
+void Ema::update() {
+  FT_CHECK(!swapped_, "Ema::update() inside an Ema::SwapGuard would average the EMA weights into themselves");
+  ++steps_;
+  if (steps_ % options_.every() != 0) return;
+
+  double decay = options_.decay();
+  if (options_.warmup()) {
+    const double t = static_cast<double>(updates_);
+    decay = std::min(decay, (1 + t) / (10 + t));
+  }
+  decay = std::pow(decay, static_cast<double>(options_.every()));
+
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < live_.size(); ++i) {
+    FT_CHECK(live_[i].device() == shadow_[i].device() && live_[i].scalar_type() == shadow_[i].scalar_type() &&
+                 live_[i].sizes() == shadow_[i].sizes(),
+             "EMA tensor {} changed from {} {} {} to {} {} {} after the Ema was made; create the Ema after "
+             "moving the model to its device and dtype",
+             i, shadow_[i].device().str(), c10::toString(shadow_[i].scalar_type()), shadow_[i].sizes(),
+             live_[i].device().str(), c10::toString(live_[i].scalar_type()), live_[i].sizes());
+  }
+  const auto parameters = torch::TensorList(live_).slice(0, parameter_count_);
+  const auto averages = torch::TensorList(shadow_).slice(0, parameter_count_);
+  // One fused multi-tensor op per term instead of a kernel launch per parameter.
+  torch::_foreach_mul_(averages, decay);
+  torch::_foreach_add_(averages, parameters, 1 - decay);
+  for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
+  ++updates_;
+}
+
+void Ema::swap() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < live_.size(); ++i) {
+    // Copy values rather than swap storages: the model's tensors keep their addresses.
+    torch::Tensor model_values = live_[i].clone();
+    live_[i].copy_(shadow_[i]);
+    shadow_[i].copy_(model_values);
+  }
+}
+
+Ema::SwapGuard::SwapGuard(Ema& ema) : ema_(ema) {
+  FT_CHECK(!ema_.swapped_,
+           "Ema::SwapGuard inside another SwapGuard of the same Ema would swap the weights back");
+  ema_.swap();
+  ema_.swapped_ = true;
+}
+
+Ema::SwapGuard::~SwapGuard() {
+  ema_.swap();
+  ema_.swapped_ = false;
+}
+
+}  // namespace fasttrain

@@ -1,0 +1,163 @@
+// EMA: the averaging math, buffer copies, and the in-place swap of SwapGuard.
+#include "fasttrain/optim/ema.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "fasttrain/optim/optimizer.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+namespace {
+
+struct Net : torch::nn::Module {
+  Net() {
+    linear = register_module("linear", torch::nn::Linear(3, 2));
+    norm = register_module("norm", torch::nn::BatchNorm1d(2));
+    to(torch::kDouble);
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return norm(linear(x)); }
+  torch::nn::Linear linear{nullptr};
+  torch::nn::BatchNorm1d norm{nullptr};
+};
+
+// Sets every parameter to `value` (what an optimizer step would have produced).
+void set_parameters(torch::nn::Module& model, double value) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.parameters()) p.fill_(value);
+}
+
+std::vector<torch::Tensor> snapshot(const std::vector<torch::Tensor>& tensors) {
+  std::vector<torch::Tensor> copies;
+  for (const auto& t : tensors) copies.push_back(t.detach().clone());
+  return copies;
+}
+
+TEST(Ema, WarmupDecayMatchesHandComputation) {
+  Net model;
+  set_parameters(model, 1.0);
+  Ema ema(model, EmaOptions(0.3));  // warmup on: decay_t = min(0.3, (1 + t) / (10 + t))
+  double expected = 1.0;
+  const std::vector<double> values = {2.0, -1.0, 4.0, 0.5, 3.0};
+  for (size_t t = 0; t < values.size(); ++t) {
+    set_parameters(model, values[t]);
+    ema.update();
+    const double decay = std::min(0.3, (1.0 + t) / (10.0 + t));
+    expected = decay * expected + (1 - decay) * values[t];
+    for (size_t i = 0; i < model.parameters().size(); ++i) {
+      EXPECT_TRUE(torch::allclose(ema.shadow()[i], torch::full_like(ema.shadow()[i], expected), 1e-14, 1e-14))
+          << "update " << t << ": " << ema.shadow()[i] << " vs " << expected;
+    }
+  }
+  EXPECT_EQ(ema.updates(), 5);
+  // The first three updates are warm-up limited (0.1, 0.18, 0.25 < 0.3), the rest use 0.3: the
+  // expected value above went through both branches.
+  EXPECT_LT((1.0 + 2) / (10.0 + 2), 0.3);
+  EXPECT_GT((1.0 + 3) / (10.0 + 3), 0.3);
+}
+
+TEST(Ema, EveryNStepsUsesDecayToTheN) {
+  Net model;
+  set_parameters(model, 0.0);
+  Ema ema(model, EmaOptions(0.9).warmup(false).every(3));
+  double expected = 0.0;
+  for (int step = 1; step <= 7; ++step) {
+    set_parameters(model, step);
+    ema.update();
+    if (step % 3 == 0) expected = std::pow(0.9, 3) * expected + (1 - std::pow(0.9, 3)) * step;
+    EXPECT_NEAR(ema.shadow()[0].flatten()[0].item<double>(), expected, 1e-14) << "step " << step;
+  }
+  EXPECT_EQ(ema.updates(), 2);
+}
+
+TEST(Ema, BuffersAreCopiedNotAveraged) {
+  torch::manual_seed(0);
+  Net model;
+  Ema ema(model, EmaOptions(0.99));
+  model.train();
+  model.forward(torch::randn({8, 3}, torch::kDouble) * 5 + 2);  // moves the running stats
+  ema.update();
+  const auto buffers = model.buffers();
+  const size_t parameter_count = model.parameters().size();
+  ASSERT_EQ(ema.shadow().size(), parameter_count + buffers.size());
+  ASSERT_EQ(buffers.size(), 3u);  // running_mean, running_var, num_batches_tracked
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    EXPECT_TRUE(torch::equal(ema.shadow()[parameter_count + i], buffers[i])) << i;
+  }
+  EXPECT_EQ(ema.shadow().back().item<double>(), 1);  // num_batches_tracked: a count, copied as is
+}
+
+TEST(Ema, SwapGuardSwapsInPlaceAndRestoresExactly) {
+  torch::manual_seed(1);
+  Net model;
+  Ema ema(model, EmaOptions(0.5).warmup(false));
+  set_parameters(model, 3.0);
+  ema.update();  // averages differ from the live values now
+  const auto live = model.parameters();
+  const auto before = snapshot(live);
+  const auto averages = snapshot(ema.shadow());
+  std::vector<const void*> addresses, impls;
+  for (const auto& p : live) {
+    addresses.push_back(p.data_ptr());
+    impls.push_back(p.unsafeGetTensorImpl());
+  }
+  {
+    Ema::SwapGuard guard(ema);
+    const auto swapped = model.parameters();
+    for (size_t i = 0; i < swapped.size(); ++i) {
+      EXPECT_TRUE(torch::equal(swapped[i], averages[i])) << i;
+      EXPECT_TRUE(torch::equal(ema.shadow()[i], before[i])) << i;
+      EXPECT_EQ(swapped[i].data_ptr(), addresses[i]) << i;
+      EXPECT_EQ(swapped[i].unsafeGetTensorImpl(), impls[i]) << i;
+    }
+    EXPECT_THROW(ema.update(), Error);
+    EXPECT_THROW(Ema::SwapGuard nested(ema), Error);
+  }
+  const auto restored = model.parameters();
+  for (size_t i = 0; i < restored.size(); ++i) {
+    EXPECT_TRUE(torch::equal(restored[i], before[i])) << i;
+    EXPECT_TRUE(torch::equal(ema.shadow()[i], averages[i])) << i;
+    EXPECT_EQ(restored[i].data_ptr(), addresses[i]) << i;
+  }
+}
+
+TEST(Ema, OptimizerStillUpdatesTheModelAfterTheGuard) {
+  torch::manual_seed(2);
+  Net model;
+  auto optimizer = make_optimizer(model.named_parameters(), OptimizerOptions("sgd").lr(0.5).momentum(0));
+  Ema ema(model, EmaOptions(0.9));
+  set_parameters(model, 1.0);
+  ema.update();
+  { Ema::SwapGuard guard(ema); }
+  const auto before = snapshot(model.parameters());
+  const auto averages = snapshot(ema.shadow());
+  for (auto& p : model.parameters()) p.mutable_grad() = torch::ones_like(p);
+  optimizer->step();
+  const auto after = model.parameters();
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(after[i], before[i] - 0.5)) << i;
+    EXPECT_TRUE(torch::equal(ema.shadow()[i], averages[i])) << i;  // the step moved the model only
+  }
+}
+
+TEST(Ema, InvalidOptionsNameTheKey) {
+  Net model;
+  for (const auto& [options, needle] :
+       std::vector<std::pair<EmaOptions, std::string>>{{EmaOptions(1.5), "ema.decay"},
+                                                       {EmaOptions(-0.1), "ema.decay"},
+                                                       {EmaOptions(0.9).every(0), "ema.every"}}) {
+    try {
+      Ema ema(model, options);
+      ADD_FAILURE() << "no error for " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace fasttrain
