@@ -6,6 +6,7 @@
 #include "support.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 namespace {

@@ -19,9 +19,12 @@ std::vector<uint8_t> read_file_bytes(const std::string& path);
 
 // Parses IDX bytes; `source` names the origin in errors.
 torch::Tensor parse_idx(const std::vector<uint8_t>& bytes, const std::string& source);
+// The same, and the rank byte must be `expected_rank` (a labels file given as images is an error).
+torch::Tensor parse_idx(const std::vector<uint8_t>& bytes, const std::string& source, int expected_rank);
 
-// read_file_bytes + parse_idx.
+// read_file_bytes + parse_idx. Offsets in errors about a gzip file count decompressed bytes.
 torch::Tensor read_idx(const std::string& path);
+torch::Tensor read_idx(const std::string& path, int expected_rank);
 
 // `directory/name` if it exists, else `directory/name.gz`; an error listing both when neither does.
 std::string find_idx_file(const std::string& directory, const std::string& name);

@@ -35,7 +35,8 @@ struct LoaderOptions {
   FT_ARG(int64_t, batch_size);
   // Worker threads; -1 = auto (see auto_worker_count), 0 = build batches in the caller's thread.
   FT_ARG(int, workers) = -1;
-  // Batches kept ready ahead of the trainer (bounded queue).
+  // Batches ahead of the trainer, ready or being built (bounded queue); give at least `workers`
+  // so that every worker has a batch to build.
   FT_ARG(int, prefetch) = 4;
   FT_ARG(bool, shuffle) = true;
   FT_ARG(bool, drop_last) = true;
@@ -52,7 +53,7 @@ struct Batch {
   torch::Tensor inputs;   // [B, C, H, W] float32 on the loader's device
   torch::Tensor targets;  // [B] int64 on the loader's device
   int64_t epoch = 0;
-  int64_t index = 0;      // batch index within the epoch
+  int64_t index = 0;  // batch index within the epoch
 };
 
 class DataLoader {
@@ -65,14 +66,16 @@ class DataLoader {
   // Starts producing batches of `epoch`, beginning at batch `first_batch` (for resuming).
   // Abandons whatever is left of the previous epoch.
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
-  // The next batch of the current epoch, nullopt at its end. Rethrows a worker's exception.
+  // The next batch of the current epoch, nullopt at its end. Rethrows a worker's exception when it
+  // reaches the batch that threw (the batches before it are delivered), and again on every call
+  // until the next start_epoch.
   std::optional<Batch> next();
 
   int64_t batches_per_epoch() const;
   const ImageDataset& dataset() const { return dataset_; }
   const LoaderOptions& options() const { return options_; }
   int workers() const { return workers_; }
-  // Seconds the caller spent blocked in next() since construction.
+  // Seconds the caller spent blocked in next() since construction (with workers = 0: building).
   double wait_seconds() const { return wait_seconds_; }
 
   // The sample order of `epoch` (a permutation when shuffling): a pure function of (seed, epoch).
@@ -80,6 +83,13 @@ class DataLoader {
 
  private:
   struct Impl;
+  // Gathers, transforms and collates batch `index` of `epoch`; stops early (throwing an internal
+  // marker) once the loader's generation is no longer `generation`.
+  Batch build_batch(int64_t epoch, int64_t index, const std::vector<int64_t>& order,
+                    uint64_t generation) const;
+  void worker_loop();
+  void shutdown();  // stops and joins the workers
+
   ImageDataset dataset_;
   TransformPipeline pipeline_;
   LoaderOptions options_;

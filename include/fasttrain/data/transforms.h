@@ -75,11 +75,19 @@ class TransformPipeline {
   void apply(const uint8_t* in, const SampleShape& shape, float* out, SampleRng rng) const;
   bool has_augmentations() const { return !augmentations_.empty(); }
   std::string describe() const;
+  // Channels of the mean/std given; 1 applies to every channel of a sample.
+  int64_t normalized_channels() const { return static_cast<int64_t>(mean_.size()); }
+  // Throws unless samples with `channels` channels can be normalised (1 or the same count).
+  void check_channels(int64_t channels) const;
 
  private:
   std::vector<std::shared_ptr<const Augmentation>> augmentations_;
-  std::vector<float> scale_;   // 1 / (255 * std[c])
-  std::vector<float> offset_;  // -mean[c] / std[c]
+  std::vector<float> mean_;
+  std::vector<float> std_;
+  // table_[c * 256 + v] = (v / 255 - mean[c]) / std[c], computed in float in the formula's order:
+  // a byte -> float lookup costs no more than a multiply-add and gives the values ToTensor +
+  // Normalize give (bit-identical with LibTorch 1.13 on CPU), not a refactored approximation.
+  std::vector<float> table_;
 };
 
 }  // namespace fasttrain

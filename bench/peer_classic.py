@@ -1,0 +1,190 @@
+#!/usr/bin/python3
+"""Python PyTorch peer: the classic Fashion-MNIST CNN, written the standard way.
+
+Model: conv3x3(1->32,pad 1) ReLU maxpool2, conv3x3(32->64,pad 1) ReLU maxpool2, flatten,
+fc(64*7*7 -> 128) ReLU, fc(128 -> 10). Adam lr 1e-3, batch 64, shuffle, no augmentation,
+inputs normalized with the train-set mean/std. torch.utils.data.DataLoader over a TensorDataset.
+
+Timing (matches how fasttrain measures):
+  - epoch train seconds: the pure training loop of one epoch, no evaluation.
+  - time_to_target_s: wall time from the start of training (data already loaded into memory)
+    until the end of the first evaluation whose test accuracy >= --target-accuracy.
+    Evaluation time IS included in this clock (evaluations happen inside the run).
+
+Run with /usr/bin/python3 (the interpreter that has torch):
+  /usr/bin/python3 bench/peer_classic.py --epochs 5 --json
+"""
+import argparse
+import gzip
+import json
+import os
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+DATA_DIR = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
+
+
+def read_idx_images(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    n = int.from_bytes(data[4:8], "big")
+    rows = int.from_bytes(data[8:12], "big")
+    cols = int.from_bytes(data[12:16], "big")
+    return np.frombuffer(data, dtype=np.uint8, offset=16).reshape(n, 1, rows, cols)
+
+
+def read_idx_labels(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    return np.frombuffer(data, dtype=np.uint8, offset=8).astype(np.int64)
+
+
+class ClassicCNN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 3, padding=1)
+        self.conv2 = nn.Conv2d(32, 64, 3, padding=1)
+        self.fc1 = nn.Linear(64 * 7 * 7, 128)
+        self.fc2 = nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        x = F.relu(self.fc1(x))
+        return self.fc2(x)
+
+
+@torch.no_grad()
+def evaluate(model, loader):
+    model.eval()
+    correct = 0
+    total = 0
+    for x, y in loader:
+        pred = model(x).argmax(1)
+        correct += (pred == y).sum().item()
+        total += y.numel()
+    model.train()
+    return correct / total
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--target-accuracy", type=float, default=0.91)
+    p.add_argument("--eval-every-steps", type=int, default=0,
+                   help="also evaluate every K training steps (0: only at epoch ends)")
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--stop-at-target", action="store_true",
+                   help="stop training as soon as the target accuracy is reached")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    wall0 = time.perf_counter()
+
+    # ---- data into memory -------------------------------------------------------------
+    xtr = read_idx_images(os.path.join(DATA_DIR, "train-images-idx3-ubyte.gz"))
+    ytr = read_idx_labels(os.path.join(DATA_DIR, "train-labels-idx1-ubyte.gz"))
+    xte = read_idx_images(os.path.join(DATA_DIR, "t10k-images-idx3-ubyte.gz"))
+    yte = read_idx_labels(os.path.join(DATA_DIR, "t10k-labels-idx1-ubyte.gz"))
+    xtr = torch.from_numpy(xtr.astype(np.float32) / 255.0)
+    xte = torch.from_numpy(xte.astype(np.float32) / 255.0)
+    mean, std = xtr.mean().item(), xtr.std().item()
+    xtr = (xtr - mean) / std
+    xte = (xte - mean) / std
+    train_ds = TensorDataset(xtr, torch.from_numpy(ytr))
+    test_ds = TensorDataset(xte, torch.from_numpy(yte))
+    train_loader = DataLoader(train_ds, batch_size=args.batch_size, shuffle=True,
+                              num_workers=args.workers, drop_last=False)
+    test_loader = DataLoader(test_ds, batch_size=1000, shuffle=False, num_workers=args.workers)
+
+    model = ClassicCNN()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+
+    # ---- training ---------------------------------------------------------------------
+    epoch_seconds, samples_per_s, evals = [], [], []
+    time_to_target = None
+    step = 0
+    train_start = time.perf_counter()
+    train_time_total = 0.0  # pure training time, evaluation excluded
+
+    def do_eval(epoch_frac):
+        nonlocal time_to_target
+        acc = evaluate(model, test_loader)
+        elapsed = time.perf_counter() - train_start
+        evals.append({"epoch": round(epoch_frac, 4), "step": step, "test_accuracy": acc,
+                      "elapsed_s": round(elapsed, 3)})
+        if time_to_target is None and acc >= args.target_accuracy:
+            time_to_target = elapsed
+        if not args.json:
+            print(f"  eval epoch {epoch_frac:.3f} step {step}: test acc {acc:.4f} "
+                  f"(t={elapsed:.1f}s)", flush=True)
+        return acc
+
+    steps_per_epoch = len(train_loader)
+    stop = False
+    for epoch in range(args.epochs):
+        model.train()
+        t0 = time.perf_counter()
+        eval_seconds = 0.0
+        seen = 0
+        for i, (x, y) in enumerate(train_loader):
+            opt.zero_grad(set_to_none=True)
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            step += 1
+            seen += y.numel()
+            if args.eval_every_steps and step % args.eval_every_steps == 0 and i + 1 < steps_per_epoch:
+                te = time.perf_counter()
+                do_eval(epoch + (i + 1) / steps_per_epoch)
+                eval_seconds += time.perf_counter() - te
+                if args.stop_at_target and time_to_target is not None:
+                    stop = True
+                    break
+        dt = time.perf_counter() - t0 - eval_seconds
+        train_time_total += dt
+        epoch_seconds.append(round(dt, 3))
+        samples_per_s.append(round(seen / dt, 1))
+        if not args.json:
+            print(f"epoch {epoch + 1}: train {dt:.2f}s ({seen / dt:.0f} samples/s), "
+                  f"last loss {loss.item():.4f}", flush=True)
+        if stop:
+            break
+        do_eval(epoch + 1)
+        if args.stop_at_target and time_to_target is not None:
+            break
+
+    wall = time.perf_counter() - wall0
+    result = {
+        "peer": "classic",
+        "threads": args.threads, "workers": args.workers, "batch_size": args.batch_size,
+        "seed": args.seed, "epochs_run": len(epoch_seconds),
+        "epoch_train_s": epoch_seconds, "samples_per_s": samples_per_s,
+        "evals": evals,
+        "target_accuracy": args.target_accuracy,
+        "time_to_target_s": None if time_to_target is None else round(time_to_target, 3),
+        "time_to_target_includes_eval": True,
+        "train_s_total": round(train_time_total, 3),
+        "wall_s": round(wall, 3),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"time to {args.target_accuracy}: {result['time_to_target_s']} s; wall {wall:.1f}s")
+
+
+if __name__ == "__main__":
+    main()

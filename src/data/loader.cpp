@@ -1,0 +1,273 @@
+#include "fasttrain/data/loader.h"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Thrown inside a worker to stop building a batch of an abandoned epoch; never leaves the loader.
+struct Abandoned {};
+
+}  // namespace
+
+int auto_worker_count() {
+  // The trainer runs its math on the intra-op pool, which takes the physical cores. Loader workers
+  // only copy bytes (a Fashion-MNIST batch of 256 takes well under a millisecond), so a few threads
+  // keep any trainer fed, and more would steal cores from compute: one worker per four hardware
+  // threads, at least 1 (so loading still overlaps compute on a 2-core machine) and at most 4.
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, std::min(4, hardware / 4));
+}
+
+// The worker side. Protocol (everything under `mutex`):
+//  - `generation` changes whenever the epoch is (re)started or the loader shuts down; a batch built
+//    for an older generation is dropped, and workers poll it to abandon such a batch early.
+//  - workers claim batch indices in increasing order (`next_claim`), at most `prefetch` ahead of the
+//    consumer (`next_deliver`), counting batches in progress; finished ones wait in `ready` by index,
+//    so next() returns them in order whichever worker finished first.
+//  - a worker's exception is stored in its batch's slot and rethrown when the consumer reaches that
+//    batch, so the batches before it are still delivered, exactly as with workers = 0.
+struct DataLoader::Impl {
+  struct Slot {
+    Batch batch;
+    std::exception_ptr error;
+  };
+
+  std::mutex mutex;
+  std::condition_variable work_cv;   // workers: a batch can be claimed, or stop
+  std::condition_variable ready_cv;  // consumer: the next batch is ready
+  std::atomic<uint64_t> generation{0};
+  bool started = false;
+  bool stopping = false;
+  bool failed = false;  // a batch of this generation threw: claim no more
+  int64_t epoch = 0;
+  std::shared_ptr<const std::vector<int64_t>> order;
+  int64_t next_claim = 0;
+  int64_t next_deliver = 0;
+  int64_t end = 0;
+  std::map<int64_t, Slot> ready;
+  std::exception_ptr delivered_error;  // rethrown by every next() until the next start_epoch
+  std::vector<std::thread> threads;
+};
+
+DataLoader::DataLoader(ImageDataset dataset, TransformPipeline pipeline, LoaderOptions options)
+    : dataset_(std::move(dataset)), pipeline_(std::move(pipeline)), options_(std::move(options)) {
+  FT_CONFIG_CHECK(options_.batch_size() > 0, "data.batch_size must be > 0, got {}", options_.batch_size());
+  FT_CONFIG_CHECK(options_.prefetch() >= 1, "data.prefetch must be >= 1 (batches kept ready), got {}",
+                  options_.prefetch());
+  FT_CONFIG_CHECK(options_.workers() >= -1,
+                  "data.workers must be -1 (auto), 0 (load in the training thread) or a thread count, got {}",
+                  options_.workers());
+  FT_CHECK(dataset_.images.defined() && dataset_.images.dim() == 4 &&
+               dataset_.images.scalar_type() == torch::kUInt8,
+           "DataLoader needs uint8 images [N, C, H, W]");
+  FT_CHECK(
+      dataset_.labels.defined() && dataset_.labels.dim() == 1 && dataset_.labels.size(0) == dataset_.size(),
+      "DataLoader needs one label per image: {} images, {} labels", dataset_.size(),
+      dataset_.labels.defined() ? dataset_.labels.size(0) : 0);
+  FT_CHECK(dataset_.size() > 0, "DataLoader: the dataset is empty");
+  FT_CONFIG_CHECK(
+      !options_.drop_last() || options_.batch_size() <= dataset_.size(),
+      "data.batch_size {} is larger than the dataset ({} samples): with drop_last every epoch would "
+      "be empty; use at most {}",
+      options_.batch_size(), dataset_.size(), dataset_.size());
+  pipeline_.check_channels(dataset_.channels());
+  // Workers read raw pointers: make the storage contiguous, CPU, and of the types they assume.
+  dataset_.images = dataset_.images.to(torch::kCPU).contiguous();
+  dataset_.labels = dataset_.labels.to(torch::kCPU, torch::kInt64).contiguous();
+
+  workers_ = options_.workers() == -1 ? auto_worker_count() : options_.workers();
+  impl_ = std::make_unique<Impl>();
+  impl_->threads.reserve(workers_);
+  try {
+    for (int w = 0; w < workers_; ++w) impl_->threads.emplace_back([this] { worker_loop(); });
+  } catch (...) {
+    // The destructor does not run for a half-built object: stop the threads already started here.
+    shutdown();
+    throw;
+  }
+}
+
+DataLoader::~DataLoader() {
+  shutdown();
+}
+
+void DataLoader::shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->stopping = true;
+    impl_->generation.fetch_add(1);  // in-progress batches stop at their next sample
+  }
+  impl_->work_cv.notify_all();
+  for (auto& thread : impl_->threads) thread.join();
+  impl_->threads.clear();
+}
+
+int64_t DataLoader::batches_per_epoch() const {
+  const int64_t n = dataset_.size();
+  const int64_t b = options_.batch_size();
+  return options_.drop_last() ? n / b : (n + b - 1) / b;
+}
+
+std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
+  std::vector<int64_t> order(dataset_.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  if (options_.shuffle()) {
+    // Fisher-Yates driven by a generator keyed on (seed, epoch) and an index no sample has.
+    SampleRng rng(options_.seed(), static_cast<uint64_t>(epoch), ~uint64_t{0});
+    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+  }
+  return order;
+}
+
+void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
+  FT_CHECK(epoch >= 0, "DataLoader::start_epoch: epoch must be >= 0, got {}", epoch);
+  FT_CHECK(first_batch >= 0 && first_batch <= batches_per_epoch(),
+           "DataLoader::start_epoch: first_batch must be in [0, {}] (batches per epoch), got {}",
+           batches_per_epoch(), first_batch);
+  auto order = std::make_shared<const std::vector<int64_t>>(epoch_order(epoch));
+  std::map<int64_t, Impl::Slot> abandoned;  // freed outside the lock
+  {
+    std::lock_guard<std::mutex> lock(impl_->mutex);
+    impl_->generation.fetch_add(1);
+    impl_->started = true;
+    impl_->failed = false;
+    impl_->epoch = epoch;
+    impl_->order = std::move(order);
+    impl_->next_claim = first_batch;
+    impl_->next_deliver = first_batch;
+    impl_->end = batches_per_epoch();
+    impl_->delivered_error = nullptr;
+    abandoned.swap(impl_->ready);
+  }
+  impl_->work_cv.notify_all();
+}
+
+Batch DataLoader::build_batch(int64_t epoch, int64_t index, const std::vector<int64_t>& order,
+                              uint64_t generation) const {
+  const int64_t start = index * options_.batch_size();
+  const int64_t count = std::min(options_.batch_size(), dataset_.size() - start);
+  const SampleShape shape{dataset_.channels(), dataset_.height(), dataset_.width()};
+  const int64_t numel = shape.numel();
+
+  // Staging in pinned (page-locked) memory lets the host-to-device copy run asynchronously.
+  const bool pinned = options_.device().is_cuda() && options_.pin_memory();
+  Batch batch;
+  batch.epoch = epoch;
+  batch.index = index;
+  batch.inputs = torch::empty({count, shape.channels, shape.height, shape.width},
+                              torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned));
+  batch.targets = torch::empty({count}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned));
+
+  // Plain loops over raw pointers: no torch op runs here, so workers never touch the intra-op pool.
+  const uint8_t* images = dataset_.images.data_ptr<uint8_t>();
+  const int64_t* labels = dataset_.labels.data_ptr<int64_t>();
+  float* inputs = batch.inputs.data_ptr<float>();
+  int64_t* targets = batch.targets.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) {
+    if (impl_->generation.load(std::memory_order_relaxed) != generation) throw Abandoned{};
+    const int64_t sample = order[start + i];
+    pipeline_.apply(images + sample * numel, shape, inputs + i * numel,
+                    SampleRng(options_.seed(), static_cast<uint64_t>(epoch), static_cast<uint64_t>(sample)));
+    targets[i] = labels[sample];
+  }
+  return batch;
+}
+
+void DataLoader::worker_loop() {
+  Impl& impl = *impl_;
+  std::unique_lock<std::mutex> lock(impl.mutex);
+  const int64_t window = options_.prefetch();
+  while (true) {
+    impl.work_cv.wait(lock, [&] {
+      return impl.stopping || (impl.started && !impl.failed && impl.next_claim < impl.end &&
+                               impl.next_claim < impl.next_deliver + window);
+    });
+    if (impl.stopping) return;
+    const int64_t index = impl.next_claim++;
+    const int64_t epoch = impl.epoch;
+    const uint64_t generation = impl.generation.load();
+    const std::shared_ptr<const std::vector<int64_t>> order = impl.order;
+    lock.unlock();
+
+    Impl::Slot slot;
+    bool abandoned = false;
+    try {
+      slot.batch = build_batch(epoch, index, *order, generation);
+    } catch (const Abandoned&) {
+      abandoned = true;
+    } catch (...) {
+      slot.error = std::current_exception();
+    }
+
+    lock.lock();
+    if (abandoned || impl.generation.load() != generation) {
+      // The epoch was restarted (or the loader is stopping) meanwhile: drop the batch, outside the
+      // lock, and look for work.
+      lock.unlock();
+      slot = Impl::Slot{};
+      lock.lock();
+      continue;
+    }
+    if (slot.error) impl.failed = true;
+    impl.ready.emplace(index, std::move(slot));
+    impl.ready_cv.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next() {
+  Impl& impl = *impl_;
+  Batch batch;
+  if (workers_ == 0) {
+    FT_CHECK(impl.started, "DataLoader::next: call start_epoch first");
+    if (impl.delivered_error) std::rethrow_exception(impl.delivered_error);
+    if (impl.next_deliver >= impl.end) return std::nullopt;
+    // With no workers the trainer waits for the whole build: count it as data wait.
+    const auto begin = Clock::now();
+    try {
+      batch = build_batch(impl.epoch, impl.next_deliver, *impl.order, impl.generation.load());
+    } catch (...) {
+      impl.delivered_error = std::current_exception();
+      throw;
+    }
+    wait_seconds_ += std::chrono::duration<double>(Clock::now() - begin).count();
+    ++impl.next_deliver;
+  } else {
+    std::unique_lock<std::mutex> lock(impl.mutex);
+    FT_CHECK(impl.started, "DataLoader::next: call start_epoch first");
+    if (impl.delivered_error) std::rethrow_exception(impl.delivered_error);
+    if (impl.next_deliver >= impl.end) return std::nullopt;
+    auto it = impl.ready.find(impl.next_deliver);
+    if (it == impl.ready.end()) {
+      const auto begin = Clock::now();
+      impl.ready_cv.wait(lock, [&] { return (it = impl.ready.find(impl.next_deliver)) != impl.ready.end(); });
+      wait_seconds_ += std::chrono::duration<double>(Clock::now() - begin).count();
+    }
+    Impl::Slot slot = std::move(it->second);
+    impl.ready.erase(it);
+    if (slot.error) {
+      impl.delivered_error = slot.error;
+      std::rethrow_exception(slot.error);
+    }
+    ++impl.next_deliver;
+    lock.unlock();
+    impl.work_cv.notify_all();  // the window moved: one more batch may be claimed
+    batch = std::move(slot.batch);
+  }
+  if (!options_.device().is_cpu()) {
+    // From pinned memory this copy is asynchronous; it is queued on the consumer's current stream,
+    // so the compute that follows on that stream sees the data.
+    const bool non_blocking = options_.device().is_cuda() && options_.pin_memory();
+    batch.inputs = batch.inputs.to(options_.device(), non_blocking);
+    batch.targets = batch.targets.to(options_.device(), non_blocking);
+  }
+  return batch;
+}
+
+}  // namespace fasttrain
