@@ -172,22 +172,21 @@ EvalResult eval_run(const Config& config, const std::string& weights_path) {
   return trainer.evaluate(*experiment.test_loader);
 }
 
-LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path) {
-  Experiment experiment = Experiment::build(config, /*announce=*/true);
-  // Snapshot the weights: the sweep trains them, the caller gets them back untouched.
-  std::stringstream snapshot;
+LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptions& options) {
+  // Snapshot what the sweep changes; the caller gets it back untouched.
+  std::stringstream model_state, optimizer_state;
   {
-    torch::serialize::OutputArchive archive;
-    experiment.model->save(archive);
-    archive.save_to(snapshot);
+    torch::serialize::OutputArchive model_archive, optimizer_archive;
+    trainer.model().save(model_archive);
+    model_archive.save_to(model_state);
+    trainer.optimizer().save(optimizer_archive);
+    optimizer_archive.save_to(optimizer_state);
   }
-  auto trainer = experiment.make_trainer();
-  DataLoader& loader = *experiment.train_loader;
   int64_t epoch = 0;
   loader.start_epoch(epoch);
-  LrFinderResult result = find_lr(options, [&](double lr) {
+  LrFinderResult result = fasttrain::find_lr(options, [&](double lr) {
     std::vector<Batch> window;
-    while (static_cast<int64_t>(window.size()) < config.train.accumulation()) {
+    while (static_cast<int64_t>(window.size()) < trainer.options().accumulation()) {
       auto batch = loader.next();
       if (!batch) {
         loader.start_epoch(++epoch);
@@ -195,11 +194,21 @@ LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options,
       }
       window.push_back(std::move(*batch));
     }
-    return trainer->train_step(window, lr).item<double>();
+    return trainer.train_step(window, lr).item<double>();
   });
-  torch::serialize::InputArchive archive;
-  archive.load_from(snapshot);
-  experiment.model->load(archive);
+  torch::serialize::InputArchive model_archive, optimizer_archive;
+  model_archive.load_from(model_state);
+  trainer.model().load(model_archive);
+  optimizer_archive.load_from(optimizer_state);
+  trainer.optimizer().state().clear();  // load() only adds the saved entries
+  trainer.optimizer().load(optimizer_archive);
+  return result;
+}
+
+LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path) {
+  Experiment experiment = Experiment::build(config, /*announce=*/true);
+  auto trainer = experiment.make_trainer();
+  LrFinderResult result = find_lr(*trainer, *experiment.train_loader, options);
   if (!csv_path.empty()) result.write_csv(csv_path);
   return result;
 }

@@ -1,4 +1,5 @@
 #include "fasttrain/train/trainer.h"
+#include "fasttrain/train/run.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -163,6 +164,23 @@ TEST(Trainer, LearnsASeparableProblem) {
   EXPECT_GT(summary.train_samples_per_s, 0);
   EXPECT_GE(summary.data_wait_fraction, 0);
   EXPECT_GT(summary.peak_memory_bytes, 0);
+}
+
+TEST(Trainer, FindLrLeavesTheModelAndOptimizerUntouched) {
+  auto data = testing::synthetic_images(256);
+  DataLoader loader(data, plain_pipeline(), LoaderOptions(32).workers(1));
+  auto model = small_mlp(8);
+  auto trainer = make_trainer(model, TrainOptions(), 0.1, "adam");
+  std::vector<torch::Tensor> before;
+  for (const auto& p : model->parameters()) before.push_back(p.detach().clone());
+  LrFinderResult result = find_lr(*trainer, loader, LrFinderOptions().start_lr(1e-5).end_lr(10).steps(40));
+  EXPECT_GE(result.points.size(), 10u);
+  EXPECT_GT(result.suggested_lr, 1e-5);
+  EXPECT_LT(result.suggested_lr, 10);
+  auto after = model->parameters();
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i])) << "parameter " << i;
+  // The optimizer state was restored too: no Adam moments were left behind by the sweep.
+  EXPECT_TRUE(trainer->optimizer().state().empty());
 }
 
 }  // namespace

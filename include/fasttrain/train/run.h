@@ -39,8 +39,11 @@ FitSummary train_run(const Config& config, const std::string& run_dir);
 // Evaluates the weights in `weights_path` (a final/model.pt) on the test set of `config`'s data.
 EvalResult eval_run(const Config& config, const std::string& weights_path);
 
-// LR range test on the config's model and data; leaves the model's weights as they were.
-// Writes the curve to `csv_path` when it is not empty.
+// LR range test of `trainer` on `loader` (fasttrain::find_lr driven by Trainer::train_step): the
+// model's weights and buffers and the optimizer's state are restored afterwards.
+LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptions& options);
+
+// LR range test on the config's model and data. Writes the curve to `csv_path` when it is not empty.
 LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path);
 
 void save_weights(Model& model, const std::string& path);
