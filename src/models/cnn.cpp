@@ -1,5 +1,6 @@
-// cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2, then
-// flatten, hidden Linear+ReLU layers and the classifier. With widths {32, 64} and hidden {128}
+// cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2 (or, with
+// pool_first, conv3x3 + maxpool2 [+ BatchNorm] + ReLU), then flatten, hidden Linear+ReLU layers and
+// the classifier. With widths {32, 64} and hidden {128}
 // this is the textbook MNIST network the benchmarks compare against.
 #include <torch/nn.h>
 
@@ -18,9 +19,10 @@ class Cnn : public Model {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
       features_->push_back(torch::nn::Conv2d(
           torch::nn::Conv2dOptions(channels, stage_width, 3).padding(1).bias(!options.batchnorm())));
+      if (options.pool_first()) features_->push_back(torch::nn::MaxPool2d(2));
       if (options.batchnorm()) features_->push_back(torch::nn::BatchNorm2d(stage_width));
       features_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-      features_->push_back(torch::nn::MaxPool2d(2));
+      if (!options.pool_first()) features_->push_back(torch::nn::MaxPool2d(2));
       channels = stage_width;
       height /= 2;
       width /= 2;

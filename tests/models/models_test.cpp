@@ -24,6 +24,19 @@ TEST(Models, ClassicCnnHasTheTextbookParameterCount) {
   EXPECT_EQ(model->parameter_count(), 320 + 18496 + 401536 + 1290);
 }
 
+TEST(Models, PoolFirstCommutesWithReluWithoutBatchNorm) {
+  // Without BatchNorm, pooling before or after the ReLU is the same function.
+  torch::manual_seed(3);
+  auto pooled_last = make_model(ModelOptions("cnn").widths({4, 8}).hidden({16}));
+  torch::manual_seed(3);
+  auto pooled_first = make_model(ModelOptions("cnn").widths({4, 8}).hidden({16}).pool_first(true));
+  auto input = torch::randn({3, 1, 28, 28});
+  EXPECT_TRUE(torch::allclose(pooled_last->forward(input), pooled_first->forward(input), 1e-5, 1e-6));
+  // With BatchNorm it normalises the pooled maps: [B, C, H/2, W/2] running stats still per channel.
+  auto normalised = make_model(ModelOptions("cnn").widths({4, 8}).batchnorm(true).pool_first(true));
+  EXPECT_EQ(normalised->forward(input).sizes(), (std::vector<int64_t>{3, 10}));
+}
+
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
   for (const std::string name : {"cnn", "resnet"}) {
     auto model = make_model(ModelOptions(name).widths({8, 16}).batchnorm(true));
