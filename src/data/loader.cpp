@@ -161,8 +161,9 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t index, const std::vector<in
   Batch batch;
   batch.epoch = epoch;
   batch.index = index;
+  const auto layout = options_.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
   batch.inputs = torch::empty({count, shape.channels, shape.height, shape.width},
-                              torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned));
+                              torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned), layout);
   batch.targets = torch::empty({count}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned));
 
   // Plain loops over raw pointers: no torch op runs here, so workers never touch the intra-op pool.
@@ -170,11 +171,23 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t index, const std::vector<in
   const int64_t* labels = dataset_.labels.data_ptr<int64_t>();
   float* inputs = batch.inputs.data_ptr<float>();
   int64_t* targets = batch.targets.data_ptr<int64_t>();
+  // The pipeline writes [C, H, W]; for NHWC with several channels it goes through a scratch sample
+  // and is interleaved. With one channel both layouts are the same bytes.
+  const bool interleave = options_.channels_last() && shape.channels > 1;
+  const int64_t plane = shape.height * shape.width;
+  std::vector<float> scratch(interleave ? numel : 0);
   for (int64_t i = 0; i < count; ++i) {
     if (impl_->generation.load(std::memory_order_relaxed) != generation) throw Abandoned{};
     const int64_t sample = order[start + i];
-    pipeline_.apply(images + sample * numel, shape, inputs + i * numel,
+    float* out = interleave ? scratch.data() : inputs + i * numel;
+    pipeline_.apply(images + sample * numel, shape, out,
                     SampleRng(options_.seed(), static_cast<uint64_t>(epoch), static_cast<uint64_t>(sample)));
+    if (interleave) {
+      float* nhwc = inputs + i * numel;  // [H, W, C]
+      for (int64_t c = 0; c < shape.channels; ++c) {
+        for (int64_t p = 0; p < plane; ++p) nhwc[p * shape.channels + c] = scratch[c * plane + p];
+      }
+    }
     targets[i] = labels[sample];
   }
   return batch;

@@ -62,6 +62,17 @@ std::shared_ptr<Model> make_model(const ModelOptions& options) {
   return found->second(options);
 }
 
+void to_channels_last(torch::nn::Module& module) {
+  torch::NoGradGuard no_grad;
+  auto convert = [](torch::Tensor& tensor) {
+    if (tensor.defined() && tensor.dim() == 4) {
+      tensor.set_data(tensor.data().contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+  };
+  for (auto& parameter : module.parameters()) convert(parameter);
+  for (auto& buffer : module.buffers()) convert(buffer);
+}
+
 std::string Model::describe() const {
   std::ostringstream out;
   out << name() << " (" << parameter_count() << " parameters)\n";

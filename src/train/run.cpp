@@ -87,7 +87,8 @@ Experiment Experiment::build(const Config& config, bool announce) {
         .prefetch(data.prefetch())
         .seed(static_cast<uint64_t>(config.train.seed()))
         .device(experiment.device)
-        .pin_memory(data.pin_memory());
+        .pin_memory(data.pin_memory())
+        .channels_last(config.train.channels_last());
   };
   experiment.train_loader = std::make_unique<DataLoader>(
       train, make_pipeline(data, train, /*augment=*/true),
@@ -104,6 +105,7 @@ Experiment Experiment::build(const Config& config, bool announce) {
       .num_classes(experiment.data.train.num_classes);
   experiment.model = make_model(model_options);
   experiment.model->to(experiment.device);
+  if (config.train.channels_last()) to_channels_last(*experiment.model);
 
   if (announce) {
     fmt::print(stderr, "fasttrain: device {}, {} intra-op threads, {} loader workers\n",

@@ -152,6 +152,10 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   int64_t interval_steps = 0, interval_samples = 0;
   double interval_start = 0, interval_wait_start = wait_at_start;
 
+  auto periodic_eval_due = [&] {
+    return options_.eval_every_steps() > 0 && step_ >= options_.eval_from_step() &&
+           step_ % options_.eval_every_steps() == 0;
+  };
   double eval_s = 0;  // evaluation time, excluded from training throughput
   auto record_eval = [&](int64_t epoch) {
     double eval_start = seconds_since(start);
@@ -214,11 +218,13 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
       }
 
       // ---- evaluation every eval_every_steps ----
-      if (test && options_.eval_every_steps() > 0 && step_ % options_.eval_every_steps() == 0) record_eval(epoch);
+      if (test && periodic_eval_due()) record_eval(epoch);
     }
-    // ---- evaluation at the end of each epoch (unless it was just done) ----
-    bool just_evaluated = options_.eval_every_steps() > 0 && step_ % options_.eval_every_steps() == 0;
-    if (test && !stop && !just_evaluated) record_eval(epoch);
+    // ---- evaluation at the end of each epoch (unless just done or too early) and of the run ----
+    bool run_ends = step_ >= total_steps;
+    if (test && !stop && !periodic_eval_due() && (step_ >= options_.eval_from_step() || run_ends)) {
+      record_eval(epoch);
+    }
   }
 
   // ---- summary ----

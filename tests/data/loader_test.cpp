@@ -48,7 +48,8 @@ Collected run_epoch(DataLoader& loader, int64_t epoch, int64_t first_batch = 0) 
     EXPECT_EQ(batch->index, expected_index++);
     EXPECT_EQ(batch->inputs.scalar_type(), torch::kFloat32);
     EXPECT_EQ(batch->targets.scalar_type(), torch::kInt64);
-    EXPECT_TRUE(batch->inputs.is_contiguous());
+    EXPECT_TRUE(batch->inputs.is_contiguous(loader.options().channels_last() ? torch::MemoryFormat::ChannelsLast
+                                                                           : torch::MemoryFormat::Contiguous));
     out.inputs.push_back(batch->inputs);
     out.targets.push_back(batch->targets);
   }
@@ -109,6 +110,25 @@ TEST(DataLoader, IdenticalBatchesForAnyWorkerCount) {
   }
   // The two epochs differ in order (and so in augmentation too).
   EXPECT_FALSE(torch::equal(runs[0][0].targets[0], runs[0][1].targets[0]));
+}
+
+TEST(DataLoader, ChannelsLastBatchesHoldTheSameValues) {
+  for (int64_t channels : {1, 3}) {
+    const ImageDataset dataset = make_dataset(30, channels);
+    auto pipeline = [&] {
+      return TransformPipeline(std::vector<float>(channels, 0.25f), std::vector<float>(channels, 0.5f))
+          .add(std::make_shared<RandomCrop>(2))
+          .add(std::make_shared<HorizontalFlip>());
+    };
+    DataLoader nchw(dataset, pipeline(), LoaderOptions(8).workers(1).seed(5));
+    DataLoader nhwc(dataset, pipeline(), LoaderOptions(8).workers(2).seed(5).channels_last(true));
+    auto a = run_epoch(nchw, 0), b = run_epoch(nhwc, 0);
+    ASSERT_EQ(a.inputs.size(), b.inputs.size());
+    for (size_t i = 0; i < a.inputs.size(); ++i) {
+      EXPECT_TRUE(b.inputs[i].is_contiguous(torch::MemoryFormat::ChannelsLast)) << "channels " << channels;
+      EXPECT_TRUE(torch::equal(a.inputs[i], b.inputs[i])) << "channels " << channels << ", batch " << i;
+    }
+  }
 }
 
 TEST(DataLoader, BatchesHoldTheTransformedSamples) {

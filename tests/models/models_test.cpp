@@ -37,6 +37,33 @@ TEST(Models, PoolFirstCommutesWithReluWithoutBatchNorm) {
   EXPECT_EQ(normalised->forward(input).sizes(), (std::vector<int64_t>{3, 10}));
 }
 
+TEST(Models, ChannelsLastComputesTheSameFunctionAndGradients) {
+  for (const std::string name : {"cnn", "resnet"}) {
+    SCOPED_TRACE(name);
+    auto options = ModelOptions(name).in_channels(3).height(16).width(16).widths({8, 16}).batchnorm(true);
+    torch::manual_seed(7);
+    auto nchw = make_model(options);
+    torch::manual_seed(7);
+    auto nhwc = make_model(options);
+    to_channels_last(*nhwc);
+    bool converted = false;
+    for (const auto& p : nhwc->parameters()) {
+      if (p.dim() == 4) converted = p.is_contiguous(torch::MemoryFormat::ChannelsLast) && p.size(1) > 1;
+    }
+    EXPECT_TRUE(converted);
+    auto input = torch::randn({4, 3, 16, 16});
+    auto out_a = nchw->forward(input);
+    auto out_b = nhwc->forward(input.contiguous(torch::MemoryFormat::ChannelsLast));
+    EXPECT_TRUE(torch::allclose(out_a, out_b, 1e-4, 1e-5));
+    out_a.sum().backward();
+    out_b.sum().backward();
+    auto pa = nchw->parameters(), pb = nhwc->parameters();
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_TRUE(torch::allclose(pa[i].grad(), pb[i].grad(), 1e-3, 1e-4)) << "parameter " << i;
+    }
+  }
+}
+
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
   for (const std::string name : {"cnn", "resnet"}) {
     auto model = make_model(ModelOptions(name).widths({8, 16}).batchnorm(true));

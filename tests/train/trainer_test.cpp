@@ -135,6 +135,22 @@ TEST(Trainer, StopAtTargetEndsTheRunAndRecordsTheTime) {
   EXPECT_LE(*summary.time_to_target_s, summary.wall_s);
 }
 
+TEST(Trainer, EvaluationsWaitForEvalFromStep) {
+  auto data = testing::synthetic_images(64);
+  DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));  // 8 steps per epoch
+  DataLoader test(data, plain_pipeline(), LoaderOptions(64).workers(0).shuffle(false).drop_last(false));
+  struct Steps : Callback {
+    std::vector<int64_t> evaluated;
+    void on_evaluate(Trainer&, const EvalRecord& record) override { evaluated.push_back(record.step); }
+  };
+  auto steps = std::make_shared<Steps>();
+  auto trainer = make_trainer(small_mlp(4), TrainOptions().epochs(3).eval_every_steps(3).eval_from_step(10));
+  trainer->add_callback(steps);
+  trainer->fit(train, &test);
+  // Periodic at 12, 15, 18, 21; epoch ends at 16 (8 is too early) and 24 (the end of the run).
+  EXPECT_EQ(steps->evaluated, (std::vector<int64_t>{12, 15, 16, 18, 21, 24}));
+}
+
 TEST(Trainer, NonFiniteLossStopsWithTheStep) {
   auto data = testing::synthetic_images(64);
   DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));

@@ -44,6 +44,9 @@ struct LoaderOptions {
   // Where batches are delivered; on CUDA they are staged in pinned memory when pin_memory is set.
   FT_ARG(torch::Device, device) = torch::kCPU;
   FT_ARG(bool, pin_memory) = true;
+  // Deliver inputs in channels_last (NHWC) layout, written so by the workers, for conv models
+  // whose kernels run faster on it (mkldnn on CPU, tensor cores on GPU).
+  FT_ARG(bool, channels_last) = false;
 };
 
 // Workers for `auto`: enough to keep the trainer fed without taking cores from compute.

@@ -52,6 +52,10 @@ class Model : public torch::nn::Module {
 
 const std::vector<std::string>& model_names();
 
+// Converts every 4-d parameter and buffer (conv kernels) of `module` to channels_last (NHWC) in
+// place, keeping the Parameter objects (optimizers made later or earlier still see them).
+void to_channels_last(torch::nn::Module& module);
+
 // Builds the model named by options.name(); an unknown name or bad size is a ConfigError naming
 // model.<key>, the value and what is allowed.
 std::shared_ptr<Model> make_model(const ModelOptions& options);

@@ -22,10 +22,15 @@ struct TrainOptions {
   FT_ARG(int64_t, seed) = 0;
   // Intra-op threads (0 = the physical cores; LibTorch would otherwise pick 1 here).
   FT_ARG(int, threads) = 0;
+  // Conv kernels and input batches in channels_last (NHWC) layout.
+  FT_ARG(bool, channels_last) = false;
   // "auto" | "cpu" | "cuda" | "cuda:N".
   FT_ARG(std::string, device) = "auto";
   // Evaluate on the test set every N optimizer steps (0 = only at the end of each epoch).
   FT_ARG(int64_t, eval_every_steps) = 0;
+  // No evaluation (periodic or at epoch ends) before this optimizer step, except at the end of the
+  // run: in a race to a target accuracy, early evaluations only cost time.
+  FT_ARG(int64_t, eval_from_step) = 0;
   // Test accuracy whose first crossing is recorded as time_to_target_s (0 = none).
   FT_ARG(double, target_accuracy) = 0.0;
   // End the run as soon as target_accuracy is reached.
