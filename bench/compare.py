@@ -3,6 +3,7 @@
 
   /usr/bin/python3 bench/compare.py classic   [--epochs 2]   # (a) same model and recipe: epoch time
   /usr/bin/python3 bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
+  /usr/bin/python3 bench/compare.py ablation                 # each switch of the default config on/off
   /usr/bin/python3 bench/compare.py all
 
 Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
@@ -107,15 +108,45 @@ def speedrun(opts):
     return row, raw
 
 
+ABLATIONS = [
+    ("default config", []),
+    ("train.channels_last = false", ["train.channels_last=false"]),
+    ("model.pool_first = false", ["model.pool_first=false"]),
+    ("train.threads = 2", ["train.threads=2"]),
+    ("data.workers = 0 (batches built in the step's thread)", ["data.workers=0"]),
+    ("ema.enabled = true (decay 0.99)", ["ema.enabled=true", "ema.decay=0.99"]),
+    ("train.accumulation = 2 with data.batch_size = 64", ["train.accumulation=2", "data.batch_size=64"]),
+    ("train.clip_norm = 1.0", ["train.clip_norm=1.0"]),
+    ("data.crop_padding = 2, data.hflip = 0.5", ["data.crop_padding=2", "data.hflip=0.5"]),
+    ("schedule.name = constant", ["schedule.name=constant"]),
+]
+
+
+def ablation(opts):
+    """What each switch buys: the default config with one switch changed, run to the end (no stop at
+    the target) so final accuracy and throughput are comparable."""
+    rows, raw = [], {}
+    for i, (label, overrides) in enumerate(ABLATIONS):
+        summary = fasttrain(opts.build, "configs/default.toml", f"ablation-{i}",
+                            ["train.stop_at_target=false"] + overrides)
+        raw[label] = summary
+        rows.append({"change": label, "time_to_target_s": summary["time_to_target_s"],
+                     "final_test_accuracy": summary["test_accuracy"],
+                     "train_samples_per_s": round(summary["train_samples_per_s"]),
+                     "data_wait_fraction": round(summary["data_wait_fraction"], 5),
+                     "wall_s": round(summary["wall_s"], 2)})
+    return {"benchmark": "default config, one switch changed at a time", "rows": rows}, raw
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", choices=["classic", "speedrun", "all"])
+    p.add_argument("which", choices=["classic", "speedrun", "ablation", "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     opts = p.parse_args()
     os.makedirs(OUT, exist_ok=True)
-    benches = {"classic": classic, "speedrun": speedrun}
+    benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation}
     chosen = list(benches) if opts.which == "all" else [opts.which]
     for name in chosen:
         row, raw = benches[name](opts)

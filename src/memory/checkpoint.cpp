@@ -1,0 +1,178 @@
+#include "fasttrain/memory/checkpoint.h"
+
+#include <ATen/Context.h>
+#include <torch/autograd.h>
+#include <torch/nn/modules/container/any.h>
+
+#include <mutex>
+#include <optional>
+
+#include "fasttrain/precision/autocast.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The default generator of `device` (CPU, or the CUDA device of the input).
+at::Generator generator_of(const torch::Device& device) { return at::globalContext().defaultGenerator(device); }
+
+torch::Tensor rng_state(const torch::Device& device) {
+  at::Generator generator = generator_of(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get_state();
+}
+
+void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
+  at::Generator generator = generator_of(device);
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(state);
+}
+
+// What backward needs to rerun the block as forward ran it. Held by the autograd node through a
+// capsule in saved_data (it cannot hold a std::function otherwise).
+struct Recompute : torch::CustomClassHolder {
+  CheckpointBlock block;
+  size_t parameter_count = 0;
+  torch::Tensor cpu_rng;
+  std::optional<torch::Device> device;  // the input's accelerator, whose RNG is also replayed
+  torch::Tensor device_rng;
+  AutocastState autocast;
+};
+
+// Sets the RNG states forward saw for the guard's lifetime and then puts back the current ones, so
+// the recompute draws forward's dropout masks and leaves the training's random stream untouched
+// (torch.random.fork_rng).
+class RngReplay {
+ public:
+  explicit RngReplay(const Recompute& recompute) : recompute_(recompute) {
+    cpu_now_ = rng_state(torch::kCPU);
+    set_rng_state(torch::kCPU, recompute_.cpu_rng);
+    if (recompute_.device) {
+      device_now_ = rng_state(*recompute_.device);
+      set_rng_state(*recompute_.device, recompute_.device_rng);
+    }
+  }
+  ~RngReplay() {
+    set_rng_state(torch::kCPU, cpu_now_);
+    if (recompute_.device) set_rng_state(*recompute_.device, device_now_);
+  }
+  RngReplay(const RngReplay&) = delete;
+  RngReplay& operator=(const RngReplay&) = delete;
+
+ private:
+  const Recompute& recompute_;
+  torch::Tensor cpu_now_;
+  torch::Tensor device_now_;
+};
+
+class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+ public:
+  // Runs under no-grad (Function::apply), so the block's intermediate activations are freed as it
+  // goes; only `input` is saved. `parameters` are inputs only so that the output requires grad.
+  static torch::Tensor forward(AutogradContext* ctx, const CheckpointBlock& block, const torch::Tensor& input,
+                               at::TensorList parameters) {
+    auto recompute = c10::make_intrusive<Recompute>();
+    recompute->block = block;
+    recompute->parameter_count = parameters.size();
+    recompute->cpu_rng = rng_state(torch::kCPU);
+    if (input.device().is_cuda()) {
+      recompute->device = input.device();
+      recompute->device_rng = rng_state(input.device());
+    }
+    recompute->autocast = AutocastState::current();
+
+    const auto version = input._version();
+    torch::Tensor output = block(input);
+    FT_CHECK(input._version() == version,
+             "checkpoint: the block modified its input in place (an in-place op such as ReLU(inplace=true) "
+             "first?); the recompute in backward needs the input unchanged: make that op out-of-place or "
+             "checkpoint it together with the layer before it");
+    ctx->save_for_backward({input});
+    ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
+    return output;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto recompute = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
+    torch::Tensor input = ctx->get_saved_variables()[0];
+    torch::Tensor detached = input.detach();
+    detached.requires_grad_(input.requires_grad());
+
+    torch::Tensor output;
+    {
+      RngReplay rng(*recompute);
+      AutocastStateGuard autocast(recompute->autocast);
+      torch::AutoGradMode grad_mode(true);
+      output = recompute->block(detached);
+    }
+    // Reentrant backward through the recomputed graph: accumulates into the parameters' .grad and
+    // into detached.grad.
+    if (output.requires_grad()) torch::autograd::backward({output}, {grad_outputs[0]});
+
+    // One gradient per forward argument: none for the block, the input's, none for the parameters
+    // (already accumulated above).
+    variable_list grads(2 + recompute->parameter_count);
+    if (detached.requires_grad()) grads[1] = detached.grad();
+    return grads;
+  }
+};
+
+}  // namespace
+
+torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& input,
+                         const std::vector<torch::Tensor>& parameters) {
+  FT_CHECK(static_cast<bool>(block), "checkpoint: the block is empty");
+  if (!torch::GradMode::is_enabled()) return block(input);
+  std::vector<torch::Tensor> trainable;
+  for (const torch::Tensor& parameter : parameters) {
+    if (parameter.requires_grad()) trainable.push_back(parameter);
+  }
+  FT_CHECK(input.requires_grad() || !trainable.empty(),
+           "checkpoint: neither the input nor any of the {} given parameters requires grad, so backward would "
+           "never reach the block and its parameters would get no gradient; pass the block's parameters",
+           parameters.size());
+  return CheckpointFunction::apply(block, input, at::TensorList(trainable));
+}
+
+CheckpointPolicy CheckpointPolicy::parse(const CheckpointOptions& options) {
+  const std::string& mode = options.mode();
+  CheckpointPolicy policy;
+  if (mode == "none") return policy;
+  if (mode == "blocks") {
+    policy.every = 1;
+    return policy;
+  }
+  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'", mode);
+  FT_CONFIG_CHECK(options.every() >= 1, "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}",
+                  options.every());
+  policy.every = options.every();
+  return policy;
+}
+
+torch::Tensor checkpoint_sequential(torch::nn::SequentialImpl& sequential, const torch::Tensor& input,
+                                    const CheckpointPolicy& policy) {
+  torch::Tensor x = input;
+  int64_t index = 0;
+  for (torch::nn::AnyModule& child : sequential) {
+    bool trainable = x.requires_grad();
+    for (const torch::Tensor& parameter : child.ptr()->parameters()) trainable |= parameter.requires_grad();
+    // A child with nothing to differentiate (a parameter-free layer on the data) has no activations
+    // worth recomputing: it runs normally.
+    if (policy.applies(index) && trainable && torch::GradMode::is_enabled()) {
+      // A copy of the AnyModule shares the child module; the autograd graph keeps it alive.
+      torch::nn::AnyModule module = child;
+      x = checkpoint([module](const torch::Tensor& t) mutable { return module.forward(t); }, x,
+                     child.ptr()->parameters());
+    } else {
+      x = child.forward(x);
+    }
+    ++index;
+  }
+  return x;
+}
+
+}  // namespace fasttrain
