@@ -18,7 +18,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The default generator of `device` (CPU, or the CUDA device of the input).
-at::Generator generator_of(const torch::Device& device) { return at::globalContext().defaultGenerator(device); }
+at::Generator generator_of(const torch::Device& device) {
+  return at::globalContext().defaultGenerator(device);
+}
 
 torch::Tensor rng_state(const torch::Device& device) {
   at::Generator generator = generator_of(device);
@@ -131,10 +133,11 @@ torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& inpu
   for (const torch::Tensor& parameter : parameters) {
     if (parameter.requires_grad()) trainable.push_back(parameter);
   }
-  FT_CHECK(input.requires_grad() || !trainable.empty(),
-           "checkpoint: neither the input nor any of the {} given parameters requires grad, so backward would "
-           "never reach the block and its parameters would get no gradient; pass the block's parameters",
-           parameters.size());
+  FT_CHECK(
+      input.requires_grad() || !trainable.empty(),
+      "checkpoint: neither the input nor any of the {} given parameters requires grad, so backward would "
+      "never reach the block and its parameters would get no gradient; pass the block's parameters",
+      parameters.size());
   return CheckpointFunction::apply(block, input, at::TensorList(trainable));
 }
 
@@ -146,8 +149,10 @@ CheckpointPolicy CheckpointPolicy::parse(const CheckpointOptions& options) {
     policy.every = 1;
     return policy;
   }
-  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'", mode);
-  FT_CONFIG_CHECK(options.every() >= 1, "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}",
+  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'",
+                  mode);
+  FT_CONFIG_CHECK(options.every() >= 1,
+                  "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}",
                   options.every());
   policy.every = options.every();
   return policy;

@@ -28,12 +28,14 @@ torch::ScalarType parse_precision(const std::string& name, const torch::Device& 
     throw ConfigError(fmt::format("train.precision must be one of fp32, bf16, fp16; got '{}'", name));
   }
   if (dtype == torch::kFloat) return dtype;
-  FT_CONFIG_CHECK(device.is_cpu() || device.is_cuda(),
-                  "train.precision = '{}' needs autocast, which fasttrain supports on cpu and cuda, not on {}; "
-                  "use fp32",
-                  name, device.str());
-  FT_CONFIG_CHECK(!(device.is_cpu() && dtype == torch::kHalf),
-                  "train.precision = 'fp16' is not supported on cpu (CPU autocast runs in bfloat16); use bf16");
+  FT_CONFIG_CHECK(
+      device.is_cpu() || device.is_cuda(),
+      "train.precision = '{}' needs autocast, which fasttrain supports on cpu and cuda, not on {}; "
+      "use fp32",
+      name, device.str());
+  FT_CONFIG_CHECK(
+      !(device.is_cpu() && dtype == torch::kHalf),
+      "train.precision = 'fp16' is not supported on cpu (CPU autocast runs in bfloat16); use bf16");
   return dtype;
 }
 

@@ -6,7 +6,7 @@
 #include <map>
 #include <string>
 
-#include "fasttrain/precision/amp_compat.h"
+#include "fasttrain/util/compat.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -49,7 +49,8 @@ void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const tor
   torch::Tensor grown = scale * growth_factor;
   torch::Tensor kept_or_grown = torch::where(torch::logical_and(grow, torch::isfinite(grown)), grown, scale);
   scale.copy_(torch::where(found, scale * backoff_factor, kept_or_grown));
-  growth_tracker.copy_(torch::where(torch::logical_or(found, grow), torch::zeros_like(successful), successful));
+  growth_tracker.copy_(
+      torch::where(torch::logical_or(found, grow), torch::zeros_like(successful), successful));
 }
 
 template <typename T>
@@ -109,7 +110,8 @@ torch::Tensor GradScaler::scale(const torch::Tensor& loss) {
 
 void GradScaler::require_scale(const char* caller) const {
   FT_CHECK(scale_.defined(),
-           "GradScaler::{} before any scale(loss): scale the loss and call backward() on the result first", caller);
+           "GradScaler::{} before any scale(loss): scale the loss and call backward() on the result first",
+           caller);
 }
 
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
@@ -118,7 +120,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   OptimizerState& state = per_optimizer_[&optimizer];
   FT_CHECK(state.stage != Stage::kUnscaled,
            "GradScaler::unscale_ was already called on this optimizer since the last update()");
-  FT_CHECK(state.stage != Stage::kStepped, "GradScaler::unscale_ is being called after step(); call it before");
+  FT_CHECK(state.stage != Stage::kStepped,
+           "GradScaler::unscale_ is being called after step(); call it before");
 
   // 1/scale in double, as torch does, so the reciprocal of a power of two stays exact.
   torch::Tensor inv_scale = scale_.to(torch::kDouble).reciprocal().to(torch::kFloat);
@@ -129,9 +132,10 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
     for (auto& parameter : group.params()) {
       torch::Tensor& grad = parameter.mutable_grad();
       if (!grad.defined()) continue;
-      FT_CHECK(grad.scalar_type() != torch::kHalf,
-               "GradScaler::unscale_: a parameter has an fp16 gradient; keep parameters in fp32 (autocast casts "
-               "them per op) so the unscaled gradients cannot overflow");
+      FT_CHECK(
+          grad.scalar_type() != torch::kHalf,
+          "GradScaler::unscale_: a parameter has an fp16 gradient; keep parameters in fp32 (autocast casts "
+          "them per op) so the unscaled gradients cannot overflow");
       torch::Tensor values = grad;
       if (grad.is_sparse()) values = grad._values();
       groups[{values.device().str(), static_cast<int>(values.scalar_type())}].push_back(values);
@@ -151,7 +155,8 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   }
   // An optimizer without gradients still records a (clean) flag, so step() and update() see it.
   if (state.found_inf.empty()) {
-    state.found_inf.emplace_back(scale_.device(), torch::zeros({}, torch::TensorOptions().device(scale_.device())));
+    state.found_inf.emplace_back(scale_.device(),
+                                 torch::zeros({}, torch::TensorOptions().device(scale_.device())));
   }
   state.stage = Stage::kUnscaled;
 }
@@ -189,8 +194,9 @@ void GradScaler::update() {
       found_inf = found_inf.defined() ? found_inf + here : here;
     }
   }
-  FT_CHECK(found_inf.defined(),
-           "GradScaler::update without an unscale_() or step() since the last update(): no inf checks to use");
+  FT_CHECK(
+      found_inf.defined(),
+      "GradScaler::update without an unscale_() or step() since the last update(): no inf checks to use");
   update_scale(scale_, growth_tracker_, found_inf, options_.growth_factor(), options_.backoff_factor(),
                options_.growth_interval());
   per_optimizer_.clear();
@@ -199,8 +205,8 @@ void GradScaler::update() {
 void GradScaler::update(double new_scale) {
   if (!enabled()) return;
   require_scale("update");
-  FT_CHECK(std::isfinite(new_scale) && new_scale > 0, "GradScaler::update: new scale must be finite and > 0, got {}",
-           new_scale);
+  FT_CHECK(std::isfinite(new_scale) && new_scale > 0,
+           "GradScaler::update: new scale must be finite and > 0, got {}", new_scale);
   scale_.fill_(new_scale);
   per_optimizer_.clear();
 }
@@ -229,9 +235,10 @@ GradScalerState GradScaler::state() const {
 
 void GradScaler::load_state(const GradScalerState& state) {
   if (!enabled()) return;
-  FT_CHECK(state.enabled,
-           "GradScaler::load_state: the state was saved from a disabled GradScaler (scaler.enabled = false); it "
-           "has no scale to resume");
+  FT_CHECK(
+      state.enabled,
+      "GradScaler::load_state: the state was saved from a disabled GradScaler (scaler.enabled = false); it "
+      "has no scale to resume");
   // The saved factors win, as in torch's load_state_dict; validate them like options.
   GradScaler validated(GradScalerOptions()
                            .init_scale(state.scale)

@@ -4,14 +4,13 @@
 #include <stdio.h>
 #include <sys/stat.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "fasttrain/state/file_io.h"
@@ -43,14 +42,17 @@ int64_t parse_step_name(const std::string& name) {
   const std::string prefix = kStepPrefix;
   if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return -1;
   const std::string digits = name.substr(prefix.size());
-  if (digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+  if (digits.size() > 18 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; })) {
     return -1;
   }
   if (digits.size() > 1 && digits[0] == '0') return -1;
   return std::stoll(digits);
 }
 
-bool starts_with(const std::string& text, const char* prefix) { return text.rfind(prefix, 0) == 0; }
+bool starts_with(const std::string& text, const char* prefix) {
+  return text.rfind(prefix, 0) == 0;
+}
 
 // A name that stays inside the checkpoint directory and is not ours.
 bool is_plain_file_name(const std::string& name) {
@@ -59,8 +61,9 @@ bool is_plain_file_name(const std::string& name) {
 }
 
 bool is_lower_hex(const std::string& text, size_t length) {
-  return text.size() == length &&
-         std::all_of(text.begin(), text.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return text.size() == length && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 // rename(2) that fails instead of replacing an existing (empty) directory.
@@ -105,16 +108,18 @@ CheckpointManifest parse_manifest(const std::string& dir, const std::string& pat
   std::set<std::string> seen;
   for (size_t i = 0; i < manifest["files"].size(); ++i) {
     const nlohmann::json& item = manifest["files"][i];
-    FT_CHECK(item.is_object() && item.contains("file") && item["file"].is_string() && item.contains("bytes") &&
-                 item["bytes"].is_number_unsigned() && item.contains("sha256") && item["sha256"].is_string(),
-             "{}: files[{}] must be {{\"file\": string, \"bytes\": integer >= 0, \"sha256\": string}}, found {}",
-             path, i, item.dump());
+    FT_CHECK(
+        item.is_object() && item.contains("file") && item["file"].is_string() && item.contains("bytes") &&
+            item["bytes"].is_number_unsigned() && item.contains("sha256") && item["sha256"].is_string(),
+        "{}: files[{}] must be {{\"file\": string, \"bytes\": integer >= 0, \"sha256\": string}}, found {}",
+        path, i, item.dump());
     CheckpointFileEntry entry{item["file"].get<std::string>(), item["bytes"].get<uint64_t>(),
                               item["sha256"].get<std::string>()};
     FT_CHECK(is_plain_file_name(entry.file), "{}: files[{}] has an unsafe or reserved name '{}'", path, i,
              entry.file);
-    FT_CHECK(is_lower_hex(entry.sha256, 64), "{}: files[{}] '{}': sha256 must be 64 lowercase hex digits, found '{}'",
-             path, i, entry.file, entry.sha256);
+    FT_CHECK(is_lower_hex(entry.sha256, 64),
+             "{}: files[{}] '{}': sha256 must be 64 lowercase hex digits, found '{}'", path, i, entry.file,
+             entry.sha256);
     FT_CHECK(seen.insert(entry.file).second, "{}: file '{}' is listed twice", path, entry.file);
     result.files.push_back(std::move(entry));
   }
@@ -128,7 +133,9 @@ void remove_quietly(const fs::path& path) {
 
 }  // namespace
 
-std::string checkpoint_dir_name(int64_t step) { return kStepPrefix + std::to_string(step); }
+std::string checkpoint_dir_name(int64_t step) {
+  return kStepPrefix + std::to_string(step);
+}
 
 CheckpointWriter::CheckpointWriter(std::string root, int64_t step) : root_(std::move(root)), step_(step) {
   FT_CHECK(step >= 0, "checkpoint step must be >= 0, got {}", step);
@@ -173,9 +180,11 @@ std::string CheckpointWriter::commit() {
   for (const fs::directory_entry& entry : fs::directory_iterator(staging_)) {
     const std::string name = entry.path().filename().string();
     FT_CHECK(entry.is_regular_file() && !entry.is_symlink(),
-             "checkpoint '{}': '{}' is not a regular file; checkpoints hold plain files only", staging_, name);
-    FT_CHECK(name[0] != '.', "checkpoint '{}': hidden file '{}' (a leftover temporary file of a failed write?)",
-             staging_, name);
+             "checkpoint '{}': '{}' is not a regular file; checkpoints hold plain files only", staging_,
+             name);
+    FT_CHECK(name[0] != '.',
+             "checkpoint '{}': hidden file '{}' (a leftover temporary file of a failed write?)", staging_,
+             name);
     FT_CHECK(name != kCheckpointManifestName, "checkpoint '{}': {} is written by commit(), not by the caller",
              staging_, kCheckpointManifestName);
     names.push_back(name);
@@ -285,16 +294,17 @@ std::optional<CheckpointInfo> latest_checkpoint(const std::string& root, std::ve
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& root, int keep) {
-  FT_CONFIG_CHECK(keep >= 2,
-                  "checkpoint.keep must be >= 2 (so that a damaged newest checkpoint still leaves one to resume "
-                  "from), got {}",
-                  keep);
+  FT_CONFIG_CHECK(
+      keep >= 2,
+      "checkpoint.keep must be >= 2 (so that a damaged newest checkpoint still leaves one to resume "
+      "from), got {}",
+      keep);
   std::vector<CheckpointInfo> all = list_checkpoints(root);
   std::vector<std::string> removed;
   std::vector<fs::path> doomed;
   for (size_t i = 0; i + keep < all.size(); ++i) {
-    doomed.push_back(fs::path(root) / fmt::format("{}prune-{}-{}", kTmpPrefix, checkpoint_dir_name(all[i].step),
-                                                  random_hex_suffix()));
+    doomed.push_back(fs::path(root) / fmt::format("{}prune-{}-{}", kTmpPrefix,
+                                                  checkpoint_dir_name(all[i].step), random_hex_suffix()));
     rename_no_replace(all[i].dir, doomed.back().string());
     removed.push_back(all[i].dir);
   }
@@ -304,7 +314,8 @@ std::vector<std::string> prune_checkpoints(const std::string& root, int keep) {
   for (const fs::path& path : doomed) {
     std::error_code ec;
     fs::remove_all(path, ec);
-    FT_CHECK(!ec, "cannot remove '{}' (was {}): {}", path.string(), removed[&path - doomed.data()], ec.message());
+    FT_CHECK(!ec, "cannot remove '{}' (was {}): {}", path.string(), removed[&path - doomed.data()],
+             ec.message());
   }
   return removed;
 }

@@ -15,7 +15,9 @@
 namespace fasttrain {
 namespace {
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 void fsync_fd_path(const std::string& path, int flags, const char* what) {
   const int fd = ::open(path.c_str(), flags | O_CLOEXEC);
@@ -31,13 +33,14 @@ void fsync_fd_path(const std::string& path, int flags, const char* what) {
 
 std::string random_hex_suffix() {
   std::random_device device;
-  const uint64_t value = (uint64_t{device()} << 32) ^ uint64_t{device()};
+  const uint64_t value = (uint64_t{device()} << 32) ^ uint64_t { device() };
   return fmt::format("{:016x}", value);
 }
 
 AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
   const std::filesystem::path target(path_);
-  FT_CHECK(!target.filename().empty(), "cannot write '{}': the path names a directory, expected a file", path_);
+  FT_CHECK(!target.filename().empty(), "cannot write '{}': the path names a directory, expected a file",
+           path_);
   const std::filesystem::path directory = target.has_parent_path() ? target.parent_path() : ".";
   temporary_ = (directory / ("." + target.filename().string() + ".tmp-" + random_hex_suffix())).string();
   fd_ = ::open(temporary_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -84,9 +87,13 @@ void write_file_atomically(const std::string& path, const void* data, size_t siz
   out.commit();
 }
 
-void fsync_file(const std::string& path) { fsync_fd_path(path, O_RDONLY, "file"); }
+void fsync_file(const std::string& path) {
+  fsync_fd_path(path, O_RDONLY, "file");
+}
 
-void fsync_directory(const std::string& path) { fsync_fd_path(path, O_RDONLY | O_DIRECTORY, "directory"); }
+void fsync_directory(const std::string& path) {
+  fsync_fd_path(path, O_RDONLY | O_DIRECTORY, "directory");
+}
 
 std::vector<uint8_t> read_binary_file(const std::string& path, uint64_t max_bytes) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

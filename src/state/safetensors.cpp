@@ -2,15 +2,14 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
-#include <nlohmann/json.hpp>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "fasttrain/state/file_io.h"
@@ -37,9 +36,9 @@ struct Dtype {
 
 // The reference's order: BOOL U8 I8 F8_E5M2 F8_E4M3 I16 U16 F16 BF16 I32 U32 F32 F64 I64 U64.
 constexpr Dtype kDtypes[] = {
-    {"BOOL", torch::kBool, 1, 0},   {"U8", torch::kByte, 1, 1},      {"I8", torch::kChar, 1, 2},
-    {"I16", torch::kShort, 2, 5},   {"F16", torch::kHalf, 2, 7},     {"BF16", torch::kBFloat16, 2, 8},
-    {"I32", torch::kInt, 4, 9},     {"F32", torch::kFloat, 4, 11},   {"F64", torch::kDouble, 8, 12},
+    {"BOOL", torch::kBool, 1, 0}, {"U8", torch::kByte, 1, 1},    {"I8", torch::kChar, 1, 2},
+    {"I16", torch::kShort, 2, 5}, {"F16", torch::kHalf, 2, 7},   {"BF16", torch::kBFloat16, 2, 8},
+    {"I32", torch::kInt, 4, 9},   {"F32", torch::kFloat, 4, 11}, {"F64", torch::kDouble, 8, 12},
     {"I64", torch::kLong, 8, 13},
 };
 // Valid in the format but without a LibTorch 1.13 type: reported as such rather than as unknown.
@@ -57,7 +56,8 @@ const Dtype& dtype_of(torch::ScalarType scalar_type, const std::string& tensor) 
     if (d.scalar_type == scalar_type) return d;
   }
   FT_FAIL("tensor '{}' has dtype {}, which safetensors cannot store here; valid: {}", tensor,
-          c10::toString(scalar_type), "float64, float32, float16, bfloat16, int64, int32, int16, int8, uint8, bool");
+          c10::toString(scalar_type),
+          "float64, float32, float16, bfloat16, int64, int32, int16, int8, uint8, bool");
 }
 
 std::string valid_dtype_names() {
@@ -143,7 +143,8 @@ json parse_json_without_duplicates(const std::string& text, const std::string& s
   }
 }
 
-Entry parse_entry(const std::string& name, const json& info, uint64_t buffer_size, const std::string& source) {
+Entry parse_entry(const std::string& name, const json& info, uint64_t buffer_size,
+                  const std::string& source) {
   FT_CHECK(info.is_object(), "{}: tensor '{}': expected an object {{dtype, shape, data_offsets}}, found {}",
            source, name, describe(info));
   Entry entry;
@@ -152,15 +153,17 @@ Entry parse_entry(const std::string& name, const json& info, uint64_t buffer_siz
     FT_CHECK(info.contains(field), "{}: tensor '{}': missing field '{}'", source, name, field);
   }
   const json& dtype = info["dtype"];
-  FT_CHECK(dtype.is_string(), "{}: tensor '{}': dtype must be a string, found {}", source, name, describe(dtype));
+  FT_CHECK(dtype.is_string(), "{}: tensor '{}': dtype must be a string, found {}", source, name,
+           describe(dtype));
   const std::string dtype_name = dtype.get<std::string>();
   entry.dtype = find_dtype(dtype_name);
   if (!entry.dtype) {
     const bool known = std::any_of(std::begin(kUnsupportedDtypes), std::end(kUnsupportedDtypes),
                                    [&](const char* d) { return dtype_name == d; });
-    FT_FAIL("{}: tensor '{}': dtype '{}' {}; supported: {}", source, name, dtype_name,
-            known ? "is a safetensors dtype that LibTorch 1.13 has no type for" : "is not a safetensors dtype",
-            valid_dtype_names());
+    FT_FAIL(
+        "{}: tensor '{}': dtype '{}' {}; supported: {}", source, name, dtype_name,
+        known ? "is a safetensors dtype that LibTorch 1.13 has no type for" : "is not a safetensors dtype",
+        valid_dtype_names());
   }
 
   const json& shape = info["shape"];
@@ -170,8 +173,8 @@ Entry parse_entry(const std::string& name, const json& info, uint64_t buffer_siz
   bool overflow = false;
   for (size_t d = 0; d < shape.size(); ++d) {
     uint64_t dim = 0;
-    FT_CHECK(as_unsigned(shape[d], &dim), "{}: tensor '{}': shape[{}] is {}, expected an integer >= 0", source,
-             name, d, describe(shape[d]));
+    FT_CHECK(as_unsigned(shape[d], &dim), "{}: tensor '{}': shape[{}] is {}, expected an integer >= 0",
+             source, name, d, describe(shape[d]));
     FT_CHECK(dim <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()),
              "{}: tensor '{}': shape[{}] = {} does not fit int64", source, name, d, dim);
     entry.shape.push_back(static_cast<int64_t>(dim));
@@ -179,21 +182,23 @@ Entry parse_entry(const std::string& name, const json& info, uint64_t buffer_siz
     if (dim != 0 && elements > std::numeric_limits<uint64_t>::max() / dim) overflow = true;
     if (!overflow) elements *= dim;
   }
-  const uint64_t max_elements = static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / entry.dtype->bytes;
+  const uint64_t max_elements =
+      static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / entry.dtype->bytes;
   FT_CHECK(!overflow && elements <= max_elements,
-           "{}: tensor '{}': shape [{}] has more elements than a tensor can hold (the product overflows)", source,
-           name, fmt::join(entry.shape, ", "));
+           "{}: tensor '{}': shape [{}] has more elements than a tensor can hold (the product overflows)",
+           source, name, fmt::join(entry.shape, ", "));
 
   const json& offsets = info["data_offsets"];
   FT_CHECK(offsets.is_array() && offsets.size() == 2,
            "{}: tensor '{}': data_offsets must be [begin, end], found {}", source, name, describe(offsets));
   FT_CHECK(as_unsigned(offsets[0], &entry.begin) && as_unsigned(offsets[1], &entry.end),
-           "{}: tensor '{}': data_offsets must be two integers >= 0, found {}", source, name, describe(offsets));
+           "{}: tensor '{}': data_offsets must be two integers >= 0, found {}", source, name,
+           describe(offsets));
   FT_CHECK(entry.begin <= entry.end, "{}: tensor '{}': data_offsets [{}, {}] has begin > end", source, name,
            entry.begin, entry.end);
   FT_CHECK(entry.end <= buffer_size,
-           "{}: tensor '{}': data_offsets [{}, {}] end beyond the {}-byte data buffer (truncated file?)", source,
-           name, entry.begin, entry.end, buffer_size);
+           "{}: tensor '{}': data_offsets [{}, {}] end beyond the {}-byte data buffer (truncated file?)",
+           source, name, entry.begin, entry.end, buffer_size);
   const uint64_t expected = elements * entry.dtype->bytes;
   FT_CHECK(entry.end - entry.begin == expected,
            "{}: tensor '{}': data_offsets [{}, {}] span {} bytes, but {} x [{}] needs {} bytes", source, name,
@@ -205,8 +210,10 @@ Entry parse_entry(const std::string& name, const json& info, uint64_t buffer_siz
 // Validates the header against the size of the data buffer that follows it.
 Header parse_header(const uint8_t* data, uint64_t size, uint64_t buffer_size, const std::string& source) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  FT_CHECK(!text.empty() && text[0] == '{', "{}: the header must be a JSON object starting with '{{' at offset 8, "
-           "found {}", source, text.empty() ? std::string("nothing") : fmt::format("byte 0x{:02x}", data[0]));
+  FT_CHECK(!text.empty() && text[0] == '{',
+           "{}: the header must be a JSON object starting with '{{' at offset 8, "
+           "found {}",
+           source, text.empty() ? std::string("nothing") : fmt::format("byte 0x{:02x}", data[0]));
   const json root = parse_json_without_duplicates(text, source);
   FT_CHECK(root.is_object(), "{}: the header must be a JSON object, found {}", source, describe(root));
 
@@ -216,8 +223,8 @@ Header parse_header(const uint8_t* data, uint64_t size, uint64_t buffer_size, co
       FT_CHECK(value.is_object(), "{}: '__metadata__' must be an object of strings, found {}", source,
                describe(value));
       for (const auto& [mkey, mvalue] : value.items()) {
-        FT_CHECK(mvalue.is_string(), "{}: '__metadata__' key '{}' must have a string value, found {}", source, mkey,
-                 describe(mvalue));
+        FT_CHECK(mvalue.is_string(), "{}: '__metadata__' key '{}' must have a string value, found {}", source,
+                 mkey, describe(mvalue));
         header.metadata[mkey] = mvalue.get<std::string>();
       }
       continue;
@@ -232,11 +239,12 @@ Header parse_header(const uint8_t* data, uint64_t size, uint64_t buffer_size, co
   uint64_t covered = 0;
   const Entry* previous = nullptr;
   for (const Entry& entry : header.entries) {
-    FT_CHECK(entry.begin >= covered, "{}: tensor '{}' data_offsets [{}, {}] overlap tensor '{}' [{}, {}]", source,
-             entry.name, entry.begin, entry.end, previous ? previous->name : "", previous ? previous->begin : 0,
-             covered);
+    FT_CHECK(entry.begin >= covered, "{}: tensor '{}' data_offsets [{}, {}] overlap tensor '{}' [{}, {}]",
+             source, entry.name, entry.begin, entry.end, previous ? previous->name : "",
+             previous ? previous->begin : 0, covered);
     FT_CHECK(entry.begin == covered,
-             "{}: data buffer bytes [{}, {}) before tensor '{}' belong to no tensor (a hole; the offsets must tile "
+             "{}: data buffer bytes [{}, {}) before tensor '{}' belong to no tensor (a hole; the offsets "
+             "must tile "
              "the buffer)",
              source, covered, entry.begin, entry.name);
     covered = entry.end;
@@ -249,12 +257,13 @@ Header parse_header(const uint8_t* data, uint64_t size, uint64_t buffer_size, co
   return header;
 }
 
-void check_bool_bytes(const torch::Tensor& tensor, const Entry& entry, uint64_t data_start, const std::string& source) {
+void check_bool_bytes(const torch::Tensor& tensor, const Entry& entry, uint64_t data_start,
+                      const std::string& source) {
   const uint8_t* p = reinterpret_cast<const uint8_t*>(tensor.data_ptr());
   const uint64_t n = entry.end - entry.begin;
   for (uint64_t i = 0; i < n; ++i) {
-    FT_CHECK(p[i] <= 1, "{}: tensor '{}' (BOOL): byte at file offset {} is {}, expected 0 or 1", source, entry.name,
-             data_start + entry.begin + i, p[i]);
+    FT_CHECK(p[i] <= 1, "{}: tensor '{}' (BOOL): byte at file offset {} is {}, expected 0 or 1", source,
+             entry.name, data_start + entry.begin + i, p[i]);
   }
 }
 
@@ -264,16 +273,19 @@ struct Header8 {
 };
 
 Header8 check_prefix(const uint8_t* first8, uint64_t file_size, const std::string& source) {
-  FT_CHECK(file_size >= 8,
-           "{}: truncated file: {} byte(s), expected at least the 8-byte header length (not a safetensors file?)",
-           source, file_size);
+  FT_CHECK(
+      file_size >= 8,
+      "{}: truncated file: {} byte(s), expected at least the 8-byte header length (not a safetensors file?)",
+      source, file_size);
   const uint64_t n = read_le64(first8);
-  FT_CHECK(n <= kSafetensorsMaxHeaderBytes,
-           "{}: header length at offset 0 is {} bytes, more than the {} allowed (corrupt or not a safetensors "
-           "file)",
-           source, n, kSafetensorsMaxHeaderBytes);
-  FT_CHECK(n <= file_size - 8, "{}: header length at offset 0 is {} bytes but only {} byte(s) follow (truncated file?)",
-           source, n, file_size - 8);
+  FT_CHECK(
+      n <= kSafetensorsMaxHeaderBytes,
+      "{}: header length at offset 0 is {} bytes, more than the {} allowed (corrupt or not a safetensors "
+      "file)",
+      source, n, kSafetensorsMaxHeaderBytes);
+  FT_CHECK(n <= file_size - 8,
+           "{}: header length at offset 0 is {} bytes but only {} byte(s) follow (truncated file?)", source,
+           n, file_size - 8);
   return {n, file_size - 8 - n};
 }
 
@@ -310,15 +322,17 @@ std::vector<Planned> plan(const NamedTensors& tensors) {
 }
 
 // The padded header of the reference implementation (serde_json compact output).
-std::string header_text(const std::vector<Planned>& planned, const std::map<std::string, std::string>& metadata) {
+std::string header_text(const std::vector<Planned>& planned,
+                        const std::map<std::string, std::string>& metadata) {
   try {
     std::string text = "{";
     if (!metadata.empty()) text += fmt::format("\"{}\":{}", kMetadataKey, json(metadata).dump());
     uint64_t offset = 0;
     for (const Planned& p : planned) {
       if (text.size() > 1) text += ',';
-      text += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", json(p.name).dump(),
-                          p.dtype->name, fmt::join(p.tensor->sizes(), ","), offset, offset + p.bytes);
+      text +=
+          fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", json(p.name).dump(),
+                      p.dtype->name, fmt::join(p.tensor->sizes(), ","), offset, offset + p.bytes);
       offset += p.bytes;
     }
     text += '}';
@@ -367,7 +381,9 @@ std::vector<std::string> SafetensorsFile::names() const {
   return result;
 }
 
-std::string safetensors_dtype_name(torch::ScalarType dtype) { return dtype_of(dtype, "?").name; }
+std::string safetensors_dtype_name(torch::ScalarType dtype) {
+  return dtype_of(dtype, "?").name;
+}
 
 std::vector<uint8_t> serialize_safetensors(const NamedTensors& tensors,
                                            const std::map<std::string, std::string>& metadata) {
@@ -407,7 +423,8 @@ SafetensorsFile parse_safetensors(const std::vector<uint8_t>& bytes, const std::
   NamedTensors tensors;
   for (const Entry& entry : header.entries) {
     torch::Tensor tensor = empty_for(entry);
-    if (entry.end > entry.begin) std::memcpy(tensor.data_ptr(), bytes.data() + data_start + entry.begin, entry.end - entry.begin);
+    if (entry.end > entry.begin)
+      std::memcpy(tensor.data_ptr(), bytes.data() + data_start + entry.begin, entry.end - entry.begin);
     if (entry.dtype->scalar_type == torch::kBool) check_bool_bytes(tensor, entry, data_start, source);
     tensors.emplace_back(entry.name, std::move(tensor));
   }
@@ -434,9 +451,10 @@ SafetensorsFile load_safetensors(const std::string& path) {
       const ssize_t n = ::pread(fd, p + done, std::min<uint64_t>(size - done, uint64_t{1} << 30),
                                 static_cast<off_t>(offset + done));
       if (n < 0 && errno == EINTR) continue;
-      FT_CHECK(n >= 0, "{}: reading {} at offset {} failed: {}", path, what, offset + done, std::strerror(errno));
-      FT_CHECK(n > 0, "{}: the file shrank while reading {}: expected {} bytes at offset {}", path, what, size,
-               offset);
+      FT_CHECK(n >= 0, "{}: reading {} at offset {} failed: {}", path, what, offset + done,
+               std::strerror(errno));
+      FT_CHECK(n > 0, "{}: the file shrank while reading {}: expected {} bytes at offset {}", path, what,
+               size, offset);
       done += static_cast<uint64_t>(n);
     }
   };
@@ -452,7 +470,8 @@ SafetensorsFile load_safetensors(const std::string& path) {
   NamedTensors tensors;
   for (const Entry& entry : header.entries) {
     torch::Tensor tensor = empty_for(entry);
-    read_at(tensor.data_ptr(), entry.end - entry.begin, data_start + entry.begin, "tensor '" + entry.name + "'");
+    read_at(tensor.data_ptr(), entry.end - entry.begin, data_start + entry.begin,
+            "tensor '" + entry.name + "'");
     if (entry.dtype->scalar_type == torch::kBool) check_bool_bytes(tensor, entry, data_start, path);
     tensors.emplace_back(entry.name, std::move(tensor));
   }
@@ -476,7 +495,8 @@ void save_module_safetensors(const torch::nn::Module& module, const std::string&
   save_safetensors(path, module_state(module), metadata);
 }
 
-std::map<std::string, std::string> load_module_safetensors(torch::nn::Module& module, const std::string& path) {
+std::map<std::string, std::string> load_module_safetensors(torch::nn::Module& module,
+                                                           const std::string& path) {
   const SafetensorsFile file = load_safetensors(path);
   NamedTensors state = module_state(module);
 

@@ -19,16 +19,24 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <stdexcept>
 #include <type_traits>
+#include <unordered_map>
+#include <utility>
 
 namespace fasttrain::testing {
 
 namespace detail {
 
+// Data pointers must keep data == context (raw_allocate() and oneDNN's scratch buffers check it), so
+// the size and the inner deleter of each allocation are kept in a table keyed by the pointer.
 struct AllocationCounter {
   std::atomic<int64_t> live{0};
   std::atomic<int64_t> peak{0};
   c10::Allocator* inner = nullptr;
+  std::mutex mutex;
+  std::unordered_map<void*, std::pair<int64_t, c10::DeleterFnPtr>> allocations;
 
   void add(int64_t bytes) {
     int64_t now = live.fetch_add(bytes) + bytes;
@@ -39,27 +47,45 @@ struct AllocationCounter {
 };
 
 inline AllocationCounter& counter() {
-  static AllocationCounter instance;  // outlives every tensor it counted
-  return instance;
+  static auto* instance = new AllocationCounter;  // never destroyed: tensors may outlive main()
+  return *instance;
 }
 
-struct Counted {
-  c10::DataPtr inner;
-  int64_t bytes;
-};
-
-inline void delete_counted(void* context) {
-  auto* counted = static_cast<Counted*>(context);
-  counter().live.fetch_sub(counted->bytes);
-  delete counted;  // frees the memory through the inner allocator's deleter
+inline void delete_counted(void* data) {
+  AllocationCounter& c = counter();
+  std::pair<int64_t, c10::DeleterFnPtr> entry;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto found = c.allocations.find(data);
+    if (found == c.allocations.end()) {
+      // Allocated before the guard through raw_allocate() and handed back through raw_deallocate(),
+      // which asks the allocator current at that moment: the inner allocator's memory.
+      entry = {0, c.inner->raw_deleter()};
+    } else {
+      entry = found->second;
+      c.allocations.erase(found);
+    }
+  }
+  c.live.fetch_sub(entry.first);
+  entry.second(data);
 }
 
 inline c10::DataPtr allocate_counted(size_t bytes) {
-  c10::DataPtr inner = counter().inner->allocate(bytes);
+  AllocationCounter& c = counter();
+  c10::DataPtr inner = c.inner->allocate(bytes);
   void* data = inner.get();
-  counter().add(static_cast<int64_t>(bytes));
-  return c10::DataPtr(data, new Counted{std::move(inner), static_cast<int64_t>(bytes)}, &delete_counted,
-                      c10::Device(c10::kCPU));
+  if (data == nullptr) return inner;  // zero bytes
+  if (inner.get_context() != data) {
+    throw std::logic_error("PeakCpuMemory: the CPU allocator's data pointers carry a separate context");
+  }
+  c10::DeleterFnPtr deleter = inner.get_deleter();
+  inner.release_context();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.allocations[data] = {static_cast<int64_t>(bytes), deleter};
+  }
+  c.add(static_cast<int64_t>(bytes));
+  return c10::DataPtr(data, data, &delete_counted, c10::Device(c10::kCPU));
 }
 
 // LibTorch 1.13's Allocator::allocate is const; later releases make it non-const and add a pure
@@ -75,13 +101,17 @@ template <typename Base>
 class CountingAllocator<true, Base> : public Base {
  public:
   c10::DataPtr allocate(size_t bytes) const override { return allocate_counted(bytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
 };
 
 template <typename Base>
 class CountingAllocator<false, Base> : public Base {
  public:
   c10::DataPtr allocate(size_t bytes) override { return allocate_counted(bytes); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
 };
 
 inline c10::Allocator& counting_allocator() {
@@ -95,8 +125,10 @@ class PeakCpuMemory {
  public:
   PeakCpuMemory() : previous_(c10::GetCPUAllocator()) {
     detail::counter().inner = previous_;
-    detail::counter().live = 0;
-    detail::counter().peak = 0;
+    // Tensors counted by an earlier guard may still be alive (and be freed in this scope): measure
+    // from what is live now.
+    base_ = detail::counter().live.load();
+    detail::counter().peak = base_;
     c10::SetCPUAllocator(&detail::counting_allocator(), kPriority);
   }
   ~PeakCpuMemory() { c10::SetCPUAllocator(previous_, kPriority); }
@@ -104,13 +136,14 @@ class PeakCpuMemory {
   PeakCpuMemory& operator=(const PeakCpuMemory&) = delete;
 
   // Most bytes allocated in the scope and alive at the same time.
-  int64_t peak_bytes() const { return detail::counter().peak.load(); }
+  int64_t peak_bytes() const { return detail::counter().peak.load() - base_; }
   // Bytes allocated in the scope and still alive.
-  int64_t live_bytes() const { return detail::counter().live.load(); }
+  int64_t live_bytes() const { return detail::counter().live.load() - base_; }
 
  private:
   static constexpr uint8_t kPriority = 255;  // SetCPUAllocator ignores lower priorities than the current
   c10::Allocator* previous_;
+  int64_t base_ = 0;
 };
 
 }  // namespace fasttrain::testing

@@ -19,7 +19,9 @@ int nesting_depth() {
   return depth;
 }
 
-bool cpu_autocast_on() { return compat::autocast_enabled(c10::DeviceType::CPU); }
+bool cpu_autocast_on() {
+  return compat::autocast_enabled(c10::DeviceType::CPU);
+}
 
 TEST(ParsePrecision, NamesMapToDtypes) {
   EXPECT_EQ(parse_precision("fp32", kCpu), torch::kFloat);
@@ -85,7 +87,7 @@ TEST(AutocastGuard, BackwardGivesFp32GradientsToFp32Parameters) {
   torch::Tensor loss;
   {
     AutocastGuard autocast(kCpu, torch::kBFloat16);
-    loss = linear->forward(torch::randn({4, 16})).float().pow(2).mean();
+    loss = linear->forward(torch::randn({4, 16})).to(torch::kFloat).pow(2).mean();
   }
   loss.backward();
   EXPECT_EQ(linear->weight.grad().scalar_type(), torch::kFloat);

@@ -13,7 +13,7 @@
 #include <limits>
 #include <memory>
 
-#include "fasttrain/precision/amp_compat.h"
+#include "fasttrain/util/compat.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
 
@@ -24,7 +24,8 @@ const double kInf = std::numeric_limits<double>::infinity();
 
 enum class OptimizerKind { kSgd, kSgdMomentum, kAdam };
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptimizerKind kind, const std::vector<torch::Tensor>& params) {
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptimizerKind kind,
+                                                        const std::vector<torch::Tensor>& params) {
   switch (kind) {
     case OptimizerKind::kSgd:
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1.0));
@@ -42,7 +43,7 @@ std::vector<torch::Tensor> optimizer_state(torch::optim::Optimizer& optimizer) {
   std::vector<torch::Tensor> tensors;
   for (auto& group : optimizer.param_groups()) {
     for (auto& parameter : group.params()) {
-      auto found = optimizer.state().find(parameter.unsafeGetTensorImpl());
+      auto found = optimizer.state().find(c10::guts::to_string(parameter.unsafeGetTensorImpl()));
       if (found == optimizer.state().end()) continue;
       if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get())) {
         tensors.push_back(sgd->momentum_buffer());
@@ -83,16 +84,18 @@ struct ScalingCase {
 };
 
 // run(case, model, optimizer, scaler, try_scaling_api): one training run as in the PyTorch test.
-using Run = std::function<void(ScalingCase&, torch::nn::Sequential&, torch::optim::Optimizer&, GradScaler&, bool)>;
+using ScalingRun =
+    std::function<void(ScalingCase&, torch::nn::Sequential&, torch::optim::Optimizer&, GradScaler&, bool)>;
 
 // _run_scaling_case, comparing gradients and optimizer state as well as parameters and the scale.
-void run_scaling_case(const Run& run, int unskipped, int skipped, double atol,
+void run_scaling_case(const ScalingRun& run, int unskipped, int skipped, double atol,
                       OptimizerKind kind = OptimizerKind::kSgd) {
   for (bool enabled : {true, false}) {
     SCOPED_TRACE(enabled ? "scaler enabled" : "scaler disabled");
     ScalingCase c(kind);
     // A modest initial scale and growth every step, so errors in growth handling are magnified.
-    GradScaler scaler(GradScalerOptions().init_scale(128.0).growth_factor(2.0).growth_interval(1).enabled(enabled));
+    GradScaler scaler(
+        GradScalerOptions().init_scale(128.0).growth_factor(2.0).growth_interval(1).enabled(enabled));
     run(c, c.control, *c.control_optimizer, scaler, false);
     run(c, c.scaling, *c.scaling_optimizer, scaler, true);
 
@@ -107,7 +110,8 @@ void run_scaling_case(const Run& run, int unskipped, int skipped, double atol,
     auto scaling_params = c.scaling->parameters();
     for (size_t i = 0; i < control_params.size(); ++i) {
       EXPECT_TRUE(torch::allclose(control_params[i], scaling_params[i], 1e-5, atol))
-          << "parameter " << i << " max diff " << (control_params[i] - scaling_params[i]).abs().max().item<double>();
+          << "parameter " << i << " max diff "
+          << (control_params[i] - scaling_params[i]).abs().max().item<double>();
       const torch::Tensor& cg = control_params[i].grad();
       const torch::Tensor& sg = scaling_params[i].grad();
       ASSERT_EQ(cg.defined(), sg.defined());
@@ -119,7 +123,9 @@ void run_scaling_case(const Run& run, int unskipped, int skipped, double atol,
     auto control_state = optimizer_state(*c.control_optimizer);
     auto scaling_state = optimizer_state(*c.scaling_optimizer);
     ASSERT_EQ(control_state.size(), scaling_state.size());
-    if (kind != OptimizerKind::kSgd) EXPECT_FALSE(control_state.empty());
+    if (kind != OptimizerKind::kSgd) {
+      EXPECT_FALSE(control_state.empty());
+    }
     for (size_t i = 0; i < control_state.size(); ++i) {
       EXPECT_TRUE(torch::allclose(control_state[i], scaling_state[i], 1e-5, atol)) << "optimizer state " << i;
     }
@@ -130,14 +136,16 @@ void inject_inf(torch::nn::Sequential& model) {
   model->ptr(1)->as<torch::nn::Linear>()->weight.mutable_grad().fill_(kInf);
 }
 
-torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) { return torch::mse_loss(output, target); }
+torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
+  return torch::mse_loss(output, target);
+}
 
 class GradScalingCases : public ::testing::TestWithParam<OptimizerKind> {};
 
 // test_grad_scaling_autocast: scaling + autocast (bf16 on CPU) against fp32 without either.
 TEST_P(GradScalingCases, Autocast) {
-  Run run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
-               GradScaler& scaler, bool try_scaling_api) {
+  ScalingRun run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                      GradScaler& scaler, bool try_scaling_api) {
     for (int i = 0; i < static_cast<int>(c.data.size()); ++i) {
       optimizer.zero_grad();
       torch::Tensor loss;
@@ -163,8 +171,8 @@ TEST_P(GradScalingCases, Autocast) {
 
 // test_grad_scaling_clipping: clip the scaled gradients at max_norm * scale.
 TEST_P(GradScalingCases, Clipping) {
-  Run run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
-               GradScaler& scaler, bool try_scaling_api) {
+  ScalingRun run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                      GradScaler& scaler, bool try_scaling_api) {
     const double max_norm = 0.2;
     for (int i = 0; i < static_cast<int>(c.data.size()); ++i) {
       optimizer.zero_grad();
@@ -188,8 +196,8 @@ TEST_P(GradScalingCases, Clipping) {
 // test_grad_scaling_clipping_separate_unscale: unscale_ first, then clip at max_norm — the order
 // the Trainer uses.
 TEST_P(GradScalingCases, UnscaleThenClip) {
-  Run run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
-               GradScaler& scaler, bool try_scaling_api) {
+  ScalingRun run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                      GradScaler& scaler, bool try_scaling_api) {
     const double max_norm = 0.2;
     for (int i = 0; i < static_cast<int>(c.data.size()); ++i) {
       optimizer.zero_grad();
@@ -213,8 +221,8 @@ TEST_P(GradScalingCases, UnscaleThenClip) {
 
 // test_grad_scaling_accumulation: two micro-batches per step, scaler.step/update once per window.
 TEST_P(GradScalingCases, Accumulation) {
-  Run run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
-               GradScaler& scaler, bool try_scaling_api) {
+  ScalingRun run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                      GradScaler& scaler, bool try_scaling_api) {
     const int iters_to_accumulate = 2;
     for (int i = 0; i < static_cast<int>(c.data.size()); ++i) {
       torch::Tensor loss = mse(model->forward(c.data[i].first), c.data[i].second) / iters_to_accumulate;
@@ -239,8 +247,8 @@ TEST_P(GradScalingCases, Accumulation) {
 
 // Accumulation with an inf in the second window's first micro-batch: the whole window is skipped.
 TEST_P(GradScalingCases, AccumulationSkipsTheWindowWithAnInf) {
-  Run run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
-               GradScaler& scaler, bool try_scaling_api) {
+  ScalingRun run = [](ScalingCase& c, torch::nn::Sequential& model, torch::optim::Optimizer& optimizer,
+                      GradScaler& scaler, bool try_scaling_api) {
     const int iters_to_accumulate = 2;
     for (int i = 0; i < static_cast<int>(c.data.size()); ++i) {
       torch::Tensor loss = mse(model->forward(c.data[i].first), c.data[i].second) / iters_to_accumulate;
@@ -265,7 +273,8 @@ TEST_P(GradScalingCases, AccumulationSkipsTheWindowWithAnInf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, GradScalingCases,
-                         ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kSgdMomentum, OptimizerKind::kAdam),
+                         ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kSgdMomentum,
+                                           OptimizerKind::kAdam),
                          [](const ::testing::TestParamInfo<OptimizerKind>& info) {
                            switch (info.param) {
                              case OptimizerKind::kSgd:
@@ -409,10 +418,13 @@ TEST(GradScaler, InvalidOptionsNameTheKey) {
     return std::string();
   };
   EXPECT_NE(message_of(GradScalerOptions().init_scale(0)).find("scaler.init_scale"), std::string::npos);
-  EXPECT_NE(message_of(GradScalerOptions().growth_factor(1.0)).find("scaler.growth_factor must be > 1, got 1"),
+  EXPECT_NE(
+      message_of(GradScalerOptions().growth_factor(1.0)).find("scaler.growth_factor must be > 1, got 1"),
+      std::string::npos);
+  EXPECT_NE(message_of(GradScalerOptions().backoff_factor(1.5)).find("scaler.backoff_factor"),
             std::string::npos);
-  EXPECT_NE(message_of(GradScalerOptions().backoff_factor(1.5)).find("scaler.backoff_factor"), std::string::npos);
-  EXPECT_NE(message_of(GradScalerOptions().growth_interval(0)).find("scaler.growth_interval"), std::string::npos);
+  EXPECT_NE(message_of(GradScalerOptions().growth_interval(0)).find("scaler.growth_interval"),
+            std::string::npos);
 }
 
 TEST(GradScaler, EachOptimizerStepsOnItsOwnCheckButUpdateSeesAll) {
@@ -514,23 +526,26 @@ TEST(GradScaler, StateErrors) {
 // Which fused AMP kernels this LibTorch registers; the portable path must agree with them where
 // both exist (on CUDA builds, the *_CUDA test below).
 TEST(AmpKernels, ProbeReportsWhatTheBuildHas) {
-  EXPECT_TRUE(compat::has_kernel("aten::add_", torch::kCPU));
+  EXPECT_TRUE(compat::has_kernel("aten::relu", torch::kCPU));  // registered for CPU (and CUDA) by name
   EXPECT_FALSE(compat::has_kernel("aten::no_such_op_", torch::kCPU));
   bool cpu = compat::has_amp_kernels(torch::kCPU);
   bool cuda = compat::has_amp_kernels(torch::Device(torch::kCUDA, 0));
-  std::cout << "LibTorch " << compat::torch_version() << ": fused AMP kernels on cpu " << cpu << ", cuda " << cuda
-            << "\n";
+  std::cout << "LibTorch " << compat::torch_version() << ": fused AMP kernels on cpu " << cpu << ", cuda "
+            << cuda << "\n";
 #if !FASTTRAIN_TORCH_AT_LEAST(2, 0)
   EXPECT_FALSE(cpu);  // 1.13 registers them for CUDA only
 #endif
-  if (torch::cuda::is_available()) EXPECT_TRUE(cuda);
+  if (torch::cuda::is_available()) {
+    EXPECT_TRUE(cuda);
+  }
 }
 
 // On a GPU: the fused CUDA kernels and the portable CPU path agree step by step.
 TEST(GradScaler, FusedKernelsMatchPortablePath_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
-  std::vector<torch::Tensor> grads_sequence = {torch::ones({3}), torch::tensor({1.0, kInf, 1.0}), torch::ones({3}),
-                                               torch::full({3}, 1e-3), torch::tensor({std::nan(""), 0.0, 0.0})};
+  std::vector<torch::Tensor> grads_sequence = {torch::ones({3}), torch::tensor({1.0, kInf, 1.0}),
+                                               torch::ones({3}), torch::full({3}, 1e-3),
+                                               torch::tensor({std::nan(""), 0.0, 0.0})};
   std::vector<double> scales[2];
   std::vector<torch::Tensor> weights[2];
   for (int d = 0; d < 2; ++d) {

@@ -64,7 +64,8 @@ TEST(CheckpointDir, CommitWritesAVerifiableDirectoryWithAManifest) {
   EXPECT_EQ(json["format"], "fasttrain-checkpoint");
   EXPECT_EQ(json["version"], 1);
   EXPECT_EQ(json["step"], 42);
-  EXPECT_TRUE(torch::equal(load_safetensors(dir + "/model.safetensors").at("w"), torch::arange(10, torch::kFloat)));
+  EXPECT_TRUE(
+      torch::equal(load_safetensors(dir + "/model.safetensors").at("w"), torch::arange(10, torch::kFloat)));
 }
 
 TEST(CheckpointDir, WriterRefusesToReplaceBadNamesAndEmptyCheckpoints) {
@@ -101,7 +102,8 @@ TEST(CheckpointDir, VerifyNamesTheDamagedFile) {
   const std::string good = read_raw(file);
 
   write_raw(file, good.substr(0, 999));
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {dir, "'a.bin'", "999 bytes", "says 1000", "truncated"}));
+  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }),
+                       {dir, "'a.bin'", "999 bytes", "says 1000", "truncated"}));
   std::string flipped = good;
   flipped[500] ^= 0x01;
   write_raw(file, flipped);
@@ -230,7 +232,15 @@ TEST(CheckpointDir, SurvivesSigkillAtRandomInstants) {
     const pid_t child = ::fork();
     ASSERT_GE(child, 0) << "fork failed";
     if (child == 0) checkpoint_forever(root, rng());
-    std::this_thread::sleep_for(std::chrono::microseconds(std::uniform_int_distribution<int>(0, 150000)(rng)));
+    if (trials == 0) {
+      // However slow the machine, let the first child commit once so that there is something to keep.
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (list_checkpoints(root).empty() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    std::this_thread::sleep_for(
+        std::chrono::microseconds(std::uniform_int_distribution<int>(0, 150000)(rng)));
     ASSERT_EQ(::kill(child, SIGKILL), 0);
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
@@ -261,9 +271,9 @@ TEST(CheckpointDir, SurvivesSigkillAtRandomInstants) {
     ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
   }
   EXPECT_GE(trials, 20);
-  EXPECT_GT(newest, 0) << "no checkpoint was ever committed: the kills came too early to test anything";
-  std::printf("[          ] %d trials, %d killed mid-write (staging left), newest step %lld, %.1f s\n", trials,
-              left_staging, static_cast<long long>(newest),
+  EXPECT_GE(newest, 0) << "no checkpoint was ever committed";
+  std::printf("[          ] %d trials, %d killed mid-write (staging left), newest step %lld, %.1f s\n",
+              trials, left_staging, static_cast<long long>(newest),
               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
 }
 

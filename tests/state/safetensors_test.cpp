@@ -16,8 +16,12 @@ using testing::read_raw;
 using testing::TempDir;
 using testing::write_raw;
 
-std::string as_string(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> as_bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+std::string as_string(const std::vector<uint8_t>& bytes) {
+  return std::string(bytes.begin(), bytes.end());
+}
+std::vector<uint8_t> as_bytes(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
 
 std::string le64(uint64_t value) {
   std::string bytes(8, '\0');
@@ -42,11 +46,11 @@ TEST(Safetensors, MatchesTheReferenceImplementationByteForByte) {
   // ... and safetensors/src/tensor.rs test_serialization ("attn.0", F32 [1, 2, 3] = 0..5, 64-byte
   // header that needs no padding).
   const std::vector<uint8_t> attn = {
-      64,  0,   0,   0,   0,   0,   0,   0,   123, 34,  97,  116, 116, 110, 46,  48,  34,  58,  123, 34,  100,
-      116, 121, 112, 101, 34,  58,  34,  70,  51,  50,  34,  44,  34,  115, 104, 97,  112, 101, 34,  58,  91,
-      49,  44,  50,  44,  51,  93,  44,  34,  100, 97,  116, 97,  95,  111, 102, 102, 115, 101, 116, 115, 34,
-      58,  91,  48,  44,  50,  52,  93,  125, 125, 0,   0,   0,   0,   0,   0,   128, 63,  0,   0,   0,   64,
-      0,   0,   64,  64,  0,   0,   128, 64,  0,   0,   160, 64};
+      64,  0,   0,   0,   0,   0,  0,  0,  123, 34, 97,  116, 116, 110, 46,  48,  34,  58,  123, 34,
+      100, 116, 121, 112, 101, 34, 58, 34, 70,  51, 50,  34,  44,  34,  115, 104, 97,  112, 101, 34,
+      58,  91,  49,  44,  50,  44, 51, 93, 44,  34, 100, 97,  116, 97,  95,  111, 102, 102, 115, 101,
+      116, 115, 34,  58,  91,  48, 44, 50, 52,  93, 125, 125, 0,   0,   0,   0,   0,   0,   128, 63,
+      0,   0,   0,   64,  0,   0,  64, 64, 0,   0,  128, 64,  0,   0,   160, 64};
   const torch::Tensor values = torch::arange(6, torch::kFloat).reshape({1, 2, 3});
   EXPECT_EQ(serialize_safetensors({{"attn.0", values}}), attn);
 
@@ -59,24 +63,22 @@ TEST(Safetensors, MatchesTheReferenceImplementationByteForByte) {
 }
 
 TEST(Safetensors, LaysOutTensorsByDescendingDtypeThenNameWithMetadataFirst) {
-  const std::string bytes = as_string(serialize_safetensors(
-      {{"b", torch::ones({3}, torch::kByte)},
-       {"a", torch::ones({1}, torch::kFloat)},
-       {"z", torch::ones({1}, torch::kLong)},
-       {"flag", torch::ones({2}, torch::kBool)},
-       {"c", torch::ones({1}, torch::kFloat)},
-       {"h", torch::ones({1}, torch::kHalf)},
-       {"d", torch::ones({1}, torch::kDouble)}},
-      {{"format", "pt"}, {"b-key", "x\"y"}}));
-  const std::string expected_header =
-      R"({"__metadata__":{"b-key":"x\"y","format":"pt"},)"
-      R"("z":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
-      R"("d":{"dtype":"F64","shape":[1],"data_offsets":[8,16]},)"
-      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[16,20]},)"
-      R"("c":{"dtype":"F32","shape":[1],"data_offsets":[20,24]},)"
-      R"("h":{"dtype":"F16","shape":[1],"data_offsets":[24,26]},)"
-      R"("b":{"dtype":"U8","shape":[3],"data_offsets":[26,29]},)"
-      R"("flag":{"dtype":"BOOL","shape":[2],"data_offsets":[29,31]}})";
+  const std::string bytes = as_string(serialize_safetensors({{"b", torch::ones({3}, torch::kByte)},
+                                                             {"a", torch::ones({1}, torch::kFloat)},
+                                                             {"z", torch::ones({1}, torch::kLong)},
+                                                             {"flag", torch::ones({2}, torch::kBool)},
+                                                             {"c", torch::ones({1}, torch::kFloat)},
+                                                             {"h", torch::ones({1}, torch::kHalf)},
+                                                             {"d", torch::ones({1}, torch::kDouble)}},
+                                                            {{"format", "pt"}, {"b-key", "x\"y"}}));
+  const std::string expected_header = R"({"__metadata__":{"b-key":"x\"y","format":"pt"},)"
+                                      R"("z":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},)"
+                                      R"("d":{"dtype":"F64","shape":[1],"data_offsets":[8,16]},)"
+                                      R"("a":{"dtype":"F32","shape":[1],"data_offsets":[16,20]},)"
+                                      R"("c":{"dtype":"F32","shape":[1],"data_offsets":[20,24]},)"
+                                      R"("h":{"dtype":"F16","shape":[1],"data_offsets":[24,26]},)"
+                                      R"("b":{"dtype":"U8","shape":[3],"data_offsets":[26,29]},)"
+                                      R"("flag":{"dtype":"BOOL","shape":[2],"data_offsets":[29,31]}})";
   const size_t padded = (expected_header.size() + 7) / 8 * 8;
   ASSERT_EQ(bytes.substr(0, 8), le64(padded));
   EXPECT_EQ(bytes.substr(8, padded), expected_header + std::string(padded - expected_header.size(), ' '));
@@ -88,10 +90,10 @@ TEST(Safetensors, RoundTripsEveryDtypeIncludingNonContiguousInputs) {
   torch::manual_seed(3);
   const torch::Tensor base = torch::randn({4, 6}, torch::kDouble) * 100;
   NamedTensors tensors = {
-      {"f64", base.t()},                                     // transposed
-      {"f32", base.to(torch::kFloat).slice(1, 0, 6, 2)},     // strided slice
+      {"f64", base.t()},                                  // transposed
+      {"f32", base.to(torch::kFloat).slice(1, 0, 6, 2)},  // strided slice
       {"f16", base.to(torch::kHalf).t().contiguous()},
-      {"bf16", base.to(torch::kBFloat16).slice(0, 1, 3)},    // offset into storage
+      {"bf16", base.to(torch::kBFloat16).slice(0, 1, 3)},  // offset into storage
       {"i64", (base * 1e6).to(torch::kLong)},
       {"i32", base.to(torch::kInt).t()},
       {"i16", base.to(torch::kShort)},
@@ -107,7 +109,8 @@ TEST(Safetensors, RoundTripsEveryDtypeIncludingNonContiguousInputs) {
   const std::string path = dir.file("all.safetensors");
   save_safetensors(path, tensors, {{"step", "12"}, {"note", "ünïcode ✓"}});
 
-  for (const SafetensorsFile& file : {load_safetensors(path), parse_safetensors(as_bytes(read_raw(path)), path)}) {
+  for (const SafetensorsFile& file :
+       {load_safetensors(path), parse_safetensors(as_bytes(read_raw(path)), path)}) {
     ASSERT_EQ(file.size(), tensors.size());
     EXPECT_EQ(file.metadata(), (std::map<std::string, std::string>{{"step", "12"}, {"note", "ünïcode ✓"}}));
     for (const auto& [name, original] : tensors) {
@@ -121,7 +124,8 @@ TEST(Safetensors, RoundTripsEveryDtypeIncludingNonContiguousInputs) {
     }
   }
   // The file image of save_safetensors is the one serialize_safetensors makes.
-  EXPECT_EQ(read_raw(path), as_string(serialize_safetensors(tensors, {{"step", "12"}, {"note", "ünïcode ✓"}})));
+  EXPECT_EQ(read_raw(path),
+            as_string(serialize_safetensors(tensors, {{"step", "12"}, {"note", "ünïcode ✓"}})));
   // No temporary file is left next to it.
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()), {}), 1);
 }
@@ -129,13 +133,23 @@ TEST(Safetensors, RoundTripsEveryDtypeIncludingNonContiguousInputs) {
 TEST(Safetensors, RejectsWhatItCannotWrite) {
   const torch::Tensor t = torch::zeros({1});
   EXPECT_TRUE(mentions(error_of([&] { serialize_safetensors({{"a", t}, {"a", t}}); }), {"duplicate", "'a'"}));
-  EXPECT_TRUE(mentions(error_of([&] { serialize_safetensors({{"__metadata__", t}}); }), {"__metadata__", "reserved"}));
-  EXPECT_TRUE(mentions(error_of([&] { serialize_safetensors({{"c", torch::zeros({1}, torch::kComplexFloat)}}); }),
+  EXPECT_TRUE(mentions(error_of([&] {
+                         serialize_safetensors({{"__metadata__", t}});
+                       }),
+                       {"__metadata__", "reserved"}));
+  EXPECT_TRUE(mentions(error_of([&] {
+                         serialize_safetensors({{"c", torch::zeros({1}, torch::kComplexFloat)}});
+                       }),
                        {"'c'", "ComplexFloat", "valid:"}));
-  EXPECT_TRUE(mentions(error_of([&] { serialize_safetensors({{"u", torch::Tensor()}}); }), {"'u'", "undefined"}));
+  EXPECT_TRUE(mentions(error_of([&] {
+                         serialize_safetensors({{"u", torch::Tensor()}});
+                       }),
+                       {"'u'", "undefined"}));
   EXPECT_TRUE(mentions(error_of([&] { serialize_safetensors({{std::string("bad\xff"), t}}); }), {"UTF-8"}));
   TempDir dir;
-  EXPECT_TRUE(mentions(error_of([&] { save_safetensors(dir.file("missing/x.safetensors"), {{"a", t}}); }),
+  EXPECT_TRUE(mentions(error_of([&] {
+                         save_safetensors(dir.file("missing/x.safetensors"), {{"a", t}});
+                       }),
                        {"missing/x.safetensors", "No such file"}));
 }
 
@@ -154,7 +168,8 @@ void expect_rejected(const std::string& bytes, std::initializer_list<std::string
 
 std::string entry(const std::string& name, const std::string& dtype, const std::string& shape, uint64_t begin,
                   uint64_t end) {
-  return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})", name, dtype, shape, begin, end);
+  return fmt::format(R"("{}":{{"dtype":"{}","shape":{},"data_offsets":[{},{}]}})", name, dtype, shape, begin,
+                     end);
 }
 
 TEST(Safetensors, RejectsABadHeaderLength) {
@@ -172,13 +187,15 @@ TEST(Safetensors, RejectsAHeaderThatIsNotAJsonObject) {
   expect_rejected(image("{\"a\": 5}", ""), {"tensor 'a'", "expected an object", "found 5"});
   expect_rejected(image("{\"a\": {\"dtype\": \"F32\", \"shape\": [1]}}", std::string(4, '\0')),
                   {"tensor 'a'", "missing field 'data_offsets'"});
-  expect_rejected(image("{\"__metadata__\": {\"k\": 1}}", ""), {"'__metadata__' key 'k'", "string value", "found 1"});
+  expect_rejected(image("{\"__metadata__\": {\"k\": 1}}", ""),
+                  {"'__metadata__' key 'k'", "string value", "found 1"});
   expect_rejected(image("{\"__metadata__\": [\"k\"]}", ""), {"'__metadata__'", "object of strings"});
 }
 
 TEST(Safetensors, RejectsDuplicateNames) {
-  expect_rejected(image("{" + entry("a", "U8", "[1]", 0, 1) + "," + entry("a", "U8", "[1]", 1, 2) + "}", "xy"),
-                  {"duplicate tensor name 'a'"});
+  expect_rejected(
+      image("{" + entry("a", "U8", "[1]", 0, 1) + "," + entry("a", "U8", "[1]", 1, 2) + "}", "xy"),
+      {"duplicate tensor name 'a'"});
   expect_rejected(image(R"({"a":{"dtype":"U8","dtype":"I8","shape":[1],"data_offsets":[0,1]}})", "x"),
                   {"duplicate key 'dtype' inside 'a'"});
 }
@@ -208,7 +225,8 @@ TEST(Safetensors, RejectsBadOffsets) {
   const std::string buffer(16, '\0');
   expect_rejected(image("{" + entry("w", "F32", "[4]", 0, 1000) + "}", buffer),
                   {"tensor 'w'", "[0, 1000]", "16-byte data buffer"});
-  expect_rejected(image("{" + entry("w", "F32", "[0]", 12, 8) + "}", buffer), {"tensor 'w'", "[12, 8]", "begin > end"});
+  expect_rejected(image("{" + entry("w", "F32", "[0]", 12, 8) + "}", buffer),
+                  {"tensor 'w'", "[12, 8]", "begin > end"});
   expect_rejected(image("{" + entry("w", "F32", "[2,2]", 0, 12) + "}", std::string(12, '\0')),
                   {"tensor 'w'", "[0, 12] span 12 bytes", "F32 x [2, 2] needs 16 bytes"});
   expect_rejected(image(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", std::string(4, '\0')),
@@ -232,11 +250,10 @@ TEST(Safetensors, RejectsBadOffsets) {
 
 TEST(Safetensors, AcceptsZeroSizedTensorsAndIgnoresUnknownFields) {
   // Like the reference: empty tensors may share an offset; extra fields in an entry are ignored.
-  const std::string bytes =
-      image(R"({"e1":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
-            R"("e2":{"dtype":"I64","shape":[3,0],"data_offsets":[0,0]},)"
-            R"("s":{"dtype":"U8","shape":[],"data_offsets":[0,1],"extra":"x"}})",
-            "\x07");
+  const std::string bytes = image(R"({"e1":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                                  R"("e2":{"dtype":"I64","shape":[3,0],"data_offsets":[0,0]},)"
+                                  R"("s":{"dtype":"U8","shape":[],"data_offsets":[0,1],"extra":"x"}})",
+                                  "\x07");
   const SafetensorsFile file = parse_safetensors(as_bytes(bytes), "zero");
   EXPECT_EQ(file.at("e2").sizes(), (std::vector<int64_t>{3, 0}));
   EXPECT_EQ(file.at("s").dim(), 0);
@@ -269,7 +286,8 @@ TEST(Safetensors, SavesAndLoadsAModuleInPlace) {
   const std::string path = dir.file("model.safetensors");
   save_module_safetensors(*source, path, {{"step", "5"}});
   const SafetensorsFile file = load_safetensors(path);
-  EXPECT_TRUE(file.contains("0.weight") && file.contains("1.running_mean") && file.contains("1.num_batches_tracked"));
+  EXPECT_TRUE(file.contains("0.weight") && file.contains("1.running_mean") &&
+              file.contains("1.num_batches_tracked"));
   EXPECT_FALSE(file.contains("3.bias"));
   EXPECT_EQ(file.at("1.num_batches_tracked").scalar_type(), torch::kLong);
 

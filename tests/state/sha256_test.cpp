@@ -20,7 +20,8 @@ TEST(Sha256, KnownVectors) {
   EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
             "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
-  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')),
+            "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
 TEST(Sha256, ChunkingDoesNotMatter) {
@@ -56,7 +57,8 @@ TEST(Sha256, AgreesWithCoreutilsAroundThePaddingBoundaries) {
     EXPECT_EQ(bytes, length);
     EXPECT_EQ(sha256_hex(data), result.output.substr(0, 64)) << length;
   }
-  EXPECT_TRUE(testing::mentions(error_of([&] { sha256_file(dir.file("absent")); }), {"absent", "cannot open"}));
+  EXPECT_TRUE(
+      testing::mentions(error_of([&] { sha256_file(dir.file("absent")); }), {"absent", "cannot open"}));
 }
 
 }  // namespace

@@ -37,7 +37,8 @@ inline std::string error_of(const std::function<void()>& body) {
 }
 
 // Every one of `parts` occurs in `message`.
-inline ::testing::AssertionResult mentions(const std::string& message, std::initializer_list<std::string> parts) {
+inline ::testing::AssertionResult mentions(const std::string& message,
+                                           std::initializer_list<std::string> parts) {
   for (const std::string& part : parts) {
     if (message.find(part) == std::string::npos) {
       return ::testing::AssertionFailure() << "'" << part << "' not in: " << message;

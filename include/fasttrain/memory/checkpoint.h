@@ -12,7 +12,8 @@
 //   torch::Tensor y = fasttrain::checkpoint([&](const torch::Tensor& x) { return block->forward(x); }, x,
 //                                           block->parameters());
 //   // A Sequential, every child checkpointed ("blocks") or every k-th one ("every_k"):
-//   auto policy = fasttrain::CheckpointPolicy::parse(CheckpointOptions().mode("every_k").every(2));
+//   fasttrain::CheckpointPolicy policy =
+//       fasttrain::CheckpointPolicy::parse(fasttrain::CheckpointOptions().mode("every_k").every(2));
 //   torch::Tensor out = fasttrain::checkpoint_sequential(*layers, x, policy);
 //
 // Limits, as in PyTorch's reentrant variant: use loss.backward(), not torch::autograd::grad (the

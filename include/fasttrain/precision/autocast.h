@@ -4,7 +4,8 @@
 // torch.autocast does. Parameters stay fp32; autocast casts them per op and caches the casts of
 // weights until the outermost guard exits, so a weight used twice in a forward is cast once.
 //
-//   torch::ScalarType dtype = fasttrain::parse_precision(options.precision(), device);  // "bf16" -> kBFloat16
+//   torch::ScalarType dtype = fasttrain::parse_precision(options.precision(), device);  // "bf16" ->
+//   kBFloat16
 //   {
 //     fasttrain::AutocastGuard autocast(device, dtype);   // no-op for fp32
 //     loss = loss_fn(model->forward(x), y);               // matmuls in bf16, the loss in fp32
@@ -18,7 +19,7 @@
 #include <optional>
 #include <string>
 
-#include "fasttrain/precision/amp_compat.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 

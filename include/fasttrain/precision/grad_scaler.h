@@ -20,9 +20,8 @@
 // work (compat::has_amp_kernels); elsewhere the same arithmetic runs as ordinary tensor ops.
 #include <torch/optim/optimizer.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <utility>
 #include <vector>

@@ -93,7 +93,8 @@ std::vector<CheckpointInfo> list_checkpoints(const std::string& root);
 // The highest step-N of `root` that verifies, or nullopt. Checkpoints that fail verification are
 // skipped (their reasons appended to `skipped` when given, so that the caller can report them);
 // stale `.tmp-*` directories left by interrupted writes or prunes are removed.
-std::optional<CheckpointInfo> latest_checkpoint(const std::string& root, std::vector<std::string>* skipped = nullptr);
+std::optional<CheckpointInfo> latest_checkpoint(const std::string& root,
+                                                std::vector<std::string>* skipped = nullptr);
 
 // Removes all but the `keep` highest-numbered checkpoints, oldest first, each renamed to a `.tmp-*`
 // name before it is deleted so that an interrupted prune never leaves a half-deleted `step-N`.

@@ -94,6 +94,7 @@ void save_module_safetensors(const torch::nn::Module& module, const std::string&
 // `load_state_dict`, which copies with `copy_`). Strict: names missing from the file, names the
 // module lacks and shape mismatches are one error listing all of them, and nothing is copied.
 // Returns the file's metadata.
-std::map<std::string, std::string> load_module_safetensors(torch::nn::Module& module, const std::string& path);
+std::map<std::string, std::string> load_module_safetensors(torch::nn::Module& module,
+                                                           const std::string& path);
 
 }  // namespace fasttrain
