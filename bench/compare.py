@@ -110,9 +110,11 @@ def speedrun(opts):
 
 ABLATIONS = [
     ("default config", []),
+    ("train.precision = fp32", ["train.precision=fp32"]),
     ("train.channels_last = false", ["train.channels_last=false"]),
     ("model.pool_first = false", ["model.pool_first=false"]),
-    ("train.threads = 2", ["train.threads=2"]),
+    ("train.threads = 1", ["train.threads=1"]),
+    ("train.threads = 1, train.precision = fp32", ["train.threads=1", "train.precision=fp32"]),
     ("data.workers = 0 (batches built in the step's thread)", ["data.workers=0"]),
     ("ema.enabled = true (decay 0.99)", ["ema.enabled=true", "ema.decay=0.99"]),
     ("train.accumulation = 2 with data.batch_size = 64", ["train.accumulation=2", "data.batch_size=64"]),

@@ -8,6 +8,7 @@
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/progress.h"
 #include "fasttrain/optim/optimizer.h"
+#include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 
@@ -68,6 +69,7 @@ Experiment Experiment::build(const Config& config, bool announce) {
   experiment.config = config;
   experiment.device = parse_device(config.train.device());
   experiment.threads = set_intra_op_threads(config.train.threads());
+  parse_precision(config.train.precision(), experiment.device);  // fp16 on CPU fails here, before any work
   torch::manual_seed(static_cast<uint64_t>(config.train.seed()));
 
   // ---- data ----

@@ -8,6 +8,7 @@
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/clip.h"
 #include "fasttrain/optim/optimizer.h"
+#include "fasttrain/precision/autocast.h"
 #include "fasttrain/train/guards.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
@@ -50,6 +51,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::unique_ptr<torch::optim::Opt
       schedule_(std::move(schedule)),
       options_(std::move(options)),
       device_(device),
+      precision_(parse_precision(options_.precision(), device)),
+      scaler_(GradScalerOptions().enabled(precision_ == torch::kHalf)),
       parameters_(model_->parameters()) {
   FT_CONFIG_CHECK(options_.accumulation() >= 1, "train.accumulation must be >= 1, got {}", options_.accumulation());
   FT_CONFIG_CHECK(options_.clip_norm() >= 0, "train.clip_norm must be >= 0, got {}", options_.clip_norm());
@@ -65,7 +68,8 @@ void Trainer::set_log_every(int64_t steps) {
 }
 
 torch::Tensor Trainer::loss_of(const Batch& batch) {
-  auto logits = model_->forward(batch.inputs);  // [B, classes]
+  AutocastGuard autocast(device_, precision_);   // a no-op for fp32
+  auto logits = model_->forward(batch.inputs);  // [B, classes], in the autocast dtype
   return torch::nn::functional::cross_entropy(
       logits, batch.targets,
       torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(options_.label_smoothing()));
@@ -82,14 +86,18 @@ torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, doubl
   const double window = static_cast<double>(micro_batches.size());
   torch::Tensor window_loss = torch::zeros({}, torch::TensorOptions().device(device_));
   for (const Batch& batch : micro_batches) {
-    torch::Tensor loss = loss_of(batch);  // 0-dim, mean over the micro-batch
-    (loss / window).backward();
+    torch::Tensor loss = loss_of(batch);  // 0-dim fp32, mean over the micro-batch
+    scaler_.scale(loss / window).backward();
     window_loss += loss.detach() / window;
   }
 
-  // ---- clip, step, gradients to None ----
-  if (options_.clip_norm() > 0) last_grad_norm_ = clip_grad_norm(parameters_, options_.clip_norm());
-  optimizer_->step();
+  // ---- unscale, clip, step (skipped on inf/NaN gradients), update the scale, gradients to None ----
+  if (options_.clip_norm() > 0) {
+    scaler_.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
+    last_grad_norm_ = clip_grad_norm(parameters_, options_.clip_norm());
+  }
+  scaler_.step(*optimizer_);
+  scaler_.update();
   compat::zero_grad_to_none(*optimizer_);
   ++step_;
 
@@ -110,8 +118,9 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
   torch::Tensor correct = torch::zeros({}, options.dtype(torch::kLong));
   int64_t samples = 0;
   loader.start_epoch(0);
+  AutocastGuard autocast(device_, precision_);
   while (auto batch = loader.next()) {
-    auto logits = model_->forward(batch->inputs);  // [B, classes]
+    auto logits = model_->forward(batch->inputs).to(torch::kFloat);  // [B, classes]
     loss_sum += torch::nn::functional::cross_entropy(
         logits, batch->targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     correct += logits.argmax(1).eq(batch->targets).sum();
@@ -230,6 +239,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   // ---- summary ----
   summary.wall_s = seconds_since(start);
   summary.steps = step_;
+  summary.skipped_steps = scaler_.skipped_steps();
   const double train_s = std::max(summary.wall_s - eval_s, 1e-9);
   summary.train_samples_per_s = samples_seen / train_s;
   summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / train_s;

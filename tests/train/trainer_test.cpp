@@ -151,6 +151,48 @@ TEST(Trainer, EvaluationsWaitForEvalFromStep) {
   EXPECT_EQ(steps->evaluated, (std::vector<int64_t>{12, 15, 16, 18, 21, 24}));
 }
 
+TEST(Trainer, Bf16AutocastStepMatchesFp32Step) {
+  auto data = testing::synthetic_images(64);
+  auto model_of = [] {
+    torch::manual_seed(6);
+    return make_model(ModelOptions("cnn").in_channels(1).height(8).width(8).num_classes(4).widths({8})
+                          .hidden({16}).batchnorm(true));
+  };
+  auto flat = [](Model& m) {
+    std::vector<torch::Tensor> all;
+    for (const auto& p : m.parameters()) {
+      EXPECT_EQ(p.scalar_type(), torch::kFloat) << "master weights stay fp32";
+      all.push_back(p.detach().flatten());
+    }
+    return torch::cat(all);
+  };
+  // One plain SGD step each: the update is -lr * gradient, so the updates compare the gradients.
+  auto update = [&](const std::string& precision) {
+    DataLoader loader(data, plain_pipeline(), LoaderOptions(64).workers(0));
+    auto model = model_of();
+    auto before = flat(*model).clone();
+    auto opt = make_optimizer(model->named_parameters(), OptimizerOptions("sgd").lr(0.1).momentum(0));
+    Trainer trainer(model, std::move(opt), make_schedule(ScheduleOptions("constant"), 0.1, 0, 10),
+                    TrainOptions().max_steps(1).precision(precision), torch::kCPU);
+    trainer.fit(loader, nullptr);
+    return flat(*model) - before;
+  };
+  auto fp32 = update("fp32"), bf16 = update("bf16");
+  double error = ((bf16 - fp32).norm() / fp32.norm()).item<double>();
+  // bf16 keeps 8 bits of mantissa (~0.4% per rounding): a few percent on a whole gradient.
+  EXPECT_GT(error, 0.0) << "autocast had no effect";
+  EXPECT_LT(error, 0.05);
+}
+
+TEST(Trainer, Fp16OnCpuIsAConfigError) {
+  try {
+    make_trainer(small_mlp(1), TrainOptions().precision("fp16"));
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& error) {
+    EXPECT_NE(std::string(error.what()).find("bf16"), std::string::npos) << error.what();
+  }
+}
+
 TEST(Trainer, NonFiniteLossStopsWithTheStep) {
   auto data = testing::synthetic_images(64);
   DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));

@@ -22,6 +22,8 @@ struct TrainOptions {
   FT_ARG(int64_t, seed) = 0;
   // Intra-op threads (0 = the physical cores; LibTorch would otherwise pick 1 here).
   FT_ARG(int, threads) = 0;
+  // "fp32" | "bf16" (autocast; CPU and CUDA) | "fp16" (autocast + GradScaler; CUDA only).
+  FT_ARG(std::string, precision) = "fp32";
   // Conv kernels and input batches in channels_last (NHWC) layout.
   FT_ARG(bool, channels_last) = false;
   // "auto" | "cpu" | "cuda" | "cuda:N".

@@ -9,6 +9,9 @@
 //   trainer.add_callback(std::make_shared<MyCallback>());
 //   fasttrain::FitSummary summary = trainer.fit(train_loader, &test_loader);
 //
+// Precision: forward and loss run under an AutocastGuard of train.precision; with fp16 the loss is
+// scaled by a GradScaler that skips steps whose gradients overflow (counted in skipped_steps).
+//
 // One optimizer step = `accumulation` micro-batches (fewer at the end of an epoch), each loss divided
 // by the window size, so N micro-batches of B equal one batch of N x B.
 #include <torch/optim/optimizer.h>
@@ -23,6 +26,7 @@
 #include "fasttrain/models/registry.h"
 #include "fasttrain/optim/ema.h"
 #include "fasttrain/optim/schedule.h"
+#include "fasttrain/precision/grad_scaler.h"
 #include "fasttrain/train/options.h"
 
 namespace fasttrain {
@@ -105,6 +109,7 @@ class Trainer {
 
   Model& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  GradScaler& scaler() { return scaler_; }
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return options_; }
 
@@ -117,6 +122,8 @@ class Trainer {
   std::unique_ptr<Schedule> schedule_;
   TrainOptions options_;
   torch::Device device_;
+  torch::ScalarType precision_;  // autocast dtype; kFloat = off
+  GradScaler scaler_;            // enabled for fp16 only: bf16 has fp32's exponent range
   std::unique_ptr<Ema> ema_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<torch::Tensor> parameters_;
