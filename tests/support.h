@@ -6,24 +6,32 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "fasttrain/data/dataset.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain::testing {
 
-// A fresh directory under the system temp dir, removed with the object.
+// A fresh directory under the system temp dir, removed with everything in it at scope exit.
 class TempDir {
  public:
   TempDir() {
     std::string pattern = (std::filesystem::temp_directory_path() / "fasttrain-test-XXXXXX").string();
-    path_ = ::mkdtemp(pattern.data());
+    const char* made = ::mkdtemp(pattern.data());
+    if (made == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
+    path_ = made;
   }
   ~TempDir() {
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
   }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
   const std::string& path() const { return path_; }
   std::string file(const std::string& name) const { return path_ + "/" + name; }
 
@@ -31,18 +39,42 @@ class TempDir {
   std::string path_;
 };
 
+// The message of the fasttrain::Error `fn` throws; a test failure (and "") when it throws none.
+inline std::string error_message(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const fasttrain::Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a fasttrain::Error";
+  return "";
+}
+
+// Every one of `parts` occurs in `message`.
+inline ::testing::AssertionResult contains_all(const std::string& message,
+                                               const std::vector<std::string>& parts) {
+  for (const auto& part : parts) {
+    if (message.find(part) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message lacks \"" << part << "\": " << message;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 inline const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
 
-inline bool have_fashion_mnist() { return std::filesystem::is_directory(kFashionMnist); }
+inline bool have_fashion_mnist() {
+  return std::filesystem::is_directory(kFashionMnist);
+}
 
-#define FT_REQUIRE_FASHION_MNIST()                                                        \
-  if (!::fasttrain::testing::have_fashion_mnist()) {                                      \
+#define FT_REQUIRE_FASHION_MNIST()                                                                     \
+  if (!::fasttrain::testing::have_fashion_mnist()) {                                                   \
     GTEST_SKIP() << "needs Debian's dataset-fashion-mnist at " << ::fasttrain::testing::kFashionMnist; \
   }
 
 // `count` random uint8 images [count, channels, height, width] with labels in [0, classes).
-inline ImageDataset synthetic_images(int64_t count, int64_t channels = 1, int64_t height = 8, int64_t width = 8,
-                                     int64_t classes = 4, uint64_t seed = 1) {
+inline ImageDataset synthetic_images(int64_t count, int64_t channels = 1, int64_t height = 8,
+                                     int64_t width = 8, int64_t classes = 4, uint64_t seed = 1) {
   torch::manual_seed(seed);
   ImageDataset dataset;
   dataset.images = torch::randint(0, 256, {count, channels, height, width}, torch::kUInt8);

@@ -2,7 +2,6 @@
 // Config, call the run functions of train/run.h. Only main() catches errors: it prints
 // `error: ...` with a hint and exits 2 for bad configuration or usage, 1 for anything else.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -30,8 +29,9 @@ fasttrain::Config build_config(const ConfigArgs& args) {
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"fasttrain: train neural networks fast on LibTorch, with the PyTorch performance playbook as "
-               "switches"};
+  CLI::App app{
+      "fasttrain: train neural networks fast on LibTorch, with the PyTorch performance playbook as "
+      "switches"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("fasttrain 0.1.0 (LibTorch ") + TORCH_VERSION + ")");
 
@@ -53,7 +53,8 @@ int run(int argc, char** argv) {
   ConfigArgs lr_args;
   fasttrain::LrFinderOptions lr_options;
   std::string lr_csv = "lr_find.csv";
-  auto* find_lr = app.add_subcommand("find-lr", "LR range test: sweep the LR exponentially, suggest a max LR");
+  auto* find_lr =
+      app.add_subcommand("find-lr", "LR range test: sweep the LR exponentially, suggest a max LR");
   add_config_args(*find_lr, lr_args, true);
   find_lr->add_option("--start-lr", lr_options.start_lr(), "First LR")->capture_default_str();
   find_lr->add_option("--end-lr", lr_options.end_lr(), "Last LR")->capture_default_str();
@@ -82,7 +83,8 @@ int run(int argc, char** argv) {
     std::cerr << "fasttrain: run written to " << run_dir << "\n";
   } else if (*eval) {
     fasttrain::EvalResult result = fasttrain::eval_run(build_config(eval_args), weights);
-    std::cout << nlohmann::json{{"test_accuracy", result.accuracy}, {"test_loss", result.loss},
+    std::cout << nlohmann::json{{"test_accuracy", result.accuracy},
+                                {"test_loss", result.loss},
                                 {"samples", result.samples}}
                      .dump(2)
               << "\n";
@@ -107,7 +109,8 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const fasttrain::ConfigError& error) {
-    std::fprintf(stderr, "error: %s\nhint: see docs/CONFIG.md or `fasttrain config --reference`\n", error.what());
+    std::fprintf(stderr, "error: %s\nhint: see docs/CONFIG.md or `fasttrain config --reference`\n",
+                 error.what());
     return 2;
   } catch (const fasttrain::Error& error) {
     std::fprintf(stderr, "error: %s\n", error.what());

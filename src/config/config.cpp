@@ -39,16 +39,26 @@ std::string quote(const std::string& text) {
   return out + "\"";
 }
 
-std::string literal(int64_t value) { return std::to_string(value); }
-std::string literal(int value) { return std::to_string(value); }
-std::string literal(bool value) { return value ? "true" : "false"; }
-std::string literal(const std::string& value) { return quote(value); }
+std::string literal(int64_t value) {
+  return std::to_string(value);
+}
+std::string literal(int value) {
+  return std::to_string(value);
+}
+std::string literal(bool value) {
+  return value ? "true" : "false";
+}
+std::string literal(const std::string& value) {
+  return quote(value);
+}
 std::string literal(double value) {
   std::string text = fmt::format("{}", value);
   if (text.find_first_of(".eEn") == std::string::npos) text += ".0";  // keep it a TOML float
   return text;
 }
-std::string literal(const std::vector<int64_t>& values) { return fmt::format("[{}]", fmt::join(values, ", ")); }
+std::string literal(const std::vector<int64_t>& values) {
+  return fmt::format("[{}]", fmt::join(values, ", "));
+}
 
 void parse(const toml::node& node, const std::string& key, int64_t& out) {
   FT_CONFIG_CHECK(node.is_integer(), "{} must be an integer, got {}", key, describe(node));
@@ -149,13 +159,14 @@ Field workers_field() {
                nullptr};
   result.read = [](Config& config, const toml::node& node) {
     if (node.is_string()) {
-      FT_CONFIG_CHECK(node.as_string()->get() == "auto", "data.workers must be an integer >= 0 or \"auto\", got {}",
-                      describe(node));
+      FT_CONFIG_CHECK(node.as_string()->get() == "auto",
+                      "data.workers must be an integer >= 0 or \"auto\", got {}", describe(node));
       config.data.workers(-1);
       return;
     }
     int value = 0;
-    FT_CONFIG_CHECK(node.is_integer(), "data.workers must be an integer >= 0 or \"auto\", got {}", describe(node));
+    FT_CONFIG_CHECK(node.is_integer(), "data.workers must be an integer >= 0 or \"auto\", got {}",
+                    describe(node));
     parse(node, "data.workers", value);
     FT_CONFIG_CHECK(value >= 0, "data.workers must be an integer >= 0 or \"auto\", got {}", value);
     config.data.workers(value);
@@ -170,149 +181,210 @@ const std::vector<Field>& schema() {
   using S = std::string;
   static const std::vector<Field> fields = {
       // [data]
-      field<S>("data", "dataset", [](Config& c) -> S& { return c.data.dataset(); },
-               "Dataset: fashion-mnist, mnist or idx (any MNIST-format IDX files)", one_of(image_dataset_names())),
-      field<S>("data", "path", [](Config& c) -> S& { return c.data.path(); },
-               "Directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-               "t10k-labels-idx1-ubyte (each optionally .gz); \"\" = /usr/share/datasets/<dataset>"),
-      field<int64_t>("data", "batch_size", [](Config& c) -> int64_t& { return c.data.batch_size(); },
-                     "Samples per micro-batch", at_least<int64_t>(1)),
-      field<int64_t>("data", "eval_batch_size", [](Config& c) -> int64_t& { return c.data.eval_batch_size(); },
-                     "Samples per evaluation batch", at_least<int64_t>(1)),
+      field<S>(
+          "data", "dataset", [](Config& c) -> S& { return c.data.dataset(); },
+          "Dataset: fashion-mnist, mnist or idx (any MNIST-format IDX files)", one_of(image_dataset_names())),
+      field<S>(
+          "data", "path", [](Config& c) -> S& { return c.data.path(); },
+          "Directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+          "t10k-labels-idx1-ubyte (each optionally .gz); \"\" = /usr/share/datasets/<dataset>"),
+      field<int64_t>(
+          "data", "batch_size", [](Config& c) -> int64_t& { return c.data.batch_size(); },
+          "Samples per micro-batch", at_least<int64_t>(1)),
+      field<int64_t>(
+          "data", "eval_batch_size", [](Config& c) -> int64_t& { return c.data.eval_batch_size(); },
+          "Samples per evaluation batch", at_least<int64_t>(1)),
       workers_field(),
-      field<int>("data", "prefetch", [](Config& c) -> int& { return c.data.prefetch(); },
-                 "Batches kept ready ahead of the step (bounded queue)", at_least(1)),
-      field<bool>("data", "shuffle", [](Config& c) -> bool& { return c.data.shuffle(); },
-                  "Shuffle the training set each epoch (order keyed on seed and epoch)"),
-      field<bool>("data", "drop_last", [](Config& c) -> bool& { return c.data.drop_last(); },
-                  "Drop the last incomplete training batch of each epoch"),
-      field<bool>("data", "pin_memory", [](Config& c) -> bool& { return c.data.pin_memory(); },
-                  "On CUDA, build batches in pinned memory and copy them non_blocking"),
-      field<bool>("data", "normalize", [](Config& c) -> bool& { return c.data.normalize(); },
-                  "Normalize with the training set's per-channel mean and std (else scale to [0, 1])"),
-      field<int>("data", "crop_padding", [](Config& c) -> int& { return c.data.crop_padding(); },
-                 "Random crop after zero padding by this many pixels (0 = off)", at_least(0)),
-      field<double>("data", "hflip", [](Config& c) -> double& { return c.data.hflip(); },
-                    "Probability of a horizontal flip (0 = off)", in_unit_interval()),
-      field<int64_t>("data", "train_limit", [](Config& c) -> int64_t& { return c.data.train_limit(); },
-                     "Train on the first N samples only (0 = all)", at_least<int64_t>(0)),
+      field<int>(
+          "data", "prefetch", [](Config& c) -> int& { return c.data.prefetch(); },
+          "Batches kept ready ahead of the step (bounded queue)", at_least(1)),
+      field<bool>(
+          "data", "shuffle", [](Config& c) -> bool& { return c.data.shuffle(); },
+          "Shuffle the training set each epoch (order keyed on seed and epoch)"),
+      field<bool>(
+          "data", "drop_last", [](Config& c) -> bool& { return c.data.drop_last(); },
+          "Drop the last incomplete training batch of each epoch"),
+      field<bool>(
+          "data", "pin_memory", [](Config& c) -> bool& { return c.data.pin_memory(); },
+          "On CUDA, build batches in pinned memory and copy them non_blocking"),
+      field<bool>(
+          "data", "normalize", [](Config& c) -> bool& { return c.data.normalize(); },
+          "Normalize with the training set's per-channel mean and std (else scale to [0, 1])"),
+      field<int>(
+          "data", "crop_padding", [](Config& c) -> int& { return c.data.crop_padding(); },
+          "Random crop after zero padding by this many pixels (0 = off)", at_least(0)),
+      field<double>(
+          "data", "hflip", [](Config& c) -> double& { return c.data.hflip(); },
+          "Probability of a horizontal flip (0 = off)", in_unit_interval()),
+      field<int64_t>(
+          "data", "train_limit", [](Config& c) -> int64_t& { return c.data.train_limit(); },
+          "Train on the first N samples only (0 = all)", at_least<int64_t>(0)),
       // [model]
-      field<S>("model", "name", [](Config& c) -> S& { return c.model.name(); }, "Model: mlp, cnn or resnet",
-               one_of(model_names())),
-      field<std::vector<int64_t>>("model", "widths",
-                                  [](Config& c) -> std::vector<int64_t>& { return c.model.widths(); },
-                                  "cnn: channels of each conv+pool stage; resnet: channels of each stage"),
-      field<std::vector<int64_t>>("model", "hidden",
-                                  [](Config& c) -> std::vector<int64_t>& { return c.model.hidden(); },
-                                  "Hidden fully connected layers before the classifier"),
-      field<bool>("model", "batchnorm", [](Config& c) -> bool& { return c.model.batchnorm(); },
-                  "cnn: BatchNorm after each conv (the conv then has no bias)"),
-      field<bool>("model", "pool_first", [](Config& c) -> bool& { return c.model.pool_first(); },
-                  "cnn: max-pool right after each conv, before BatchNorm and ReLU (4x less normalisation work)"),
-      field<int64_t>("model", "blocks", [](Config& c) -> int64_t& { return c.model.blocks(); },
-                     "resnet: residual blocks per stage", at_least<int64_t>(1)),
-      field<double>("model", "dropout", [](Config& c) -> double& { return c.model.dropout(); },
-                    "Dropout before each fully connected layer", in_unit_interval()),
+      field<S>(
+          "model", "name", [](Config& c) -> S& { return c.model.name(); }, "Model: mlp, cnn or resnet",
+          one_of(model_names())),
+      field<std::vector<int64_t>>(
+          "model", "widths", [](Config& c) -> std::vector<int64_t>& { return c.model.widths(); },
+          "cnn: channels of each conv+pool stage; resnet: channels of each stage"),
+      field<std::vector<int64_t>>(
+          "model", "hidden", [](Config& c) -> std::vector<int64_t>& { return c.model.hidden(); },
+          "Hidden fully connected layers before the classifier"),
+      field<bool>(
+          "model", "batchnorm", [](Config& c) -> bool& { return c.model.batchnorm(); },
+          "cnn: BatchNorm after each conv (the conv then has no bias)"),
+      field<bool>(
+          "model", "pool_first", [](Config& c) -> bool& { return c.model.pool_first(); },
+          "cnn: max-pool right after each conv, before BatchNorm and ReLU (4x less normalisation work)"),
+      field<int64_t>(
+          "model", "blocks", [](Config& c) -> int64_t& { return c.model.blocks(); },
+          "resnet: residual blocks per stage", at_least<int64_t>(1)),
+      field<double>(
+          "model", "dropout", [](Config& c) -> double& { return c.model.dropout(); },
+          "Dropout before each fully connected layer", in_unit_interval()),
       // [optim]
-      field<S>("optim", "name", [](Config& c) -> S& { return c.optim.name(); }, "Optimizer: sgd, adam or adamw",
-               one_of(optimizer_names())),
-      field<double>("optim", "lr", [](Config& c) -> double& { return c.optim.lr(); },
-                    "Learning rate (the peak of one-cycle and cyclic schedules)", above(0.0)),
-      field<double>("optim", "momentum", [](Config& c) -> double& { return c.optim.momentum(); },
-                    "sgd momentum", in_unit_interval()),
-      field<bool>("optim", "nesterov", [](Config& c) -> bool& { return c.optim.nesterov(); }, "sgd Nesterov momentum"),
-      field<double>("optim", "weight_decay", [](Config& c) -> double& { return c.optim.weight_decay(); },
-                    "Weight decay (decoupled for adamw); never applied to biases and norm weights",
-                    at_least(0.0)),
-      field<double>("optim", "beta1", [](Config& c) -> double& { return c.optim.beta1(); }, "adam/adamw beta1",
-                    in_unit_interval()),
-      field<double>("optim", "beta2", [](Config& c) -> double& { return c.optim.beta2(); }, "adam/adamw beta2",
-                    in_unit_interval()),
-      field<double>("optim", "eps", [](Config& c) -> double& { return c.optim.eps(); }, "adam/adamw epsilon",
-                    above(0.0)),
+      field<S>(
+          "optim", "name", [](Config& c) -> S& { return c.optim.name(); }, "Optimizer: sgd, adam or adamw",
+          one_of(optimizer_names())),
+      field<double>(
+          "optim", "lr", [](Config& c) -> double& { return c.optim.lr(); },
+          "Learning rate (the peak of one-cycle and cyclic schedules)", above(0.0)),
+      field<double>(
+          "optim", "momentum", [](Config& c) -> double& { return c.optim.momentum(); }, "sgd momentum",
+          in_unit_interval()),
+      field<bool>(
+          "optim", "nesterov", [](Config& c) -> bool& { return c.optim.nesterov(); },
+          "sgd Nesterov momentum"),
+      field<double>(
+          "optim", "weight_decay", [](Config& c) -> double& { return c.optim.weight_decay(); },
+          "Weight decay (decoupled for adamw); never applied to biases and norm weights", at_least(0.0)),
+      field<double>(
+          "optim", "beta1", [](Config& c) -> double& { return c.optim.beta1(); }, "adam/adamw beta1",
+          in_unit_interval()),
+      field<double>(
+          "optim", "beta2", [](Config& c) -> double& { return c.optim.beta2(); }, "adam/adamw beta2",
+          in_unit_interval()),
+      field<double>(
+          "optim", "eps", [](Config& c) -> double& { return c.optim.eps(); }, "adam/adamw epsilon",
+          above(0.0)),
       // [schedule]
-      field<S>("schedule", "name", [](Config& c) -> S& { return c.schedule.name(); },
-               "Schedule: constant, step, cosine, one-cycle or cyclic", one_of(schedule_names())),
-      field<int64_t>("schedule", "step_size", [](Config& c) -> int64_t& { return c.schedule.step_size(); },
-                     "step: optimizer steps between decays", at_least<int64_t>(1)),
-      field<double>("schedule", "gamma", [](Config& c) -> double& { return c.schedule.gamma(); },
-                    "step: decay factor", above(0.0)),
-      field<int64_t>("schedule", "warmup_steps", [](Config& c) -> int64_t& { return c.schedule.warmup_steps(); },
-                     "cosine: linear warmup steps", at_least<int64_t>(0)),
-      field<double>("schedule", "min_lr", [](Config& c) -> double& { return c.schedule.min_lr(); },
-                    "cosine: final learning rate", at_least(0.0)),
-      field<double>("schedule", "pct_start", [](Config& c) -> double& { return c.schedule.pct_start(); },
-                    "one-cycle: fraction of the steps spent rising to optim.lr", in_unit_interval()),
-      field<double>("schedule", "div_factor", [](Config& c) -> double& { return c.schedule.div_factor(); },
-                    "one-cycle: initial lr = optim.lr / div_factor", above(0.0)),
-      field<double>("schedule", "final_div_factor",
-                    [](Config& c) -> double& { return c.schedule.final_div_factor(); },
-                    "one-cycle: final lr = initial lr / final_div_factor", above(0.0)),
-      field<S>("schedule", "anneal", [](Config& c) -> S& { return c.schedule.anneal(); },
-               "one-cycle: annealing shape, cos or linear", one_of({"cos", "linear"})),
-      field<bool>("schedule", "cycle_momentum", [](Config& c) -> bool& { return c.schedule.cycle_momentum(); },
-                  "one-cycle and cyclic: cycle momentum (sgd) or beta1 (adam) inversely to the lr"),
-      field<double>("schedule", "base_momentum", [](Config& c) -> double& { return c.schedule.base_momentum(); },
-                    "Lowest momentum of the cycle", in_unit_interval()),
-      field<double>("schedule", "max_momentum", [](Config& c) -> double& { return c.schedule.max_momentum(); },
-                    "Highest momentum of the cycle", in_unit_interval()),
-      field<bool>("schedule", "three_phase", [](Config& c) -> bool& { return c.schedule.three_phase(); },
-                  "one-cycle: fastai-style third phase that annihilates the lr"),
-      field<double>("schedule", "base_lr", [](Config& c) -> double& { return c.schedule.base_lr(); },
-                    "cyclic: lowest lr (the highest is optim.lr)", above(0.0)),
-      field<int64_t>("schedule", "step_size_up", [](Config& c) -> int64_t& { return c.schedule.step_size_up(); },
-                     "cyclic: steps rising", at_least<int64_t>(1)),
-      field<int64_t>("schedule", "step_size_down",
-                     [](Config& c) -> int64_t& { return c.schedule.step_size_down(); },
-                     "cyclic: steps falling (0 = step_size_up)", at_least<int64_t>(0)),
+      field<S>(
+          "schedule", "name", [](Config& c) -> S& { return c.schedule.name(); },
+          "Schedule: constant, step, cosine, one-cycle or cyclic", one_of(schedule_names())),
+      field<int64_t>(
+          "schedule", "step_size", [](Config& c) -> int64_t& { return c.schedule.step_size(); },
+          "step: optimizer steps between decays", at_least<int64_t>(1)),
+      field<double>(
+          "schedule", "gamma", [](Config& c) -> double& { return c.schedule.gamma(); }, "step: decay factor",
+          above(0.0)),
+      field<int64_t>(
+          "schedule", "warmup_steps", [](Config& c) -> int64_t& { return c.schedule.warmup_steps(); },
+          "cosine: linear warmup steps", at_least<int64_t>(0)),
+      field<double>(
+          "schedule", "min_lr", [](Config& c) -> double& { return c.schedule.min_lr(); },
+          "cosine: final learning rate", at_least(0.0)),
+      field<double>(
+          "schedule", "pct_start", [](Config& c) -> double& { return c.schedule.pct_start(); },
+          "one-cycle: fraction of the steps spent rising to optim.lr", in_unit_interval()),
+      field<double>(
+          "schedule", "div_factor", [](Config& c) -> double& { return c.schedule.div_factor(); },
+          "one-cycle: initial lr = optim.lr / div_factor", above(0.0)),
+      field<double>(
+          "schedule", "final_div_factor", [](Config& c) -> double& { return c.schedule.final_div_factor(); },
+          "one-cycle: final lr = initial lr / final_div_factor", above(0.0)),
+      field<S>(
+          "schedule", "anneal", [](Config& c) -> S& { return c.schedule.anneal(); },
+          "one-cycle: annealing shape, cos or linear", one_of({"cos", "linear"})),
+      field<bool>(
+          "schedule", "cycle_momentum", [](Config& c) -> bool& { return c.schedule.cycle_momentum(); },
+          "one-cycle and cyclic: cycle momentum (sgd) or beta1 (adam) inversely to the lr"),
+      field<double>(
+          "schedule", "base_momentum", [](Config& c) -> double& { return c.schedule.base_momentum(); },
+          "Lowest momentum of the cycle", in_unit_interval()),
+      field<double>(
+          "schedule", "max_momentum", [](Config& c) -> double& { return c.schedule.max_momentum(); },
+          "Highest momentum of the cycle", in_unit_interval()),
+      field<bool>(
+          "schedule", "three_phase", [](Config& c) -> bool& { return c.schedule.three_phase(); },
+          "one-cycle: fastai-style third phase that annihilates the lr"),
+      field<double>(
+          "schedule", "base_lr", [](Config& c) -> double& { return c.schedule.base_lr(); },
+          "cyclic: lowest lr (the highest is optim.lr)", above(0.0)),
+      field<int64_t>(
+          "schedule", "step_size_up", [](Config& c) -> int64_t& { return c.schedule.step_size_up(); },
+          "cyclic: steps rising", at_least<int64_t>(1)),
+      field<int64_t>(
+          "schedule", "step_size_down", [](Config& c) -> int64_t& { return c.schedule.step_size_down(); },
+          "cyclic: steps falling (0 = step_size_up)", at_least<int64_t>(0)),
       // [train]
-      field<int64_t>("train", "epochs", [](Config& c) -> int64_t& { return c.train.epochs(); },
-                     "Passes over the training set", at_least<int64_t>(1)),
-      field<int64_t>("train", "max_steps", [](Config& c) -> int64_t& { return c.train.max_steps(); },
-                     "Stop after this many optimizer steps (0 = epochs decide)", at_least<int64_t>(0)),
-      field<int64_t>("train", "accumulation", [](Config& c) -> int64_t& { return c.train.accumulation(); },
-                     "Micro-batches per optimizer step", at_least<int64_t>(1)),
-      field<double>("train", "clip_norm", [](Config& c) -> double& { return c.train.clip_norm(); },
-                    "Clip gradients to this global L2 norm (0 = off)", at_least(0.0)),
-      field<double>("train", "label_smoothing", [](Config& c) -> double& { return c.train.label_smoothing(); },
-                    "Cross-entropy label smoothing", in_unit_interval()),
-      field<int64_t>("train", "seed", [](Config& c) -> int64_t& { return c.train.seed(); },
-                     "Seed of initialisation, shuffling and augmentation", at_least<int64_t>(0)),
-      field<int>("train", "threads", [](Config& c) -> int& { return c.train.threads(); },
-                 "Intra-op threads (0 = physical cores)", at_least(0)),
-      field<S>("train", "precision", [](Config& c) -> S& { return c.train.precision(); },
-               "fp32, bf16 (autocast to bfloat16) or fp16 (autocast to float16 with a GradScaler; CUDA only)",
-               one_of({"fp32", "bf16", "fp16"})),
-      field<bool>("train", "channels_last", [](Config& c) -> bool& { return c.train.channels_last(); },
-                  "Conv kernels and input batches in channels_last (NHWC) layout: faster conv kernels"),
-      field<S>("train", "device", [](Config& c) -> S& { return c.train.device(); },
-               "auto, cpu, cuda or cuda:N"),
-      field<int64_t>("train", "eval_every_steps", [](Config& c) -> int64_t& { return c.train.eval_every_steps(); },
-                     "Evaluate every N optimizer steps (0 = at the end of each epoch only)", at_least<int64_t>(0)),
-      field<int64_t>("train", "eval_from_step", [](Config& c) -> int64_t& { return c.train.eval_from_step(); },
-                     "No evaluation before this optimizer step, but at the end of the run", at_least<int64_t>(0)),
-      field<double>("train", "target_accuracy", [](Config& c) -> double& { return c.train.target_accuracy(); },
-                    "Test accuracy whose first crossing is time_to_target_s (0 = none)", in_unit_interval()),
-      field<bool>("train", "stop_at_target", [](Config& c) -> bool& { return c.train.stop_at_target(); },
-                  "End the run when target_accuracy is reached"),
+      field<int64_t>(
+          "train", "epochs", [](Config& c) -> int64_t& { return c.train.epochs(); },
+          "Passes over the training set", at_least<int64_t>(1)),
+      field<int64_t>(
+          "train", "max_steps", [](Config& c) -> int64_t& { return c.train.max_steps(); },
+          "Stop after this many optimizer steps (0 = epochs decide)", at_least<int64_t>(0)),
+      field<int64_t>(
+          "train", "accumulation", [](Config& c) -> int64_t& { return c.train.accumulation(); },
+          "Micro-batches per optimizer step", at_least<int64_t>(1)),
+      field<double>(
+          "train", "clip_norm", [](Config& c) -> double& { return c.train.clip_norm(); },
+          "Clip gradients to this global L2 norm (0 = off)", at_least(0.0)),
+      field<double>(
+          "train", "label_smoothing", [](Config& c) -> double& { return c.train.label_smoothing(); },
+          "Cross-entropy label smoothing", in_unit_interval()),
+      field<int64_t>(
+          "train", "seed", [](Config& c) -> int64_t& { return c.train.seed(); },
+          "Seed of initialisation, shuffling and augmentation", at_least<int64_t>(0)),
+      field<int>(
+          "train", "threads", [](Config& c) -> int& { return c.train.threads(); },
+          "Intra-op threads (0 = physical cores)", at_least(0)),
+      field<S>(
+          "train", "precision", [](Config& c) -> S& { return c.train.precision(); },
+          "fp32, bf16 (autocast to bfloat16) or fp16 (autocast to float16 with a GradScaler; CUDA only)",
+          one_of({"fp32", "bf16", "fp16"})),
+      field<bool>(
+          "train", "channels_last", [](Config& c) -> bool& { return c.train.channels_last(); },
+          "Conv kernels and input batches in channels_last (NHWC) layout: faster conv kernels"),
+      field<S>(
+          "train", "device", [](Config& c) -> S& { return c.train.device(); }, "auto, cpu, cuda or cuda:N"),
+      field<int64_t>(
+          "train", "eval_every_steps", [](Config& c) -> int64_t& { return c.train.eval_every_steps(); },
+          "Evaluate every N optimizer steps (0 = at the end of each epoch only)", at_least<int64_t>(0)),
+      field<int64_t>(
+          "train", "eval_from_step", [](Config& c) -> int64_t& { return c.train.eval_from_step(); },
+          "No evaluation before this optimizer step, but at the end of the run", at_least<int64_t>(0)),
+      field<double>(
+          "train", "target_accuracy", [](Config& c) -> double& { return c.train.target_accuracy(); },
+          "Test accuracy whose first crossing is time_to_target_s (0 = none)", in_unit_interval()),
+      field<bool>(
+          "train", "stop_at_target", [](Config& c) -> bool& { return c.train.stop_at_target(); },
+          "End the run when target_accuracy is reached"),
       // [ema]
-      field<bool>("ema", "enabled", [](Config& c) -> bool& { return c.ema.enabled(); },
-                  "Keep an exponential moving average of the weights and evaluate with it"),
-      field<double>("ema", "decay", [](Config& c) -> double& { return c.ema.decay(); }, "EMA decay per update",
-                    in_unit_interval()),
-      field<bool>("ema", "warmup", [](Config& c) -> bool& { return c.ema.warmup(); },
-                  "Use decay min(decay, (1 + t) / (10 + t)) so early averages are not stuck at init"),
-      field<int64_t>("ema", "every", [](Config& c) -> int64_t& { return c.ema.every(); },
-                     "Update the average every N optimizer steps", at_least<int64_t>(1)),
+      field<bool>(
+          "ema", "enabled", [](Config& c) -> bool& { return c.ema.enabled(); },
+          "Keep an exponential moving average of the weights and evaluate with it"),
+      field<double>(
+          "ema", "decay", [](Config& c) -> double& { return c.ema.decay(); }, "EMA decay per update",
+          in_unit_interval()),
+      field<bool>(
+          "ema", "warmup", [](Config& c) -> bool& { return c.ema.warmup(); },
+          "Use decay min(decay, (1 + t) / (10 + t)) so early averages are not stuck at init"),
+      field<int64_t>(
+          "ema", "every", [](Config& c) -> int64_t& { return c.ema.every(); },
+          "Update the average every N optimizer steps", at_least<int64_t>(1)),
       // [log]
-      field<S>("log", "progress", [](Config& c) -> S& { return c.log.progress(); },
-               "auto (a bar on a terminal, lines otherwise), bar, lines or none",
-               one_of({"auto", "bar", "lines", "none"})),
-      field<int64_t>("log", "every_steps", [](Config& c) -> int64_t& { return c.log.every_steps(); },
-                     "Optimizer steps between metrics records and progress lines", at_least<int64_t>(1)),
+      field<S>(
+          "log", "progress", [](Config& c) -> S& { return c.log.progress(); },
+          "auto (a bar on a terminal, lines otherwise), bar, lines or none",
+          one_of({"auto", "bar", "lines", "none"})),
+      field<int64_t>(
+          "log", "every_steps", [](Config& c) -> int64_t& { return c.log.every_steps(); },
+          "Optimizer steps between metrics records and progress lines", at_least<int64_t>(1)),
       // [run]
-      field<S>("run", "name", [](Config& c) -> S& { return c.run.name(); }, "Run name: the directory <root>/<name>"),
-      field<S>("run", "root", [](Config& c) -> S& { return c.run.root(); }, "Directory that holds runs"),
+      field<S>(
+          "run", "name", [](Config& c) -> S& { return c.run.name(); },
+          "Run name: the directory <root>/<name>"),
+      field<S>(
+          "run", "root", [](Config& c) -> S& { return c.run.root(); }, "Directory that holds runs"),
   };
   return fields;
 }
@@ -368,7 +440,8 @@ void apply_toml(Config& config, const std::string& text, const std::string& sour
 }
 
 Config load_config(const std::string& path) {
-  FT_CONFIG_CHECK(std::filesystem::is_regular_file(path), "config file '{}' does not exist or is not a file", path);
+  FT_CONFIG_CHECK(std::filesystem::is_regular_file(path), "config file '{}' does not exist or is not a file",
+                  path);
   std::ifstream in(path);
   FT_CONFIG_CHECK(in.good(), "config file '{}' cannot be read", path);
   std::stringstream text;
@@ -409,13 +482,14 @@ void validate(const Config& config) {
   FT_CONFIG_CHECK(device == "auto" || device == "cpu" || device.rfind("cuda", 0) == 0,
                   "train.device must be auto, cpu, cuda or cuda:N, got '{}'", device);
   if (config.data.dataset() == "idx") {
-    FT_CONFIG_CHECK(!config.data.path().empty(), "data.path must name the IDX directory when data.dataset = \"idx\"");
+    FT_CONFIG_CHECK(!config.data.path().empty(),
+                    "data.path must name the IDX directory when data.dataset = \"idx\"");
   }
   std::string path = config.data.resolved_path();
   FT_CONFIG_CHECK(std::filesystem::is_directory(path), "data.path '{}' is not a directory{}", path,
-                  config.data.path().empty() ? " (install Debian's dataset-" + config.data.dataset() +
-                                                   " package or set data.path)"
-                                             : "");
+                  config.data.path().empty()
+                      ? " (install Debian's dataset-" + config.data.dataset() + " package or set data.path)"
+                      : "");
 }
 
 std::string to_toml(const Config& config) {

@@ -161,7 +161,8 @@ Batch DataLoader::build_batch(int64_t epoch, int64_t index, const std::vector<in
   Batch batch;
   batch.epoch = epoch;
   batch.index = index;
-  const auto layout = options_.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  const auto layout =
+      options_.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
   batch.inputs = torch::empty({count, shape.channels, shape.height, shape.width},
                               torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned), layout);
   batch.targets = torch::empty({count}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned));

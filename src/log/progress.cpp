@@ -1,8 +1,7 @@
 #include "fasttrain/log/progress.h"
 
-#include <unistd.h>
-
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include "fasttrain/util/check.h"
 
@@ -21,9 +20,10 @@ Progress::Progress(Mode mode, int64_t total_steps, std::FILE* out)
 
 std::string Progress::format(const ProgressState& s) const {
   double eta = s.step > 0 ? s.elapsed_s / s.step * (total_steps_ - s.step) : 0;
-  return fmt::format("step {}/{} epoch {} | loss {:.4f} | lr {:.3g} | {:.0f} samples/s | data-wait {:.1f}% | "
-                     "ETA {:.0f}s",
-                     s.step, total_steps_, s.epoch, s.loss, s.lr, s.samples_per_s, 100 * s.data_wait_fraction, eta);
+  return fmt::format(
+      "step {}/{} epoch {} | loss {:.4f} | lr {:.3g} | {:.0f} samples/s | data-wait {:.1f}% | "
+      "ETA {:.0f}s",
+      s.step, total_steps_, s.epoch, s.loss, s.lr, s.samples_per_s, 100 * s.data_wait_fraction, eta);
 }
 
 void Progress::update(const ProgressState& state) {
@@ -34,7 +34,8 @@ void Progress::update(const ProgressState& state) {
   }
   int width = 24;
   int filled = total_steps_ > 0 ? static_cast<int>(width * state.step / total_steps_) : 0;
-  fmt::print(out_, "\r\033[K[{}{}] {}", std::string(filled, '#'), std::string(width - filled, '.'), format(state));
+  fmt::print(out_, "\r\033[K[{}{}] {}", std::string(filled, '#'), std::string(width - filled, '.'),
+             format(state));
   std::fflush(out_);
   bar_drawn_ = true;
 }

@@ -30,21 +30,14 @@ class Cnn : public Model {
     FT_CONFIG_CHECK(height > 0 && width > 0, "model.widths has {} pooling stages, too many for {}x{} inputs",
                     options.widths().size(), options.height(), options.width());
     int64_t features = channels * height * width;
-    for (int64_t hidden : options.hidden()) {
-      if (options.dropout() > 0) classifier_->push_back(torch::nn::Dropout(options.dropout()));
-      classifier_->push_back(torch::nn::Linear(features, hidden));
-      classifier_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-      features = hidden;
-    }
-    if (options.dropout() > 0) classifier_->push_back(torch::nn::Dropout(options.dropout()));
-    classifier_->push_back(torch::nn::Linear(features, options.num_classes()));
+    classifier_ = classifier_head(features, options);
     register_module("features", features_);
     register_module("classifier", classifier_);
   }
 
   torch::Tensor forward(torch::Tensor images) override {
-    auto maps = features_->forward(images);           // [B, widths.back(), H / 2^S, W / 2^S]
-    return classifier_->forward(maps.flatten(1));     // [B, classes]
+    auto maps = features_->forward(images);        // [B, widths.back(), H / 2^S, W / 2^S]
+    return classifier_->forward(maps.flatten(1));  // [B, classes]
   }
 
  private:
@@ -54,6 +47,8 @@ class Cnn : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_cnn(const ModelOptions& options) { return std::make_shared<Cnn>(options); }
+std::shared_ptr<Model> make_cnn(const ModelOptions& options) {
+  return std::make_shared<Cnn>(options);
+}
 
 }  // namespace fasttrain

@@ -11,14 +11,7 @@ class Mlp : public Model {
  public:
   explicit Mlp(const ModelOptions& options) {
     int64_t features = options.in_channels() * options.height() * options.width();
-    for (int64_t hidden : options.hidden()) {
-      if (options.dropout() > 0) layers_->push_back(torch::nn::Dropout(options.dropout()));
-      layers_->push_back(torch::nn::Linear(features, hidden));
-      layers_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-      features = hidden;
-    }
-    if (options.dropout() > 0) layers_->push_back(torch::nn::Dropout(options.dropout()));
-    layers_->push_back(torch::nn::Linear(features, options.num_classes()));
+    layers_ = classifier_head(features, options);
     register_module("layers", layers_);
   }
 
@@ -32,6 +25,8 @@ class Mlp : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_mlp(const ModelOptions& options) { return std::make_shared<Mlp>(options); }
+std::shared_ptr<Model> make_mlp(const ModelOptions& options) {
+  return std::make_shared<Mlp>(options);
+}
 
 }  // namespace fasttrain

@@ -1,5 +1,7 @@
 #include "fasttrain/models/registry.h"
 
+#include <torch/nn.h>
+
 #include <functional>
 #include <map>
 #include <sstream>
@@ -60,6 +62,19 @@ std::shared_ptr<Model> make_model(const ModelOptions& options) {
                   fmt::join(model_names(), ", "));
   validate(options);
   return found->second(options);
+}
+
+torch::nn::Sequential classifier_head(int64_t features, const ModelOptions& options) {
+  torch::nn::Sequential head;
+  for (int64_t hidden : options.hidden()) {
+    if (options.dropout() > 0) head->push_back(torch::nn::Dropout(options.dropout()));
+    head->push_back(torch::nn::Linear(features, hidden));
+    head->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+    features = hidden;
+  }
+  if (options.dropout() > 0) head->push_back(torch::nn::Dropout(options.dropout()));
+  head->push_back(torch::nn::Linear(features, options.num_classes()));
+  return head;
 }
 
 void to_channels_last(torch::nn::Module& module) {

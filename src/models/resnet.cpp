@@ -23,10 +23,9 @@ class BasicBlockImpl : public torch::nn::Module {
         bn2_(register_module("bn2", torch::nn::BatchNorm2d(out))) {
     if (stride != 1 || in != out) {
       shortcut_ = register_module(
-          "shortcut", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1)
-                                                                  .stride(stride)
-                                                                  .bias(false)),
-                                            torch::nn::BatchNorm2d(out)));
+          "shortcut", torch::nn::Sequential(
+                          torch::nn::Conv2d(torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)),
+                          torch::nn::BatchNorm2d(out)));
     }
   }
 
@@ -62,14 +61,7 @@ class ResNet : public Model {
       }
     }
     int64_t features = channels;
-    for (int64_t hidden : options.hidden()) {
-      if (options.dropout() > 0) head_->push_back(torch::nn::Dropout(options.dropout()));
-      head_->push_back(torch::nn::Linear(features, hidden));
-      head_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-      features = hidden;
-    }
-    if (options.dropout() > 0) head_->push_back(torch::nn::Dropout(options.dropout()));
-    head_->push_back(torch::nn::Linear(features, options.num_classes()));
+    head_ = classifier_head(features, options);
     register_module("stem", stem_);
     register_module("stages", stages_);
     register_module("head", head_);
@@ -89,6 +81,8 @@ class ResNet : public Model {
 
 }  // namespace
 
-std::shared_ptr<Model> make_resnet(const ModelOptions& options) { return std::make_shared<ResNet>(options); }
+std::shared_ptr<Model> make_resnet(const ModelOptions& options) {
+  return std::make_shared<ResNet>(options);
+}
 
 }  // namespace fasttrain

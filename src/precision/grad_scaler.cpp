@@ -6,8 +6,8 @@
 #include <map>
 #include <string>
 
-#include "fasttrain/util/compat.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 

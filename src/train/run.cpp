@@ -39,19 +39,31 @@ class RunLogger : public Callback {
   }
   void on_log(Trainer&, const StepRecord& r) override {
     if (metrics_) {
-      metrics_->write({{"kind", "train"}, {"step", r.step}, {"epoch", r.epoch}, {"loss", r.loss}, {"lr", r.lr},
-                       {"grad_norm", r.grad_norm}, {"samples_per_s", r.samples_per_s},
-                       {"data_wait_fraction", r.data_wait_fraction}, {"elapsed_s", r.elapsed_s}});
+      metrics_->write({{"kind", "train"},
+                       {"step", r.step},
+                       {"epoch", r.epoch},
+                       {"loss", r.loss},
+                       {"lr", r.lr},
+                       {"grad_norm", r.grad_norm},
+                       {"samples_per_s", r.samples_per_s},
+                       {"data_wait_fraction", r.data_wait_fraction},
+                       {"elapsed_s", r.elapsed_s}});
     }
     progress_->update({r.step, r.epoch, r.loss, r.lr, r.samples_per_s, r.data_wait_fraction, r.elapsed_s});
   }
   void on_evaluate(Trainer&, const EvalRecord& r) override {
     if (metrics_) {
-      metrics_->write({{"kind", "eval"}, {"step", r.step}, {"epoch", r.epoch}, {"test_loss", r.result.loss},
-                       {"test_accuracy", r.result.accuracy}, {"ema", r.ema}, {"elapsed_s", r.elapsed_s}});
+      metrics_->write({{"kind", "eval"},
+                       {"step", r.step},
+                       {"epoch", r.epoch},
+                       {"test_loss", r.result.loss},
+                       {"test_accuracy", r.result.accuracy},
+                       {"ema", r.ema},
+                       {"elapsed_s", r.elapsed_s}});
     }
     progress_->message(fmt::format("step {} epoch {}: test accuracy {:.4f}{} loss {:.4f} at {:.1f}s", r.step,
-                                   r.epoch, r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss, r.elapsed_s));
+                                   r.epoch, r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss,
+                                   r.elapsed_s));
   }
   void on_fit_end(Trainer&, const FitSummary&) override { progress_->finish(); }
 
@@ -81,8 +93,9 @@ Experiment Experiment::build(const Config& config, bool announce) {
                     data.train_limit(), train.size());
     train = train.head(data.train_limit());
   }
-  FT_CONFIG_CHECK(data.batch_size() <= train.size(), "data.batch_size {} is larger than the {} training samples",
-                  data.batch_size(), train.size());
+  FT_CONFIG_CHECK(data.batch_size() <= train.size(),
+                  "data.batch_size {} is larger than the {} training samples", data.batch_size(),
+                  train.size());
   auto loader_options = [&](int64_t batch_size) {
     return LoaderOptions(batch_size)
         .workers(data.workers())
@@ -97,7 +110,9 @@ Experiment Experiment::build(const Config& config, bool announce) {
       loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
   experiment.test_loader = std::make_unique<DataLoader>(
       experiment.data.test, make_pipeline(data, train, /*augment=*/false),
-      loader_options(std::min(data.eval_batch_size(), experiment.data.test.size())).shuffle(false).drop_last(false));
+      loader_options(std::min(data.eval_batch_size(), experiment.data.test.size()))
+          .shuffle(false)
+          .drop_last(false));
 
   // ---- model ----
   ModelOptions model_options = config.model;
@@ -125,7 +140,8 @@ std::unique_ptr<Trainer> Experiment::make_trainer() const {
   int64_t total_steps = planned_steps(config.train, train_loader->batches_per_epoch());
   double momentum = config.optim.name() == "sgd" ? config.optim.momentum() : config.optim.beta1();
   auto schedule = make_schedule(config.schedule, config.optim.lr(), momentum, total_steps);
-  auto trainer = std::make_unique<Trainer>(model, std::move(optimizer), std::move(schedule), config.train, device);
+  auto trainer =
+      std::make_unique<Trainer>(model, std::move(optimizer), std::move(schedule), config.train, device);
   if (config.ema.enabled()) {
     trainer->enable_ema(EmaOptions(config.ema.decay()).warmup(config.ema.warmup()).every(config.ema.every()));
   }
@@ -171,8 +187,8 @@ EvalResult eval_run(const Config& config, const std::string& weights_path) {
   load_weights(*experiment.model, weights_path);
   experiment.model->to(experiment.device);
   TrainOptions options = config.train;
-  Trainer trainer(experiment.model, make_optimizer(experiment.model->named_parameters(), config.optim), nullptr,
-                  options, experiment.device);
+  Trainer trainer(experiment.model, make_optimizer(experiment.model->named_parameters(), config.optim),
+                  nullptr, options, experiment.device);
   return trainer.evaluate(*experiment.test_loader);
 }
 
@@ -209,7 +225,8 @@ LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptio
   return result;
 }
 
-LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path) {
+LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options,
+                           const std::string& csv_path) {
   Experiment experiment = Experiment::build(config, /*announce=*/true);
   auto trainer = experiment.make_trainer();
   LrFinderResult result = find_lr(*trainer, *experiment.train_loader, options);

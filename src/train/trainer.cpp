@@ -21,7 +21,9 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
@@ -54,13 +56,18 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::unique_ptr<torch::optim::Opt
       precision_(parse_precision(options_.precision(), device)),
       scaler_(GradScalerOptions().enabled(precision_ == torch::kHalf)),
       parameters_(model_->parameters()) {
-  FT_CONFIG_CHECK(options_.accumulation() >= 1, "train.accumulation must be >= 1, got {}", options_.accumulation());
+  FT_CONFIG_CHECK(options_.accumulation() >= 1, "train.accumulation must be >= 1, got {}",
+                  options_.accumulation());
   FT_CONFIG_CHECK(options_.clip_norm() >= 0, "train.clip_norm must be >= 0, got {}", options_.clip_norm());
 }
 
-void Trainer::enable_ema(const EmaOptions& options) { ema_ = std::make_unique<Ema>(*model_, options); }
+void Trainer::enable_ema(const EmaOptions& options) {
+  ema_ = std::make_unique<Ema>(*model_, options);
+}
 
-void Trainer::add_callback(std::shared_ptr<Callback> callback) { callbacks_.push_back(std::move(callback)); }
+void Trainer::add_callback(std::shared_ptr<Callback> callback) {
+  callbacks_.push_back(std::move(callback));
+}
 
 void Trainer::set_log_every(int64_t steps) {
   FT_CONFIG_CHECK(steps >= 1, "log.every_steps must be >= 1, got {}", steps);
@@ -68,7 +75,7 @@ void Trainer::set_log_every(int64_t steps) {
 }
 
 torch::Tensor Trainer::loss_of(const Batch& batch) {
-  AutocastGuard autocast(device_, precision_);   // a no-op for fp32
+  AutocastGuard autocast(device_, precision_);  // a no-op for fp32
   auto logits = model_->forward(batch.inputs);  // [B, classes], in the autocast dtype
   return torch::nn::functional::cross_entropy(
       logits, batch.targets,
@@ -78,7 +85,8 @@ torch::Tensor Trainer::loss_of(const Batch& batch) {
 torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, double lr) {
   FT_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
   set_learning_rate(*optimizer_, lr);
-  if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt) set_momentum(*optimizer_, *momentum);
+  if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt)
+    set_momentum(*optimizer_, *momentum);
 
   // ---- forward and backward over the accumulation window ----
   // Each micro-batch loss is divided by the window size, so the summed gradients are those of
@@ -209,10 +217,11 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         record.step = step_;
         record.epoch = epoch;
         record.loss = interval_loss.item<double>() / interval_steps;
-        FT_CHECK(std::isfinite(record.loss),
-                 "training loss became {} between steps {} and {}: lower optim.lr, set train.clip_norm, or check "
-                 "the data",
-                 record.loss, step_ - interval_steps + 1, step_);
+        FT_CHECK(
+            std::isfinite(record.loss),
+            "training loss became {} between steps {} and {}: lower optim.lr, set train.clip_norm, or check "
+            "the data",
+            record.loss, step_ - interval_steps + 1, step_);
         record.lr = lr;
         record.grad_norm = last_grad_norm_.defined() ? last_grad_norm_.item<double>() : 0.0;
         double interval_s = std::max(now - interval_start, 1e-9);

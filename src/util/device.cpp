@@ -18,12 +18,14 @@ torch::Device parse_device(const std::string& spec) {
   }
   if (spec == "cpu") return torch::Device(torch::kCPU);
   if (spec.rfind("cuda", 0) == 0) {
-    FT_CONFIG_CHECK(torch::cuda::is_available(),
-                    "device '{}' requested but this LibTorch ({}) sees no CUDA device; use \"cpu\" or \"auto\"",
-                    spec, TORCH_VERSION);
+    FT_CONFIG_CHECK(
+        torch::cuda::is_available(),
+        "device '{}' requested but this LibTorch ({}) sees no CUDA device; use \"cpu\" or \"auto\"", spec,
+        TORCH_VERSION);
     torch::Device device(spec);
     FT_CONFIG_CHECK(!device.has_index() || device.index() < static_cast<int>(torch::cuda::device_count()),
-                    "device '{}' does not exist: {} CUDA device(s) visible", spec, torch::cuda::device_count());
+                    "device '{}' does not exist: {} CUDA device(s) visible", spec,
+                    torch::cuda::device_count());
     return device;
   }
   throw ConfigError(fmt::format("device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got '{}'", spec));

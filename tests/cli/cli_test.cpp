@@ -36,8 +36,9 @@ TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
   ASSERT_EQ(result.exit_code, 0) << result.output;
 
   auto summary = nlohmann::json::parse(testing::read_text(run_dir + "/summary.json"));
-  for (const char* key : {"test_accuracy", "best_test_accuracy", "wall_s", "time_to_target_s", "train_samples_per_s",
-                          "steps", "skipped_steps", "data_wait_fraction", "peak_memory_bytes"}) {
+  for (const char* key :
+       {"test_accuracy", "best_test_accuracy", "wall_s", "time_to_target_s", "train_samples_per_s", "steps",
+        "skipped_steps", "data_wait_fraction", "peak_memory_bytes"}) {
     EXPECT_TRUE(summary.contains(key)) << key;
   }
   EXPECT_EQ(summary["steps"], 300);
@@ -69,7 +70,8 @@ TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
   EXPECT_EQ(reloaded.output, effective);
 
   // eval on the saved weights gives the run's final accuracy.
-  auto eval = run_command(kCli + " eval " + run_dir + "/config.toml --weights " + run_dir + "/final/model.pt");
+  auto eval =
+      run_command(kCli + " eval " + run_dir + "/config.toml --weights " + run_dir + "/final/model.pt");
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   auto evaluated = nlohmann::json::parse(eval.output.substr(eval.output.find('{')));
   EXPECT_DOUBLE_EQ(evaluated["test_accuracy"].get<double>(), summary["test_accuracy"].get<double>());
@@ -89,12 +91,14 @@ TEST(Cli, ConfigErrorsExitWithCodeTwoAndNameTheKey) {
       {"--set data.path=/nonexistent/fmnist", {"data.path", "/nonexistent/fmnist"}},
       {"/nonexistent/config.toml", {"/nonexistent/config.toml"}},
   };
-  if (testing::have_fashion_mnist()) cases.push_back({"--set data.batch_size=70000", {"data.batch_size", "70000"}});
+  if (testing::have_fashion_mnist())
+    cases.push_back({"--set data.batch_size=70000", {"data.batch_size", "70000"}});
   for (const auto& c : cases) {
     auto result = run_command(kCli + " train " + c.args + " --set log.progress=none");
     EXPECT_EQ(result.exit_code, 2) << c.args << "\n" << result.output;
     EXPECT_NE(result.output.find("error: "), std::string::npos) << result.output;
-    for (const auto& part : c.expected) EXPECT_NE(result.output.find(part), std::string::npos) << result.output;
+    for (const auto& part : c.expected)
+      EXPECT_NE(result.output.find(part), std::string::npos) << result.output;
   }
   auto unknown_flag = run_command(kCli + " train --bogus");
   EXPECT_EQ(unknown_flag.exit_code, 2) << unknown_flag.output;

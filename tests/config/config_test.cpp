@@ -2,8 +2,8 @@
 
 #include <gtest/gtest.h>
 
-#include "support.h"
 #include "fasttrain/util/check.h"
+#include "support.h"
 
 namespace fasttrain {
 namespace {
@@ -15,8 +15,9 @@ void expect_config_error(Fn&& fn, std::vector<std::string> parts) {
     fn();
     ADD_FAILURE() << "expected a ConfigError mentioning " << parts.front();
   } catch (const ConfigError& error) {
-    for (const auto& part : parts) EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
-        << "message: " << error.what() << "\nmissing: " << part;
+    for (const auto& part : parts)
+      EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
+          << "message: " << error.what() << "\nmissing: " << part;
   }
 }
 
@@ -79,20 +80,26 @@ TEST(Config, ErrorsNameTheKeyTheValueAndWhatIsAllowed) {
   expect_config_error([&] { apply_override(config, "trian.epochs=3"); }, {"[trian]", "train"});
   expect_config_error([&] { apply_override(config, "data.batch_size=0"); }, {"data.batch_size", ">= 1", "0"});
   expect_config_error([&] { apply_override(config, "data.batch_size=-5"); }, {"data.batch_size", "-5"});
-  expect_config_error([&] { apply_override(config, "data.batch_size=big"); }, {"data.batch_size", "integer", "big"});
+  expect_config_error([&] { apply_override(config, "data.batch_size=big"); },
+                      {"data.batch_size", "integer", "big"});
   expect_config_error([&] { apply_override(config, "train.accumulation=0"); }, {"train.accumulation", "0"});
   expect_config_error([&] { apply_override(config, "optim.lr=nan"); }, {"optim.lr", "nan"});
   expect_config_error([&] { apply_override(config, "optim.lr=inf"); }, {"optim.lr", "inf"});
   expect_config_error([&] { apply_override(config, "optim.lr=-1"); }, {"optim.lr", "-1"});
-  expect_config_error([&] { apply_override(config, "optim.name=lamb"); }, {"optim.name", "lamb", "adamw", "sgd"});
+  expect_config_error([&] { apply_override(config, "optim.name=lamb"); },
+                      {"optim.name", "lamb", "adamw", "sgd"});
   expect_config_error([&] { apply_override(config, "model.name=vit"); }, {"model.name", "vit", "resnet"});
-  expect_config_error([&] { apply_override(config, "schedule.name=poly"); }, {"schedule.name", "poly", "one-cycle"});
+  expect_config_error([&] { apply_override(config, "schedule.name=poly"); },
+                      {"schedule.name", "poly", "one-cycle"});
   expect_config_error([&] { apply_override(config, "data.workers=many"); }, {"data.workers", "auto", "many"});
   expect_config_error([&] { apply_override(config, "data.hflip=2"); }, {"data.hflip", "[0, 1]", "2"});
-  expect_config_error([&] { apply_override(config, "model.widths=[8, \"x\"]"); }, {"model.widths", "integers"});
+  expect_config_error([&] { apply_override(config, "model.widths=[8, \"x\"]"); },
+                      {"model.widths", "integers"});
   expect_config_error([&] { apply_override(config, "noequals"); }, {"section.key=value", "noequals"});
-  expect_config_error([&] { apply_toml(config, "[train\nepochs = 1", "broken.toml"); }, {"broken.toml", "1:"});
-  expect_config_error([&] { apply_toml(config, "epochs = 1", "flat.toml"); }, {"flat.toml", "epochs", "section"});
+  expect_config_error([&] { apply_toml(config, "[train\nepochs = 1", "broken.toml"); },
+                      {"broken.toml", "1:"});
+  expect_config_error([&] { apply_toml(config, "epochs = 1", "flat.toml"); },
+                      {"flat.toml", "epochs", "section"});
 }
 
 TEST(Config, ValidateChecksAcrossKeysAndPaths) {
@@ -117,7 +124,8 @@ TEST(Config, MissingFileIsNamed) {
 }
 
 TEST(Config, ShippedConfigsLoadAndValidate) {
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(FASTTRAIN_SOURCE_DIR) + "/configs")) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(FASTTRAIN_SOURCE_DIR) + "/configs")) {
     if (entry.path().extension() != ".toml") continue;
     SCOPED_TRACE(entry.path().string());
     Config config = load_config(entry.path().string());
@@ -127,8 +135,8 @@ TEST(Config, ShippedConfigsLoadAndValidate) {
 
 TEST(Config, DocsConfigMdIsGeneratedFromTheSchema) {
   std::string docs = testing::read_text(std::string(FASTTRAIN_SOURCE_DIR) + "/docs/CONFIG.md");
-  EXPECT_EQ(docs, config_reference())
-      << "docs/CONFIG.md is stale: regenerate it with `build/bin/fasttrain config --reference > docs/CONFIG.md`";
+  EXPECT_EQ(docs, config_reference()) << "docs/CONFIG.md is stale: regenerate it with `build/bin/fasttrain "
+                                         "config --reference > docs/CONFIG.md`";
 }
 
 }  // namespace

@@ -12,30 +12,9 @@
 #include <vector>
 
 #include "fasttrain/util/check.h"
+#include "support.h"
 
 namespace fasttrain::testing {
-
-// A fresh directory under the system temp dir, removed with everything in it at scope exit.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "fasttrain-data-XXXXXX").string();
-    const char* made = ::mkdtemp(pattern.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp failed for " + pattern);
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline void write_bytes(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -77,28 +56,6 @@ inline std::vector<uint8_t> gzip(const std::vector<uint8_t>& data) {
   deflateEnd(&stream);
   if (rc != Z_STREAM_END) throw std::runtime_error("deflate failed");
   return out;
-}
-
-// The message of the fasttrain::Error `fn` throws; a test failure (and "") when it throws none.
-inline std::string error_message(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const fasttrain::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a fasttrain::Error";
-  return "";
-}
-
-// Every one of `parts` occurs in `message`.
-inline ::testing::AssertionResult contains_all(const std::string& message,
-                                               const std::vector<std::string>& parts) {
-  for (const auto& part : parts) {
-    if (message.find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "message lacks \"" << part << "\": " << message;
-    }
-  }
-  return ::testing::AssertionSuccess();
 }
 
 }  // namespace fasttrain::testing

@@ -52,7 +52,7 @@ TEST(Dataset, Names) {
 TEST(Dataset, LoadsMixedRawAndGzipFiles) {
   TempDir dir;
   write_dataset(dir, {5, 3, 4, {0, 4, 2, 1, 2}}, {2, 3, 4, {6, 0}}, {true, false, false, true});
-  const ImageSplits splits = load_image_dataset("idx", dir.path().string());
+  const ImageSplits splits = load_image_dataset("idx", dir.path());
   EXPECT_EQ(splits.train.images.sizes(), (std::vector<int64_t>{5, 1, 3, 4}));
   EXPECT_EQ(splits.test.images.sizes(), (std::vector<int64_t>{2, 1, 3, 4}));
   EXPECT_EQ(splits.train.images.scalar_type(), torch::kUInt8);
@@ -75,7 +75,7 @@ TEST(Dataset, CountMismatchNamesBothFiles) {
   TempDir dir;
   write_dataset(dir, {5, 2, 2, {0, 1, 2, 3}}, {2, 2, 2, {0, 1}});
   EXPECT_TRUE(contains_all(
-      error_message([&] { load_image_dataset("idx", dir.path().string()); }),
+      error_message([&] { load_image_dataset("idx", dir.path()); }),
       {dir.file("train-images-idx3-ubyte"), "5 images", dir.file("train-labels-idx1-ubyte"), "4 labels"}));
 }
 
@@ -83,7 +83,7 @@ TEST(Dataset, LabelsFileInPlaceOfImagesIsAWrongRank) {
   TempDir dir;
   write_dataset(dir, {2, 2, 2, {0, 1}}, {2, 2, 2, {0, 1}});
   write_bytes(dir.file("t10k-images-idx3-ubyte"), idx_bytes({2}, {0, 1}));
-  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("idx", dir.path().string()); }),
+  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("idx", dir.path()); }),
                            {dir.file("t10k-images-idx3-ubyte"), "wrong rank", "expected 3", "found 1"}));
 }
 
@@ -91,7 +91,7 @@ TEST(Dataset, MissingFileListsBothNames) {
   TempDir dir;
   write_dataset(dir, {2, 2, 2, {0, 1}}, {2, 2, 2, {0, 1}});
   std::filesystem::remove(dir.file("t10k-labels-idx1-ubyte"));
-  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("mnist", dir.path().string()); }),
+  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("mnist", dir.path()); }),
                            {dir.file("t10k-labels-idx1-ubyte"), dir.file("t10k-labels-idx1-ubyte.gz")}));
 }
 
@@ -110,20 +110,20 @@ TEST(Dataset, MissingDirectoryIsNamed) {
 TEST(Dataset, NamedDatasetsCheckShapeAndLabels) {
   TempDir dir;
   write_dataset(dir, {2, 3, 3, {0, 1}}, {1, 3, 3, {0}});
-  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("fashion-mnist", dir.path().string()); }),
+  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("fashion-mnist", dir.path()); }),
                            {dir.file("train-images-idx3-ubyte"), "28x28", "found 3x3"}));
   TempDir big;
   write_dataset(big, {2, 28, 28, {3, 10}}, {1, 28, 28, {0}});
-  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("mnist", big.path().string()); }),
+  EXPECT_TRUE(contains_all(error_message([&] { load_image_dataset("mnist", big.path()); }),
                            {big.file("train-labels-idx1-ubyte"), "label 1", "offset 9", "is 10", "[0, 10)"}));
   write_dataset(big, {2, 28, 28, {3, 1}}, {1, 28, 28, {0}});
-  EXPECT_EQ(load_image_dataset("mnist", big.path().string()).train.num_classes, 10);
+  EXPECT_EQ(load_image_dataset("mnist", big.path()).train.num_classes, 10);
 }
 
 TEST(Dataset, Head) {
   TempDir dir;
   write_dataset(dir, {6, 2, 2, {0, 1, 2, 3, 4, 5}}, {1, 2, 2, {0}});
-  const ImageSplits splits = load_image_dataset("idx", dir.path().string());
+  const ImageSplits splits = load_image_dataset("idx", dir.path());
   const ImageDataset head = splits.train.head(4);
   EXPECT_EQ(head.size(), 4);
   EXPECT_EQ(head.num_classes, 6);

@@ -158,8 +158,7 @@ TEST(Idx, MissingFile) {
   TempDir dir;
   EXPECT_TRUE(contains_all(error_message([&] { read_idx(dir.file("absent.gz")); }),
                            {dir.file("absent.gz"), "no such file"}));
-  EXPECT_TRUE(contains_all(error_message([&] { read_idx(dir.path().string()); }),
-                           {dir.path().string(), "is a directory"}));
+  EXPECT_TRUE(contains_all(error_message([&] { read_idx(dir.path()); }), {dir.path(), "is a directory"}));
 }
 
 TEST(Idx, CorruptGzipStream) {
@@ -222,12 +221,12 @@ TEST(Idx, ParseIdxNamesTheSource) {
 TEST(Idx, FindIdxFilePrefersPlainThenGzip) {
   TempDir dir;
   const auto bytes = idx_bytes({1}, {7});
-  EXPECT_TRUE(contains_all(error_message([&] { find_idx_file(dir.path().string(), "x-labels"); }),
+  EXPECT_TRUE(contains_all(error_message([&] { find_idx_file(dir.path(), "x-labels"); }),
                            {dir.file("x-labels"), dir.file("x-labels.gz"), "not found"}));
   write_bytes(dir.file("x-labels.gz"), gzip(bytes));
-  EXPECT_EQ(find_idx_file(dir.path().string(), "x-labels"), dir.file("x-labels.gz"));
+  EXPECT_EQ(find_idx_file(dir.path(), "x-labels"), dir.file("x-labels.gz"));
   write_bytes(dir.file("x-labels"), bytes);
-  EXPECT_EQ(find_idx_file(dir.path().string(), "x-labels"), dir.file("x-labels"));
+  EXPECT_EQ(find_idx_file(dir.path(), "x-labels"), dir.file("x-labels"));
 }
 
 }  // namespace

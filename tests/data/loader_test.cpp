@@ -48,8 +48,9 @@ Collected run_epoch(DataLoader& loader, int64_t epoch, int64_t first_batch = 0) 
     EXPECT_EQ(batch->index, expected_index++);
     EXPECT_EQ(batch->inputs.scalar_type(), torch::kFloat32);
     EXPECT_EQ(batch->targets.scalar_type(), torch::kInt64);
-    EXPECT_TRUE(batch->inputs.is_contiguous(loader.options().channels_last() ? torch::MemoryFormat::ChannelsLast
-                                                                           : torch::MemoryFormat::Contiguous));
+    EXPECT_TRUE(batch->inputs.is_contiguous(loader.options().channels_last()
+                                                ? torch::MemoryFormat::ChannelsLast
+                                                : torch::MemoryFormat::Contiguous));
     out.inputs.push_back(batch->inputs);
     out.targets.push_back(batch->targets);
   }

@@ -10,7 +10,8 @@ namespace {
 TEST(Models, EveryModelMapsImagesToLogits) {
   for (const auto& name : model_names()) {
     SCOPED_TRACE(name);
-    auto model = make_model(ModelOptions(name).in_channels(3).height(16).width(16).num_classes(7).widths({8, 16}));
+    auto model =
+        make_model(ModelOptions(name).in_channels(3).height(16).width(16).num_classes(7).widths({8, 16}));
     auto logits = model->forward(torch::randn({5, 3, 16, 16}));
     EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{5, 7}));
     EXPECT_GT(model->parameter_count(), 0);
@@ -88,7 +89,8 @@ TEST(Models, BadOptionsAreNamed) {
       << message(ModelOptions("transformer"));
   EXPECT_NE(message(ModelOptions("cnn").widths({8, 0})).find("model.widths"), std::string::npos);
   EXPECT_NE(message(ModelOptions("cnn").widths({})).find("model.widths"), std::string::npos);
-  EXPECT_NE(message(ModelOptions("cnn").widths({4, 4, 4, 4, 4, 4})).find("pooling stages"), std::string::npos);
+  EXPECT_NE(message(ModelOptions("cnn").widths({4, 4, 4, 4, 4, 4})).find("pooling stages"),
+            std::string::npos);
   EXPECT_NE(message(ModelOptions("mlp").dropout(1.5)).find("model.dropout"), std::string::npos);
 }
 

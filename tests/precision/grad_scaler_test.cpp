@@ -13,9 +13,9 @@
 #include <limits>
 #include <memory>
 
-#include "fasttrain/util/compat.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 namespace {

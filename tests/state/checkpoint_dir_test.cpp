@@ -22,8 +22,8 @@ namespace fasttrain {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::error_of;
-using testing::mentions;
+using testing::contains_all;
+using testing::error_message;
 using testing::read_raw;
 using testing::TempDir;
 using testing::write_raw;
@@ -46,7 +46,7 @@ TEST(CheckpointDir, CommitWritesAVerifiableDirectoryWithAManifest) {
   TempDir tmp;
   const std::string root = tmp.file("ckpt");  // created on demand
   CheckpointWriter writer(root, 42);
-  EXPECT_TRUE(mentions(writer.staging_dir(), {root + "/.tmp-step-42-"}));
+  EXPECT_TRUE(contains_all(writer.staging_dir(), {root + "/.tmp-step-42-"}));
   save_safetensors(writer.file("model.safetensors"), {{"w", torch::arange(10, torch::kFloat)}});
   write_raw(writer.file("state.json"), "{\"epoch\": 3}");
   const std::string dir = writer.commit();
@@ -71,18 +71,19 @@ TEST(CheckpointDir, CommitWritesAVerifiableDirectoryWithAManifest) {
 TEST(CheckpointDir, WriterRefusesToReplaceBadNamesAndEmptyCheckpoints) {
   TempDir tmp;
   commit_step(tmp.path(), 5);
-  EXPECT_TRUE(mentions(error_of([&] { CheckpointWriter(tmp.path(), 5); }), {"step-5", "already exists"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { CheckpointWriter(tmp.path(), 5); }), {"step-5", "already exists"}));
   CheckpointWriter writer(tmp.path(), 6);
   for (const std::string bad : {"", "a/b", ".hidden", "manifest.json"}) {
-    EXPECT_TRUE(mentions(error_of([&] { writer.file(bad); }), {"'" + bad + "'", "not allowed"}));
+    EXPECT_TRUE(contains_all(error_message([&] { writer.file(bad); }), {"'" + bad + "'", "not allowed"}));
   }
-  EXPECT_TRUE(mentions(error_of([&] { writer.commit(); }), {"no files"}));
+  EXPECT_TRUE(contains_all(error_message([&] { writer.commit(); }), {"no files"}));
   fs::create_directory(writer.staging_dir() + "/sub");
-  EXPECT_TRUE(mentions(error_of([&] { writer.commit(); }), {"'sub'", "not a regular file"}));
+  EXPECT_TRUE(contains_all(error_message([&] { writer.commit(); }), {"'sub'", "not a regular file"}));
   fs::remove(writer.staging_dir() + "/sub");
   write_raw(writer.staging_dir() + "/.x.tmp-1", "junk");
-  EXPECT_TRUE(mentions(error_of([&] { writer.commit(); }), {"'.x.tmp-1'", "leftover temporary"}));
-  EXPECT_TRUE(mentions(error_of([&] { CheckpointWriter(tmp.path(), -1); }), {"-1"}));
+  EXPECT_TRUE(contains_all(error_message([&] { writer.commit(); }), {"'.x.tmp-1'", "leftover temporary"}));
+  EXPECT_TRUE(contains_all(error_message([&] { CheckpointWriter(tmp.path(), -1); }), {"-1"}));
 }
 
 TEST(CheckpointDir, AnAbandonedWriterLeavesNothing) {
@@ -102,42 +103,49 @@ TEST(CheckpointDir, VerifyNamesTheDamagedFile) {
   const std::string good = read_raw(file);
 
   write_raw(file, good.substr(0, 999));
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }),
-                       {dir, "'a.bin'", "999 bytes", "says 1000", "truncated"}));
+  EXPECT_TRUE(contains_all(error_message([&] { verify_checkpoint(dir); }),
+                           {dir, "'a.bin'", "999 bytes", "says 1000", "truncated"}));
   std::string flipped = good;
   flipped[500] ^= 0x01;
   write_raw(file, flipped);
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }),
-                       {"'a.bin' is corrupt", "sha256 " + sha256_hex(flipped), "says " + sha256_hex(good)}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(dir); }),
+                   {"'a.bin' is corrupt", "sha256 " + sha256_hex(flipped), "says " + sha256_hex(good)}));
   write_raw(file, good);
   EXPECT_EQ(verify_checkpoint(dir).step, 7);
 
   fs::remove(dir + "/b.txt");
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {"'b.txt' is missing"}));
+  EXPECT_TRUE(contains_all(error_message([&] { verify_checkpoint(dir); }), {"'b.txt' is missing"}));
   write_raw(dir + "/b.txt", "step 7");
   write_raw(dir + "/extra", "");
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {"'extra' is not listed"}));
+  EXPECT_TRUE(contains_all(error_message([&] { verify_checkpoint(dir); }), {"'extra' is not listed"}));
   fs::remove(dir + "/extra");
   EXPECT_EQ(verify_checkpoint(dir).step, 7);
 
   // The manifest itself: a renamed directory, a broken or missing manifest.
   fs::rename(dir, tmp.file("step-8"));
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(tmp.file("step-8")); }), {"says step 7", "step-8"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(tmp.file("step-8")); }), {"says step 7", "step-8"}));
   fs::rename(tmp.file("step-8"), dir);
   const std::string manifest = read_raw(dir + "/manifest.json");
   write_raw(dir + "/manifest.json", manifest.substr(0, manifest.size() / 2));
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {"manifest.json", "not valid JSON"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(dir); }), {"manifest.json", "not valid JSON"}));
   nlohmann::json edited = nlohmann::json::parse(manifest);
   edited["version"] = 2;
   write_raw(dir + "/manifest.json", edited.dump());
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {"format version 2 is not supported"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(dir); }), {"format version 2 is not supported"}));
   edited = nlohmann::json::parse(manifest);
   edited["files"][0]["file"] = "../escape";
   write_raw(dir + "/manifest.json", edited.dump());
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {"unsafe or reserved name '../escape'"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(dir); }), {"unsafe or reserved name '../escape'"}));
   fs::remove(dir + "/manifest.json");
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(dir); }), {dir, "no manifest.json", "incomplete"}));
-  EXPECT_TRUE(mentions(error_of([&] { verify_checkpoint(tmp.file("nothing")); }), {"not a directory"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(dir); }), {dir, "no manifest.json", "incomplete"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { verify_checkpoint(tmp.file("nothing")); }), {"not a directory"}));
 }
 
 TEST(CheckpointDir, LatestSkipsDamagedAndInterruptedCheckpoints) {
@@ -165,8 +173,8 @@ TEST(CheckpointDir, LatestSkipsDamagedAndInterruptedCheckpoints) {
   ASSERT_TRUE(latest.has_value());
   EXPECT_EQ(latest->step, 20);
   ASSERT_EQ(skipped.size(), 2u);
-  EXPECT_TRUE(mentions(skipped[0], {"step-40", "'b.txt' is corrupt"}));
-  EXPECT_TRUE(mentions(skipped[1], {"step-30", "no manifest.json"}));
+  EXPECT_TRUE(contains_all(skipped[0], {"step-40", "'b.txt' is corrupt"}));
+  EXPECT_TRUE(contains_all(skipped[1], {"step-30", "no manifest.json"}));
   EXPECT_FALSE(fs::exists(root + "/.tmp-step-50-deadbeef"));  // stale staging removed
   // A live writer's staging directory is not touched.
   CheckpointWriter live(root, 70);
@@ -186,7 +194,7 @@ TEST(CheckpointDir, PruneKeepsTheNewestAndEnforcesKeepAtLeastTwo) {
     prune_checkpoints(root, 1);
     ADD_FAILURE() << "keep = 1 accepted";
   } catch (const ConfigError& e) {
-    EXPECT_TRUE(mentions(e.what(), {"checkpoint.keep", ">= 2", "got 1"}));
+    EXPECT_TRUE(contains_all(e.what(), {"checkpoint.keep", ">= 2", "got 1"}));
   }
   EXPECT_EQ(prune_checkpoints(root, 3), (std::vector<std::string>{root + "/step-3", root + "/step-4"}));
   EXPECT_EQ(entries(root), (std::vector<std::string>{"step-100", "step-1000", "step-20"}));

@@ -25,26 +25,4 @@ inline std::string read_raw(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// The message of the fasttrain::Error that `body` throws; a test failure when it throws nothing.
-inline std::string error_of(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const fasttrain::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a fasttrain::Error";
-  return "";
-}
-
-// Every one of `parts` occurs in `message`.
-inline ::testing::AssertionResult mentions(const std::string& message,
-                                           std::initializer_list<std::string> parts) {
-  for (const std::string& part : parts) {
-    if (message.find(part) == std::string::npos) {
-      return ::testing::AssertionFailure() << "'" << part << "' not in: " << message;
-    }
-  }
-  return ::testing::AssertionSuccess();
-}
-
 }  // namespace fasttrain::testing

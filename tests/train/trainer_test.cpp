@@ -1,18 +1,20 @@
 #include "fasttrain/train/trainer.h"
-#include "fasttrain/train/run.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "support.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
+#include "fasttrain/train/run.h"
 #include "fasttrain/util/check.h"
+#include "support.h"
 
 namespace fasttrain {
 namespace {
 
-TransformPipeline plain_pipeline() { return TransformPipeline({0.5f}, {0.25f}); }
+TransformPipeline plain_pipeline() {
+  return TransformPipeline({0.5f}, {0.25f});
+}
 
 std::shared_ptr<Model> small_mlp(uint64_t seed) {
   torch::manual_seed(seed);
@@ -95,7 +97,8 @@ TEST(Trainer, EvaluateRunsInEvalModeAndRestoresIt) {
   auto data = testing::synthetic_images(64);
   DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0).shuffle(false).drop_last(false));
   torch::manual_seed(0);
-  auto model = make_model(ModelOptions("mlp").in_channels(1).height(8).width(8).num_classes(4).hidden({16}).dropout(0.5));
+  auto model = make_model(
+      ModelOptions("mlp").in_channels(1).height(8).width(8).num_classes(4).hidden({16}).dropout(0.5));
   auto trainer = make_trainer(model, TrainOptions());
   model->train();
   EvalResult first = trainer->evaluate(loader);
@@ -126,8 +129,8 @@ TEST(Trainer, StopAtTargetEndsTheRunAndRecordsTheTime) {
   auto data = testing::synthetic_images(64);
   DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));
   DataLoader test(data, plain_pipeline(), LoaderOptions(64).workers(0).shuffle(false).drop_last(false));
-  auto trainer = make_trainer(small_mlp(4), TrainOptions().epochs(5).eval_every_steps(2).target_accuracy(0.01)
-                                                .stop_at_target(true));
+  auto trainer = make_trainer(
+      small_mlp(4), TrainOptions().epochs(5).eval_every_steps(2).target_accuracy(0.01).stop_at_target(true));
   FitSummary summary = trainer->fit(train, &test);
   EXPECT_EQ(summary.steps, 2);
   ASSERT_TRUE(summary.time_to_target_s.has_value());
@@ -155,8 +158,14 @@ TEST(Trainer, Bf16AutocastStepMatchesFp32Step) {
   auto data = testing::synthetic_images(64);
   auto model_of = [] {
     torch::manual_seed(6);
-    return make_model(ModelOptions("cnn").in_channels(1).height(8).width(8).num_classes(4).widths({8})
-                          .hidden({16}).batchnorm(true));
+    return make_model(ModelOptions("cnn")
+                          .in_channels(1)
+                          .height(8)
+                          .width(8)
+                          .num_classes(4)
+                          .widths({8})
+                          .hidden({16})
+                          .batchnorm(true));
   };
   auto flat = [](Model& m) {
     std::vector<torch::Tensor> all;
@@ -236,7 +245,8 @@ TEST(Trainer, FindLrLeavesTheModelAndOptimizerUntouched) {
   EXPECT_GT(result.suggested_lr, 1e-5);
   EXPECT_LT(result.suggested_lr, 10);
   auto after = model->parameters();
-  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(before[i], after[i])) << "parameter " << i;
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(torch::equal(before[i], after[i])) << "parameter " << i;
   // The optimizer state was restored too: no Adam moments were left behind by the sweep.
   EXPECT_TRUE(trainer->optimizer().state().empty());
 }

@@ -3,9 +3,8 @@
 //
 //   fasttrain::MetricsWriter metrics("runs/default/metrics.jsonl");
 //   metrics.write({{"step", 10}, {"loss", 0.5}});
-#include <nlohmann/json.hpp>
-
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace fasttrain {

@@ -6,6 +6,7 @@
 //   torch::Tensor logits = model->forward(images);   // [B, C, H, W] -> [B, num_classes]
 //   std::cout << model->describe();                  // layers and parameter count
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include <cstdint>
@@ -51,6 +52,10 @@ class Model : public torch::nn::Module {
 };
 
 const std::vector<std::string>& model_names();
+
+// The fully connected head every model ends with: for each of options.hidden() [Dropout +] Linear +
+// ReLU, then [Dropout +] the Linear classifier, from `features` inputs to options.num_classes().
+torch::nn::Sequential classifier_head(int64_t features, const ModelOptions& options);
 
 // Converts every 4-d parameter and buffer (conv kernels) of `module` to channels_last (NHWC) in
 // place, keeping the Parameter objects (optimizers made later or earlier still see them).

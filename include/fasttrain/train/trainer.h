@@ -16,9 +16,8 @@
 // by the window size, so N micro-batches of B equal one batch of N x B.
 #include <torch/optim/optimizer.h>
 
-#include <nlohmann/json.hpp>
-
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <vector>
 
@@ -35,11 +34,11 @@ namespace fasttrain {
 struct StepRecord {
   int64_t step = 0;
   int64_t epoch = 0;
-  double loss = 0;               // mean training loss over the interval
+  double loss = 0;  // mean training loss over the interval
   double lr = 0;
-  double grad_norm = 0;          // last step's pre-clip global norm (0 when clipping is off)
-  double samples_per_s = 0;      // over the interval
-  double data_wait_fraction = 0; // of the interval's wall time
+  double grad_norm = 0;           // last step's pre-clip global norm (0 when clipping is off)
+  double samples_per_s = 0;       // over the interval
+  double data_wait_fraction = 0;  // of the interval's wall time
   double elapsed_s = 0;
 };
 

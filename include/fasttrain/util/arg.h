@@ -9,18 +9,22 @@
 //   auto options = LoaderOptions(128).workers(4);   // options.workers() == 4
 #include <utility>
 
-#define FT_ARG(T, name)                                            \
- public:                                                           \
-  inline auto name(const T& new_value) -> decltype(*this) {        \
-    this->name##_ = new_value;                                     \
-    return *this;                                                  \
-  }                                                                \
-  inline auto name(T&& new_value) -> decltype(*this) {             \
-    this->name##_ = std::move(new_value);                          \
-    return *this;                                                  \
-  }                                                                \
-  inline const T& name() const noexcept { return this->name##_; }  \
-  inline T& name() noexcept { return this->name##_; }              \
-                                                                   \
- private:                                                          \
+#define FT_ARG(T, name)                                   \
+ public:                                                  \
+  inline auto name(const T& new_value)->decltype(*this) { \
+    this->name##_ = new_value;                            \
+    return *this;                                         \
+  }                                                       \
+  inline auto name(T&& new_value)->decltype(*this) {      \
+    this->name##_ = std::move(new_value);                 \
+    return *this;                                         \
+  }                                                       \
+  inline const T& name() const noexcept {                 \
+    return this->name##_;                                 \
+  }                                                       \
+  inline T& name() noexcept {                             \
+    return this->name##_;                                 \
+  }                                                       \
+                                                          \
+ private:                                                 \
   T name##_ /* NOLINT */

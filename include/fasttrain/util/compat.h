@@ -9,7 +9,9 @@
 #define FASTTRAIN_HAS_SDPA FASTTRAIN_TORCH_AT_LEAST(2, 0)
 
 namespace fasttrain::compat {
-inline const char* torch_version() { return TORCH_VERSION; }
+inline const char* torch_version() {
+  return TORCH_VERSION;
+}
 }  // namespace fasttrain::compat
 
 #include <torch/optim/optimizer.h>
