@@ -473,8 +473,6 @@ void validate(const Config& config) {
   validate(config.optim);
   // Building the schedule checks its options against a nominal length.
   make_schedule(config.schedule, config.optim.lr(), config.optim.momentum(), 1000);
-  FT_CONFIG_CHECK(config.optim.name() != "sgd" || !config.optim.nesterov() || config.optim.momentum() > 0,
-                  "optim.nesterov needs optim.momentum > 0, got {}", config.optim.momentum());
   FT_CONFIG_CHECK(config.schedule.max_momentum() >= config.schedule.base_momentum(),
                   "schedule.max_momentum ({}) must be >= schedule.base_momentum ({})",
                   config.schedule.max_momentum(), config.schedule.base_momentum());

@@ -18,10 +18,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-TransformPipeline make_pipeline(const DataConfig& data, const ImageDataset& train, bool augment) {
-  std::vector<float> mean(train.channels(), 0.0f), std(train.channels(), 1.0f);
-  if (data.normalize()) std::tie(mean, std) = channel_statistics(train.images);
-  TransformPipeline pipeline(mean, std);
+// Normalisation statistics come from the training set (identity when data.normalize is off); both
+// loaders share them, so they are computed once.
+std::pair<std::vector<float>, std::vector<float>> normalisation(const DataConfig& data,
+                                                                const ImageDataset& train) {
+  if (data.normalize()) return channel_statistics(train.images);
+  return {std::vector<float>(train.channels(), 0.0f), std::vector<float>(train.channels(), 1.0f)};
+}
+
+TransformPipeline make_pipeline(const DataConfig& data,
+                                const std::pair<std::vector<float>, std::vector<float>>& stats,
+                                bool augment) {
+  TransformPipeline pipeline(stats.first, stats.second);
   if (augment && data.crop_padding() > 0) pipeline.add(std::make_shared<RandomCrop>(data.crop_padding()));
   if (augment && data.hflip() > 0) pipeline.add(std::make_shared<HorizontalFlip>(data.hflip()));
   return pipeline;
@@ -105,11 +113,12 @@ Experiment Experiment::build(const Config& config, bool announce) {
         .pin_memory(data.pin_memory())
         .channels_last(config.train.channels_last());
   };
+  const auto stats = normalisation(data, train);
   experiment.train_loader = std::make_unique<DataLoader>(
-      train, make_pipeline(data, train, /*augment=*/true),
+      train, make_pipeline(data, stats, /*augment=*/true),
       loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
   experiment.test_loader = std::make_unique<DataLoader>(
-      experiment.data.test, make_pipeline(data, train, /*augment=*/false),
+      experiment.data.test, make_pipeline(data, stats, /*augment=*/false),
       loader_options(std::min(data.eval_batch_size(), experiment.data.test.size()))
           .shuffle(false)
           .drop_last(false));
