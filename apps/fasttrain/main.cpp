@@ -41,13 +41,25 @@ int run(int argc, char** argv) {
   auto* train = app.add_subcommand("train", "Train a model; writes the run directory (runs/<run.name>)");
   add_config_args(*train, train_args, false);
   train->add_option("--run-dir", run_dir, "Run directory (default: <run.root>/<run.name>)");
+  fasttrain::RunOptions run_options;
+  train
+      ->add_option("--resume", run_options.resume(),
+                   "Continue from the newest checkpoint of the run directory (bare --resume), or from PATH: "
+                   "a checkpoints/step-N directory or a run directory")
+      ->expected(0, 1)
+      ->default_str("latest");
+  train->add_flag("--fresh", run_options.fresh(),
+                  "Start over in a run directory that holds an earlier run (removes its checkpoints, metrics "
+                  "and weights)");
 
   // ---- eval ----
   ConfigArgs eval_args;
   std::string weights;
   auto* eval = app.add_subcommand("eval", "Evaluate saved weights on the test set of the config's data");
   add_config_args(*eval, eval_args, false);
-  eval->add_option("--weights", weights, "Weights saved by train (RUN_DIR/final/model.pt)")->required();
+  eval->add_option("--weights", weights,
+                   "safetensors weights with the model's names (RUN_DIR/final/model.safetensors)")
+      ->required();
 
   // ---- find-lr ----
   ConfigArgs lr_args;
@@ -78,8 +90,17 @@ int run(int argc, char** argv) {
     fasttrain::Config cfg = build_config(train_args);
     if (run_dir.empty()) run_dir = cfg.run.root() + "/" + cfg.run.name();
     std::cerr << "fasttrain: effective config\n" << fasttrain::to_toml(cfg) << "\n";
-    fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir);
+    // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
+    fasttrain::StopSignals stop_signals;
+    fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir, run_options);
     std::cout << summary.to_json().dump(2) << "\n";
+    if (summary.interrupted) {
+      const int signal = fasttrain::StopSignals::received();
+      std::cerr << "fasttrain: interrupted at step " << summary.steps << "; state saved in "
+                << summary.checkpoint << "\nfasttrain: continue with: fasttrain train ... --run-dir "
+                << run_dir << " --resume\n";
+      return 128 + (signal != 0 ? signal : SIGINT);
+    }
     std::cerr << "fasttrain: run written to " << run_dir << "\n";
   } else if (*eval) {
     fasttrain::EvalResult result = fasttrain::eval_run(build_config(eval_args), weights);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fasttrain/data/dataset.h"
+#include "fasttrain/state/sha256.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -358,6 +359,9 @@ const std::vector<Field>& schema() {
       field<bool>(
           "train", "stop_at_target", [](Config& c) -> bool& { return c.train.stop_at_target(); },
           "End the run when target_accuracy is reached"),
+      field<S>(
+          "train", "init_from", [](Config& c) -> S& { return c.train.init_from(); },
+          "Initial weights from a safetensors file with the model's names (\"\" = random init from seed)"),
       // [ema]
       field<bool>(
           "ema", "enabled", [](Config& c) -> bool& { return c.ema.enabled(); },
@@ -379,6 +383,14 @@ const std::vector<Field>& schema() {
       field<int64_t>(
           "log", "every_steps", [](Config& c) -> int64_t& { return c.log.every_steps(); },
           "Optimizer steps between metrics records and progress lines", at_least<int64_t>(1)),
+      // [checkpoint]
+      field<int64_t>(
+          "checkpoint", "every_steps", [](Config& c) -> int64_t& { return c.checkpoint.every_steps(); },
+          "Save the run state every N optimizer steps (0 = only at the end and on SIGINT/SIGTERM)",
+          at_least<int64_t>(0)),
+      field<int>(
+          "checkpoint", "keep", [](Config& c) -> int& { return c.checkpoint.keep(); },
+          "Newest checkpoints kept (>= 2: if the newest is damaged, the one before it resumes)", at_least(2)),
       // [run]
       field<S>(
           "run", "name", [](Config& c) -> S& { return c.run.name(); },
@@ -483,6 +495,10 @@ void validate(const Config& config) {
     FT_CONFIG_CHECK(!config.data.path().empty(),
                     "data.path must name the IDX directory when data.dataset = \"idx\"");
   }
+  FT_CONFIG_CHECK(
+      config.train.init_from().empty() || std::filesystem::is_regular_file(config.train.init_from()),
+      "train.init_from '{}' is not a file (a safetensors file of the model's weights)",
+      config.train.init_from());
   std::string path = config.data.resolved_path();
   FT_CONFIG_CHECK(std::filesystem::is_directory(path), "data.path '{}' is not a directory{}", path,
                   config.data.path().empty()
@@ -501,6 +517,39 @@ std::string to_toml(const Config& config) {
     out += fmt::format("{} = {}\n", f.key, f.write(config));
   }
   return out;
+}
+
+namespace {
+
+// Keys that change how fast or how visibly a run trains, never what it computes: a resume may
+// change them (more workers on a bigger machine, another log cadence).
+bool shapes_training(const Field& field) {
+  static const std::vector<std::string> neutral = {
+      "data.eval_batch_size",  "data.workers",         "data.prefetch",          "data.pin_memory",
+      "train.threads",         "train.device",         "train.eval_every_steps", "train.eval_from_step",
+      "train.target_accuracy", "train.stop_at_target", "train.init_from"};
+  if (field.section == "log" || field.section == "run" || field.section == "checkpoint") return false;
+  return std::find(neutral.begin(), neutral.end(), field.section + "." + field.key) == neutral.end();
+}
+
+}  // namespace
+
+std::string training_fingerprint(const Config& config) {
+  std::string text;
+  for (const auto& f : schema()) {
+    if (shapes_training(f)) text += fmt::format("{}.{} = {}\n", f.section, f.key, f.write(config));
+  }
+  return sha256_hex(text);
+}
+
+std::vector<std::string> training_differences(const Config& a, const Config& b) {
+  std::vector<std::string> keys;
+  for (const auto& f : schema()) {
+    if (shapes_training(f) && f.write(a) != f.write(b)) {
+      keys.push_back(fmt::format("{}.{} ({} vs {})", f.section, f.key, f.write(a), f.write(b)));
+    }
+  }
+  return keys;
 }
 
 std::string config_reference() {

@@ -51,6 +51,22 @@ void Ema::update() {
   ++updates_;
 }
 
+void Ema::load_state(const std::vector<torch::Tensor>& shadow, int64_t calls, int64_t updates) {
+  FT_CHECK(!swapped_, "Ema::load_state() inside an Ema::SwapGuard");
+  FT_CHECK(shadow.size() == shadow_.size(), "EMA state has {} tensors, the model {}", shadow.size(),
+           shadow_.size());
+  FT_CHECK(calls >= 0 && updates >= 0 && updates <= calls,
+           "EMA counters are inconsistent: {} updates in {} calls", updates, calls);
+  for (size_t i = 0; i < shadow.size(); ++i) {
+    FT_CHECK(shadow[i].sizes() == shadow_[i].sizes(), "EMA tensor {} has shape {}, the model's {}", i,
+             shadow[i].sizes(), shadow_[i].sizes());
+  }
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < shadow.size(); ++i) shadow_[i].copy_(shadow[i]);
+  steps_ = calls;
+  updates_ = updates;
+}
+
 void Ema::swap() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < live_.size(); ++i) {

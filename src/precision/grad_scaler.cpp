@@ -8,6 +8,7 @@
 
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
+#include "fasttrain/util/json.h"
 
 namespace fasttrain {
 
@@ -53,16 +54,6 @@ void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const tor
       torch::where(torch::logical_or(found, grow), torch::zeros_like(successful), successful));
 }
 
-template <typename T>
-T json_field(const nlohmann::json& json, const char* key) {
-  FT_CHECK(json.is_object() && json.contains(key), "GradScaler state: missing key '{}'", key);
-  try {
-    return json.at(key).get<T>();
-  } catch (const nlohmann::json::exception& error) {
-    FT_FAIL("GradScaler state: key '{}' has the wrong type ({})", key, error.what());
-  }
-}
-
 }  // namespace
 
 nlohmann::json GradScalerState::to_json() const {
@@ -76,14 +67,15 @@ nlohmann::json GradScalerState::to_json() const {
 }
 
 GradScalerState GradScalerState::from_json(const nlohmann::json& json) {
+  const std::string kWhat = "GradScaler state";
   GradScalerState state;
-  state.enabled = json_field<bool>(json, "enabled");
-  state.scale = json_field<double>(json, "scale");
-  state.growth_tracker = json_field<int64_t>(json, "growth_tracker");
-  state.growth_factor = json_field<double>(json, "growth_factor");
-  state.backoff_factor = json_field<double>(json, "backoff_factor");
-  state.growth_interval = json_field<int64_t>(json, "growth_interval");
-  state.skipped_steps = json_field<int64_t>(json, "skipped_steps");
+  state.enabled = json_field<bool>(json, "enabled", kWhat);
+  state.scale = json_field<double>(json, "scale", kWhat);
+  state.growth_tracker = json_field<int64_t>(json, "growth_tracker", kWhat);
+  state.growth_factor = json_field<double>(json, "growth_factor", kWhat);
+  state.backoff_factor = json_field<double>(json, "backoff_factor", kWhat);
+  state.growth_interval = json_field<int64_t>(json, "growth_interval", kWhat);
+  state.skipped_steps = json_field<int64_t>(json, "skipped_steps", kWhat);
   return state;
 }
 

@@ -119,4 +119,9 @@ std::vector<uint8_t> read_binary_file(const std::string& path, uint64_t max_byte
   return bytes;
 }
 
+std::string read_text_file(const std::string& path, uint64_t max_bytes) {
+  std::vector<uint8_t> bytes = read_binary_file(path, max_bytes);
+  return std::string(bytes.begin(), bytes.end());
+}
+
 }  // namespace fasttrain

@@ -2,13 +2,18 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/progress.h"
+#include "fasttrain/log/tensorboard.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/precision/autocast.h"
+#include "fasttrain/state/checkpoint_dir.h"
+#include "fasttrain/state/file_io.h"
+#include "fasttrain/state/safetensors.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 
@@ -35,51 +40,159 @@ TransformPipeline make_pipeline(const DataConfig& data,
   return pipeline;
 }
 
-// Writes metrics.jsonl records and drives the console progress.
+// Writes metrics.jsonl and the TensorBoard events of a run and drives the console progress.
 class RunLogger : public Callback {
  public:
   RunLogger(const std::string& run_dir, Progress::Mode mode)
-      : metrics_(run_dir.empty() ? nullptr : std::make_unique<MetricsWriter>(run_dir + "/metrics.jsonl")),
+      : metrics_(std::make_unique<MetricsWriter>(run_dir + "/metrics.jsonl")),
+        events_(std::make_unique<TensorBoardWriter>(run_dir)),
         mode_(mode) {}
 
   void on_fit_start(Trainer&, int64_t total_steps) override {
     progress_ = std::make_unique<Progress>(mode_, total_steps);
   }
   void on_log(Trainer&, const StepRecord& r) override {
-    if (metrics_) {
-      metrics_->write({{"kind", "train"},
-                       {"step", r.step},
-                       {"epoch", r.epoch},
-                       {"loss", r.loss},
-                       {"lr", r.lr},
-                       {"grad_norm", r.grad_norm},
-                       {"samples_per_s", r.samples_per_s},
-                       {"data_wait_fraction", r.data_wait_fraction},
-                       {"elapsed_s", r.elapsed_s}});
-    }
+    metrics_->write({{"kind", "train"},
+                     {"step", r.step},
+                     {"epoch", r.epoch},
+                     {"loss", r.loss},
+                     {"lr", r.lr},
+                     {"grad_norm", r.grad_norm},
+                     {"samples_per_s", r.samples_per_s},
+                     {"data_wait_fraction", r.data_wait_fraction},
+                     {"elapsed_s", r.elapsed_s}});
+    events_->add_scalar("train/loss", r.loss, r.step);
+    events_->add_scalar("train/lr", r.lr, r.step);
+    events_->add_scalar("train/grad_norm", r.grad_norm, r.step);
+    events_->add_scalar("train/samples_per_s", r.samples_per_s, r.step);
+    events_->add_scalar("train/data_wait_fraction", r.data_wait_fraction, r.step);
     progress_->update({r.step, r.epoch, r.loss, r.lr, r.samples_per_s, r.data_wait_fraction, r.elapsed_s});
   }
   void on_evaluate(Trainer&, const EvalRecord& r) override {
-    if (metrics_) {
-      metrics_->write({{"kind", "eval"},
-                       {"step", r.step},
-                       {"epoch", r.epoch},
-                       {"test_loss", r.result.loss},
-                       {"test_accuracy", r.result.accuracy},
-                       {"ema", r.ema},
-                       {"elapsed_s", r.elapsed_s}});
-    }
+    metrics_->write({{"kind", "eval"},
+                     {"step", r.step},
+                     {"epoch", r.epoch},
+                     {"test_loss", r.result.loss},
+                     {"test_accuracy", r.result.accuracy},
+                     {"ema", r.ema},
+                     {"elapsed_s", r.elapsed_s}});
+    events_->add_scalar("test/accuracy", r.result.accuracy, r.step);
+    events_->add_scalar("test/loss", r.result.loss, r.step);
+    events_->flush();
     progress_->message(fmt::format("step {} epoch {}: test accuracy {:.4f}{} loss {:.4f} at {:.1f}s", r.step,
                                    r.epoch, r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss,
                                    r.elapsed_s));
   }
-  void on_fit_end(Trainer&, const FitSummary&) override { progress_->finish(); }
+  // The marker a resume truncates metrics.jsonl to: what follows it will be recomputed.
+  void on_checkpoint(Trainer& trainer, const std::string& dir) override {
+    metrics_->write({{"kind", "checkpoint"}, {"step", trainer.step()}, {"dir", dir}});
+    events_->flush();
+  }
+  void on_fit_end(Trainer&, const FitSummary&) override {
+    events_->flush();
+    progress_->finish();
+  }
 
  private:
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<TensorBoardWriter> events_;
   Progress::Mode mode_;
   std::unique_ptr<Progress> progress_;
 };
+
+// Keeps the lines of metrics.jsonl up to the marker of checkpoint `step`: the records after it
+// belong to steps the resumed run repeats. Without the marker (killed between the commit and the
+// marker) the records of steps before `step` and the train record of `step` are kept.
+void truncate_metrics(const std::string& path, int64_t step) {
+  if (!fs::exists(path)) return;
+  std::vector<std::pair<std::string, nlohmann::json>> records;
+  std::istringstream lines(read_text_file(path));
+  for (std::string line; std::getline(lines, line);) {
+    records.emplace_back(line, nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
+  }
+  auto is_marker = [&](const nlohmann::json& r) {
+    return r.is_object() && r.value("kind", "") == "checkpoint" && r.value("step", int64_t{-1}) == step;
+  };
+  const bool has_marker =
+      std::any_of(records.begin(), records.end(), [&](const auto& r) { return is_marker(r.second); });
+  std::string kept;
+  for (const auto& [line, record] : records) {
+    if (!record.is_object()) continue;  // a line cut short by a kill
+    const int64_t record_step = record.value("step", int64_t{-1});
+    if (!has_marker && !(record_step < step || (record_step == step && record.value("kind", "") == "train")))
+      break;
+    kept += line + "\n";
+    if (has_marker && is_marker(record)) break;
+  }
+  write_text_file(path, kept);
+}
+
+// The step-N directory `--resume` names: "latest" (may be none), a step-N directory, or a run
+// directory (its newest verified checkpoint).
+std::optional<std::string> resume_target(const std::string& resume, const std::string& run_dir) {
+  auto newest = [](const std::string& root, const std::string& what) -> std::optional<std::string> {
+    std::vector<std::string> skipped;
+    auto latest = latest_checkpoint(root, &skipped);
+    for (const auto& reason : skipped)
+      fmt::print(stderr, "fasttrain: skipping a damaged checkpoint: {}\n", reason);
+    if (!latest) {
+      FT_CHECK(what.empty(), "--resume {}: no checkpoint that verifies in '{}'", what, root);
+      return std::nullopt;
+    }
+    return latest->dir;
+  };
+  if (resume == "latest") return newest(run_dir + "/checkpoints", "");
+  FT_CHECK(fs::is_directory(resume), "--resume {}: no such checkpoint or run directory", resume);
+  if (fs::exists(resume + "/" + kCheckpointManifestName)) return resume;
+  if (fs::is_directory(resume + "/checkpoints")) return newest(resume + "/checkpoints", resume);
+  FT_FAIL("--resume {}: neither a step-N checkpoint (no {}) nor a run directory (no checkpoints/)", resume,
+          kCheckpointManifestName);
+}
+
+// The checkpoint's config against this run's: the keys that would change the trajectory.
+void check_same_training(const std::string& checkpoint, const Config& config) {
+  const std::string saved_path = checkpoint + "/config.toml";
+  if (!fs::exists(saved_path)) return;  // the fingerprint check in load_checkpoint still applies
+  std::vector<std::string> differences = training_differences(load_config(saved_path), config);
+  FT_CONFIG_CHECK(
+      differences.empty(),
+      "cannot resume from '{}': it was trained with another config; differing keys (checkpoint vs "
+      "now): {}",
+      checkpoint, fmt::join(differences, ", "));
+}
+
+// Resuming step `step` from `checkpoint` into `root`: checkpoints of `root` after it belong to the
+// abandoned continuation and are rewritten by this run. Those of another run are not touched: an error.
+void remove_later_checkpoints(const std::string& root, const std::string& checkpoint, int64_t step) {
+  const auto existing = list_checkpoints(root);
+  if (existing.empty()) return;
+  const bool same_root = fs::equivalent(fs::path(checkpoint).parent_path(), root);
+  FT_CHECK(same_root,
+           "cannot resume from '{}' into '{}': it holds another run's checkpoints; choose an empty --run-dir",
+           checkpoint, root);
+  for (const auto& later : existing) {
+    if (later.step <= step) continue;
+    fmt::print(stderr, "fasttrain: removing {}, written after the resumed step {}\n", later.dir, step);
+    fs::remove_all(later.dir);
+  }
+}
+
+// What a new run would overwrite in `run_dir`.
+void clear_run_outputs(const std::string& run_dir, bool fresh) {
+  const auto checkpoints = list_checkpoints(run_dir + "/checkpoints");
+  FT_CHECK(fresh || checkpoints.empty(),
+           "'{}' holds an earlier run (checkpoints up to step {}): continue it with --resume, start over "
+           "with --fresh (removes its checkpoints, metrics and weights), or choose another --run-dir",
+           run_dir, checkpoints.empty() ? 0 : checkpoints.back().step);
+  if (!fs::is_directory(run_dir)) return;
+  fs::remove_all(run_dir + "/checkpoints");
+  fs::remove_all(run_dir + "/final");
+  fs::remove(run_dir + "/metrics.jsonl");
+  fs::remove(run_dir + "/summary.json");
+  for (const auto& entry : fs::directory_iterator(run_dir)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(entry.path());
+  }
+}
 
 }  // namespace
 
@@ -158,47 +271,63 @@ std::unique_ptr<Trainer> Experiment::make_trainer() const {
   return trainer;
 }
 
-void save_weights(Model& model, const std::string& path) {
-  torch::serialize::OutputArchive archive;
-  model.save(archive);
-  archive.save_to(path);
-}
-
-void load_weights(Model& model, const std::string& path) {
-  FT_CHECK(fs::is_regular_file(path), "weights file '{}' does not exist", path);
-  torch::serialize::InputArchive archive;
-  try {
-    archive.load_from(path);
-    model.load(archive);
-  } catch (const c10::Error& error) {
-    FT_FAIL("weights file '{}' does not match the configured model ({}): {}", path, model.name(),
-            error.what_without_backtrace());
+FitSummary train_run(const Config& config, const std::string& run_dir, const RunOptions& options) {
+  // ---- where the run starts: a checkpoint, or new ----
+  std::optional<std::string> checkpoint;
+  if (!options.resume().empty()) {
+    checkpoint = resume_target(options.resume(), run_dir);
+    if (!checkpoint) {
+      fmt::print(stderr, "fasttrain: no checkpoint in {}/checkpoints: starting fresh\n", run_dir);
+    } else {
+      check_same_training(*checkpoint, config);
+    }
   }
-}
+  if (!checkpoint) clear_run_outputs(run_dir, options.fresh());
 
-FitSummary train_run(const Config& config, const std::string& run_dir) {
   Experiment experiment = Experiment::build(config, /*announce=*/true);
   fs::create_directories(run_dir + "/final");
   write_text_file(run_dir + "/config.toml", to_toml(experiment.config));
-  fs::remove(run_dir + "/metrics.jsonl");
-
   auto trainer = experiment.make_trainer();
+  trainer->enable_checkpoints(RunCheckpointOptions(run_dir + "/checkpoints")
+                                  .every_steps(config.checkpoint.every_steps())
+                                  .keep(config.checkpoint.keep())
+                                  .config_toml(to_toml(config))
+                                  .fingerprint(training_fingerprint(config)));
+  if (checkpoint) {
+    trainer->load_checkpoint(*checkpoint, experiment.train_loader->batches_per_epoch());
+    const int64_t step = trainer->step();
+    remove_later_checkpoints(run_dir + "/checkpoints", *checkpoint, step);
+    truncate_metrics(run_dir + "/metrics.jsonl", step);
+    fmt::print(stderr, "fasttrain: resuming from {} (step {}, epoch {}, batch {} of the epoch)\n",
+               *checkpoint, step, trainer->progress().epoch, trainer->progress().batch_in_epoch);
+  } else if (!config.train.init_from().empty()) {
+    load_module_safetensors(*experiment.model, config.train.init_from());
+    fmt::print(stderr, "fasttrain: initial weights from {}\n", config.train.init_from());
+  }
+
+  // ---- train ----
   trainer->add_callback(std::make_shared<RunLogger>(run_dir, Progress::parse_mode(config.log.progress())));
   FitSummary summary = trainer->fit(*experiment.train_loader, experiment.test_loader.get());
+  if (summary.interrupted) return summary;
 
-  save_weights(*experiment.model, run_dir + "/final/model.pt");
+  // ---- outputs: final weights (and their EMA) in safetensors, the summary ----
+  save_module_safetensors(*experiment.model, run_dir + "/final/model.safetensors");
+  if (trainer->ema()) {
+    Ema::SwapGuard ema_weights(*trainer->ema());
+    save_module_safetensors(*experiment.model, run_dir + "/final/model_ema.safetensors");
+  }
   write_json_file(run_dir + "/summary.json", summary.to_json());
   return summary;
 }
 
 EvalResult eval_run(const Config& config, const std::string& weights_path) {
-  Experiment experiment = Experiment::build(config, /*announce=*/false);
-  load_weights(*experiment.model, weights_path);
-  experiment.model->to(experiment.device);
-  TrainOptions options = config.train;
-  Trainer trainer(experiment.model, make_optimizer(experiment.model->named_parameters(), config.optim),
-                  nullptr, options, experiment.device);
-  return trainer.evaluate(*experiment.test_loader);
+  Config plain = config;
+  plain.ema.enabled(false);  // evaluate the weights in the file as they are
+  Experiment experiment = Experiment::build(plain, /*announce=*/false);
+  FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
+  load_module_safetensors(*experiment.model, weights_path);
+  auto trainer = experiment.make_trainer();
+  return trainer->evaluate(*experiment.test_loader);
 }
 
 LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptions& options) {

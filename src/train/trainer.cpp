@@ -10,6 +10,7 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/train/guards.h"
+#include "fasttrain/train/signals.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 
@@ -38,6 +39,8 @@ nlohmann::json FitSummary::to_json() const {
       {"skipped_steps", skipped_steps},
       {"data_wait_fraction", data_wait_fraction},
       {"peak_memory_bytes", peak_memory_bytes},
+      {"interrupted", interrupted},
+      {"checkpoint", checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(checkpoint)},
   };
 }
 
@@ -84,20 +87,25 @@ torch::Tensor Trainer::loss_of(const Batch& batch) {
 
 torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, double lr) {
   FT_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
+  const auto window = static_cast<int64_t>(micro_batches.size());
+  torch::Tensor window_loss = torch::zeros({}, torch::TensorOptions().device(device_));
+  for (const Batch& batch : micro_batches) window_loss += backward_micro_batch(batch, window);
+  optimizer_step(lr);
+  return window_loss;
+}
+
+torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_size) {
+  // Each micro-batch loss is divided by the window size, so the summed gradients are those of
+  // the mean loss over the whole window: N micro-batches of B equal one batch of N x B.
+  torch::Tensor loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim fp32
+  scaler_.scale(loss).backward();
+  return loss.detach();
+}
+
+void Trainer::optimizer_step(double lr) {
   set_learning_rate(*optimizer_, lr);
   if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt)
     set_momentum(*optimizer_, *momentum);
-
-  // ---- forward and backward over the accumulation window ----
-  // Each micro-batch loss is divided by the window size, so the summed gradients are those of
-  // the mean loss over the whole window: N micro-batches of B equal one batch of N x B.
-  const double window = static_cast<double>(micro_batches.size());
-  torch::Tensor window_loss = torch::zeros({}, torch::TensorOptions().device(device_));
-  for (const Batch& batch : micro_batches) {
-    torch::Tensor loss = loss_of(batch);  // 0-dim fp32, mean over the micro-batch
-    scaler_.scale(loss / window).backward();
-    window_loss += loss.detach() / window;
-  }
 
   // ---- unscale, clip, step (skipped on inf/NaN gradients), update the scale, gradients to None ----
   if (options_.clip_norm() > 0) {
@@ -111,7 +119,26 @@ torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, doubl
 
   // ---- EMA of the weights ----
   if (ema_) ema_->update();
-  return window_loss;
+}
+
+bool Trainer::stop_requested() const {
+  return stop_requested_.load() || StopSignals::received() != 0;
+}
+
+void Trainer::check_losses_finite() {
+  if (unchecked_losses_.empty()) return;
+  const int64_t first_step = step_ - static_cast<int64_t>(unchecked_losses_.size()) + 1;
+  torch::Tensor losses = torch::stack(unchecked_losses_);  // [steps]
+  unchecked_losses_.clear();
+  if (scaler_.enabled()) return;  // fp16: the scaler skips overflowing steps
+  torch::Tensor bad = (~torch::isfinite(losses)).nonzero();
+  if (bad.size(0) == 0) return;
+  const int64_t index = bad[0][0].item<int64_t>();
+  FT_FAIL(
+      "training loss became {} at step {}: lower optim.lr, set train.clip_norm, or check the data (no "
+      "checkpoint of this state was written{})",
+      losses[index].item<double>(), first_step + index,
+      last_checkpoint_.empty() ? "" : "; the last one is " + last_checkpoint_);
 }
 
 EvalResult Trainer::evaluate(DataLoader& loader) {
@@ -151,80 +178,92 @@ EvalRecord Trainer::evaluate_and_record(DataLoader& test, int64_t epoch, double 
 }
 
 FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
-  // ---- plan ----
+  // ---- plan: from the start, or from where a loaded checkpoint left off ----
   const int64_t batches_per_epoch = train.batches_per_epoch();
   FT_CHECK(batches_per_epoch > 0, "the training loader yields no batches: lower data.batch_size");
   const int64_t total_steps = planned_steps(options_, batches_per_epoch);
   const int64_t accumulation = options_.accumulation();
+  TrainProgress& at = progress_;
   for (auto& callback : callbacks_) callback->on_fit_start(*this, total_steps);
 
   FitSummary summary;
   const auto start = std::chrono::steady_clock::now();
+  const double elapsed_before = at.elapsed_s;
+  auto elapsed = [&] { return elapsed_before + seconds_since(start); };
   const double wait_at_start = train.wait_seconds();
-  int64_t samples_seen = 0;
-  bool stop = false;
+  const double eval_s_before = at.eval_s;
+  if (!window_loss_.defined()) window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
 
   // Interval accounting for on_log: losses stay on the device until a log step reads them.
   torch::Tensor interval_loss = torch::zeros({}, torch::TensorOptions().device(device_));
   int64_t interval_steps = 0, interval_samples = 0;
-  double interval_start = 0, interval_wait_start = wait_at_start;
+  double interval_start = elapsed(), interval_wait_start = wait_at_start;
 
   auto periodic_eval_due = [&] {
     return options_.eval_every_steps() > 0 && step_ >= options_.eval_from_step() &&
            step_ % options_.eval_every_steps() == 0;
   };
-  double eval_s = 0;  // evaluation time, excluded from training throughput
-  auto record_eval = [&](int64_t epoch) {
-    double eval_start = seconds_since(start);
-    EvalRecord record = evaluate_and_record(*test, epoch, eval_start);
-    eval_s += record.elapsed_s - eval_start;
+  auto record_eval = [&] {
+    const double eval_start = elapsed();
+    EvalRecord record = evaluate_and_record(*test, at.epoch, eval_start);
+    at.eval_s += record.elapsed_s - eval_start;
     interval_start += record.elapsed_s - eval_start;
-    summary.test_accuracy = record.result.accuracy;
-    summary.best_test_accuracy = std::max(summary.best_test_accuracy, record.result.accuracy);
-    if (options_.target_accuracy() > 0 && !summary.time_to_target_s &&
+    at.test_accuracy = record.result.accuracy;
+    at.best_test_accuracy = std::max(at.best_test_accuracy, record.result.accuracy);
+    if (options_.target_accuracy() > 0 && !at.time_to_target_s &&
         record.result.accuracy >= options_.target_accuracy()) {
-      summary.time_to_target_s = record.elapsed_s;
-      stop = options_.stop_at_target();
+      at.time_to_target_s = record.elapsed_s;
+      at.target_stop = options_.stop_at_target();
     }
   };
+  auto save = [&] {
+    at.elapsed_s = elapsed();
+    summary.checkpoint = save_checkpoint();
+  };
 
-  for (int64_t epoch = 0; step_ < total_steps && !stop; ++epoch) {
-    train.start_epoch(epoch);
-    int64_t batch_in_epoch = 0;
-    while (step_ < total_steps && batch_in_epoch < batches_per_epoch && !stop) {
+  for (; step_ < total_steps && !at.target_stop && !summary.interrupted; ++at.epoch, at.batch_in_epoch = 0) {
+    train.start_epoch(at.epoch, at.batch_in_epoch);
+    while (step_ < total_steps && at.batch_in_epoch < batches_per_epoch) {
       // ---- the accumulation window: micro-batches already prefetched to the device ----
-      std::vector<Batch> window;
-      const int64_t window_size = std::min(accumulation, batches_per_epoch - batch_in_epoch);
-      for (int64_t i = 0; i < window_size; ++i) {
+      const int64_t window_start = at.batch_in_epoch - at.window_done;
+      const int64_t window_size = std::min(accumulation, batches_per_epoch - window_start);
+      while (at.window_done < window_size) {
         auto batch = train.next();
-        FT_CHECK(batch.has_value(), "the training loader ended at batch {} of {} in epoch {}", batch_in_epoch,
-                 batches_per_epoch, epoch);
-        samples_seen += batch->targets.size(0);
-        interval_samples += batch->targets.size(0);
-        window.push_back(std::move(*batch));
-        ++batch_in_epoch;
+        FT_CHECK(batch.has_value(), "the training loader ended at batch {} of {} in epoch {}",
+                 at.batch_in_epoch, batches_per_epoch, at.epoch);
+        const int64_t samples = batch->targets.size(0);
+        window_loss_ += backward_micro_batch(*batch, window_size);
+        ++at.window_done, ++at.batch_in_epoch;
+        at.samples_seen += samples, interval_samples += samples;
+        for (auto& callback : callbacks_) callback->on_micro_batch(*this);
+        if (stop_requested() && at.window_done < window_size) break;  // checkpoint inside the window
+      }
+      if (at.window_done < window_size) {
+        summary.interrupted = true;
+        if (checkpoints_) save();
+        break;
       }
 
       // ---- one optimizer step at the scheduled learning rate ----
       const double lr = schedule_->lr(step_);
-      interval_loss += train_step(window, lr);
+      optimizer_step(lr);
+      unchecked_losses_.push_back(window_loss_);
+      interval_loss += window_loss_;
+      window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
+      at.window_done = 0;
       ++interval_steps;
 
       // ---- metrics: the only host reads of the training loss ----
       if (step_ % log_every_ == 0 || step_ == total_steps) {
-        double now = seconds_since(start);
+        check_losses_finite();
+        const double now = elapsed();
         StepRecord record;
         record.step = step_;
-        record.epoch = epoch;
+        record.epoch = at.epoch;
         record.loss = interval_loss.item<double>() / interval_steps;
-        FT_CHECK(
-            std::isfinite(record.loss),
-            "training loss became {} between steps {} and {}: lower optim.lr, set train.clip_norm, or check "
-            "the data",
-            record.loss, step_ - interval_steps + 1, step_);
         record.lr = lr;
         record.grad_norm = last_grad_norm_.defined() ? last_grad_norm_.item<double>() : 0.0;
-        double interval_s = std::max(now - interval_start, 1e-9);
+        const double interval_s = std::max(now - interval_start, 1e-9);
         record.samples_per_s = interval_samples / interval_s;
         record.data_wait_fraction = (train.wait_seconds() - interval_wait_start) / interval_s;
         record.elapsed_s = now;
@@ -236,23 +275,39 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
       }
 
       // ---- evaluation every eval_every_steps ----
-      if (test && periodic_eval_due()) record_eval(epoch);
+      if (test && periodic_eval_due()) record_eval();
+
+      // ---- run state: periodic checkpoint, or a requested stop ----
+      const bool checkpoint_due =
+          checkpoints_ && checkpoints_->every_steps() > 0 && step_ % checkpoints_->every_steps() == 0;
+      if (stop_requested()) summary.interrupted = true;
+      if (checkpoints_ && (checkpoint_due || summary.interrupted)) save();
+      if (summary.interrupted || at.target_stop) break;
     }
+    if (summary.interrupted) break;
     // ---- evaluation at the end of each epoch (unless just done or too early) and of the run ----
-    bool run_ends = step_ >= total_steps;
-    if (test && !stop && !periodic_eval_due() && (step_ >= options_.eval_from_step() || run_ends)) {
-      record_eval(epoch);
+    const bool run_ends = step_ >= total_steps;
+    if (test && !at.target_stop && !periodic_eval_due() && (step_ >= options_.eval_from_step() || run_ends)) {
+      record_eval();
     }
   }
 
-  // ---- summary ----
-  summary.wall_s = seconds_since(start);
+  // ---- the final checkpoint and the summary ----
+  if (checkpoints_ && !summary.interrupted && last_checkpoint_step_ != step_) save();
+  check_losses_finite();
+  at.elapsed_s = elapsed();
+  summary.test_accuracy = at.test_accuracy;
+  summary.best_test_accuracy = at.best_test_accuracy;
+  summary.time_to_target_s = at.time_to_target_s;
+  summary.wall_s = at.elapsed_s;
   summary.steps = step_;
   summary.skipped_steps = scaler_.skipped_steps();
-  const double train_s = std::max(summary.wall_s - eval_s, 1e-9);
-  summary.train_samples_per_s = samples_seen / train_s;
-  summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / train_s;
+  // Throughput over the whole run, data wait over this session (the loader's clock is per process).
+  summary.train_samples_per_s = at.samples_seen / std::max(at.elapsed_s - at.eval_s, 1e-9);
+  const double session_train_s = seconds_since(start) - (at.eval_s - eval_s_before);
+  summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / std::max(session_train_s, 1e-9);
   summary.peak_memory_bytes = peak_resident_bytes();
+  stop_requested_.store(false);
   for (auto& callback : callbacks_) callback->on_fit_end(*this, summary);
   return summary;
 }

@@ -54,13 +54,16 @@ TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
 
   // metrics.jsonl: a train record every 50 steps and an eval record every 150.
   std::istringstream lines(testing::read_text(run_dir + "/metrics.jsonl"));
-  int train_records = 0, eval_records = 0;
+  int train_records = 0, eval_records = 0, checkpoint_records = 0;
   for (std::string line; std::getline(lines, line);) {
     auto record = nlohmann::json::parse(line);
-    (record["kind"] == "train" ? train_records : eval_records) += 1;
+    train_records += record["kind"] == "train";
+    eval_records += record["kind"] == "eval";
+    checkpoint_records += record["kind"] == "checkpoint";
   }
   EXPECT_EQ(train_records, 6);
   EXPECT_EQ(eval_records, 2);
+  EXPECT_EQ(checkpoint_records, 1);  // the end of the run
 
   // The effective config is complete and reproduces the run's settings.
   std::string effective = testing::read_text(run_dir + "/config.toml");
@@ -70,8 +73,8 @@ TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
   EXPECT_EQ(reloaded.output, effective);
 
   // eval on the saved weights gives the run's final accuracy.
-  auto eval =
-      run_command(kCli + " eval " + run_dir + "/config.toml --weights " + run_dir + "/final/model.pt");
+  auto eval = run_command(kCli + " eval " + run_dir + "/config.toml --weights " + run_dir +
+                          "/final/model.safetensors");
   ASSERT_EQ(eval.exit_code, 0) << eval.output;
   auto evaluated = nlohmann::json::parse(eval.output.substr(eval.output.find('{')));
   EXPECT_DOUBLE_EQ(evaluated["test_accuracy"].get<double>(), summary["test_accuracy"].get<double>());
@@ -84,8 +87,13 @@ TEST(Cli, ConfigErrorsExitWithCodeTwoAndNameTheKey) {
   };
   std::vector<Case> cases = {
       {"--set data.batch_size=0", {"data.batch_size", "0"}},
+      {"--set data.batch_size=-5", {"data.batch_size", "-5"}},
       {"--set train.accumulation=0", {"train.accumulation", "0"}},
       {"--set optim.lr=nan", {"optim.lr", "nan"}},
+      {"--set optim.lr=inf", {"optim.lr", "inf"}},
+      {"--set train.precision=fp8", {"train.precision", "fp8", "bf16"}},
+      {"--set checkpoint.keep=1", {"checkpoint.keep", "1"}},
+      {"--set train.init_from=/nonexistent/w.safetensors", {"train.init_from", "/nonexistent/w.safetensors"}},
       {"--set optim.name=lbfgs", {"optim.name", "lbfgs", "adamw"}},
       {"--set train.nope=1", {"train.nope", "epochs"}},
       {"--set data.path=/nonexistent/fmnist", {"data.path", "/nonexistent/fmnist"}},

@@ -57,6 +57,14 @@ struct LogConfig {
   FT_ARG(int64_t, every_steps) = 50;
 };
 
+// [checkpoint]: run state saved under <run dir>/checkpoints/step-N (see train/trainer.h).
+struct CheckpointConfig {
+  // Optimizer steps between checkpoints (0 = only at the end of the run and on SIGINT/SIGTERM).
+  FT_ARG(int64_t, every_steps) = 0;
+  // Checkpoints kept (the newest; >= 2 so that a damaged newest one still leaves one to resume).
+  FT_ARG(int, keep) = 3;
+};
+
 // [run]: where the run directory goes: <root>/<name> unless --run-dir is given.
 struct RunConfig {
   FT_ARG(std::string, name) = "default";
@@ -71,6 +79,7 @@ struct Config {
   TrainOptions train;
   EmaConfig ema;
   LogConfig log;
+  CheckpointConfig checkpoint;
   RunConfig run;
 };
 
@@ -85,6 +94,13 @@ void apply_override(Config& config, const std::string& assignment);
 void validate(const Config& config);
 // The effective config as TOML, every key present.
 std::string to_toml(const Config& config);
+// SHA-256 of the keys that decide the training trajectory (everything but [log], [run],
+// [checkpoint], threads, loader workers and prefetch, pinning, evaluation cadence and target): a
+// checkpoint records it, and resuming under a different one is an error that names the keys.
+std::string training_fingerprint(const Config& config);
+// The keys (section.key) whose values differ between `a` and `b` and enter the fingerprint.
+std::vector<std::string> training_differences(const Config& a, const Config& b);
+
 // Markdown reference of every key with its default and meaning (docs/CONFIG.md).
 std::string config_reference();
 

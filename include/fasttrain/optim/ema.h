@@ -35,7 +35,14 @@ class Ema {
   void update();
   const EmaOptions& options() const { return options_; }
   int64_t updates() const { return updates_; }
+  // update() calls so far (with every = N, updates() = calls() / N).
+  int64_t calls() const { return steps_; }
+  // The averages, in the order of the model's parameters() then buffers().
   const std::vector<torch::Tensor>& shadow() const { return shadow_; }
+
+  // Restores a checkpoint: averages (same order, shapes as the model's; copied to its devices)
+  // and counters. An error names the first mismatch and changes nothing.
+  void load_state(const std::vector<torch::Tensor>& shadow, int64_t calls, int64_t updates);
 
   // Swaps the model's tensors with the EMA's for the guard's lifetime; swaps back on exit.
   // The values are copied in place, so the model's Parameters keep their identity and storage

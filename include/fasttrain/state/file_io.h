@@ -52,6 +52,9 @@ void fsync_directory(const std::string& path);
 // The whole file; an error naming the file when it is missing, a directory, or larger than `max_bytes`.
 std::vector<uint8_t> read_binary_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
 
+// The whole file as text (read_binary_file's checks).
+std::string read_text_file(const std::string& path, uint64_t max_bytes = UINT64_MAX);
+
 // 16 lowercase hex digits from the OS entropy source: names of temporary files and directories.
 std::string random_hex_suffix();
 

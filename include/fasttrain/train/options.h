@@ -37,6 +37,9 @@ struct TrainOptions {
   FT_ARG(double, target_accuracy) = 0.0;
   // End the run as soon as target_accuracy is reached.
   FT_ARG(bool, stop_at_target) = false;
+  // Initial weights: a safetensors file with the model's parameter and buffer names (for example a
+  // final/model.safetensors); "" = random initialisation from `seed`.
+  FT_ARG(std::string, init_from) = "";
 };
 
 }  // namespace fasttrain

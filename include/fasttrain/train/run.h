@@ -5,8 +5,10 @@
 //   fasttrain::Config config = fasttrain::load_config("configs/default.toml");
 //   fasttrain::FitSummary summary = fasttrain::train_run(config, "runs/default");
 //
-// The run directory gets config.toml (effective), metrics.jsonl, summary.json and final/model.pt
-// (final/model_ema.pt with EMA).
+// The run directory gets config.toml (effective), metrics.jsonl, events.out.tfevents.* (TensorBoard),
+// checkpoints/step-N/, summary.json and final/model.safetensors (final/model_ema.safetensors with
+// EMA). A run stopped by SIGINT/SIGTERM (under a StopSignals guard) returns summary.interrupted
+// after its checkpoint; `RunOptions().resume("latest")` continues it bit-exactly.
 #include <memory>
 #include <string>
 
@@ -14,6 +16,7 @@
 #include "fasttrain/data/loader.h"
 #include "fasttrain/optim/lr_finder.h"
 #include "fasttrain/train/trainer.h"
+#include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
@@ -33,10 +36,24 @@ struct Experiment {
   std::unique_ptr<Trainer> make_trainer() const;
 };
 
-// Trains and writes the run directory; returns the summary also written to summary.json.
-FitSummary train_run(const Config& config, const std::string& run_dir);
+struct RunOptions {
+  // Continue from a checkpoint: "" = start a new run; "latest" = the newest checkpoint of the run
+  // directory that verifies (none: start fresh and say so); else a step-N checkpoint directory or a
+  // run directory (its newest). A missing or damaged PATH is an error naming it, as is a checkpoint
+  // of a run whose training config differs (the keys are listed).
+  FT_ARG(std::string, resume) = "";
+  // A new run in a directory that holds an earlier one's checkpoints is an error unless `fresh`:
+  // then its checkpoints, metrics, events, final weights and summary are removed first.
+  FT_ARG(bool, fresh) = false;
+};
 
-// Evaluates the weights in `weights_path` (a final/model.pt) on the test set of `config`'s data.
+// Trains and writes the run directory; returns the summary also written to summary.json (not
+// written, nor the final weights, when the run was interrupted).
+FitSummary train_run(const Config& config, const std::string& run_dir,
+                     const RunOptions& options = RunOptions());
+
+// Evaluates the weights in `weights_path` (a safetensors file with the model's names, such as
+// final/model.safetensors) on the test set of `config`'s data.
 EvalResult eval_run(const Config& config, const std::string& weights_path);
 
 // LR range test of `trainer` on `loader` (fasttrain::find_lr driven by Trainer::train_step): the
@@ -45,8 +62,5 @@ LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptio
 
 // LR range test on the config's model and data. Writes the curve to `csv_path` when it is not empty.
 LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path);
-
-void save_weights(Model& model, const std::string& path);
-void load_weights(Model& model, const std::string& path);
 
 }  // namespace fasttrain

@@ -14,8 +14,17 @@
 //
 // One optimizer step = `accumulation` micro-batches (fewer at the end of an epoch), each loss divided
 // by the window size, so N micro-batches of B equal one batch of N x B.
+//
+// Run state (enable_checkpoints): fit() writes <root>/step-N every checkpoint.every_steps steps, at
+// the end, and when asked to stop (request_stop(), or SIGINT/SIGTERM under a StopSignals guard).
+// A stop takes effect after the micro-batch in flight; inside an accumulation window the checkpoint
+// holds the window's gradients, so no work is lost. load_checkpoint() restores everything fit()
+// needs to continue bit-exactly: weights, optimizer moments, EMA, scaler, RNG, the loader position
+// (epoch, batch of the epoch's permutation), the window, counters. Before a checkpoint is written
+// the losses since the last check and the weights must be finite: a diverged state is never saved.
 #include <torch/optim/optimizer.h>
 
+#include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +36,7 @@
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/precision/grad_scaler.h"
 #include "fasttrain/train/options.h"
+#include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
@@ -66,7 +76,41 @@ struct FitSummary {
   int64_t skipped_steps = 0;
   double data_wait_fraction = 0;
   int64_t peak_memory_bytes = 0;
+  // fit() returned early because a stop was requested (SIGINT/SIGTERM or request_stop()).
+  bool interrupted = false;
+  // The newest checkpoint this fit() wrote ("" = none).
+  std::string checkpoint;
   nlohmann::json to_json() const;
+};
+
+struct RunCheckpointOptions {
+  explicit RunCheckpointOptions(std::string root) : root_(std::move(root)) {}
+  // The directory of step-N checkpoints (a run's <run dir>/checkpoints).
+  FT_ARG(std::string, root);
+  // Optimizer steps between checkpoints; 0 = only at the end of fit() and on a stop.
+  FT_ARG(int64_t, every_steps) = 0;
+  // Newest checkpoints kept, >= 2.
+  FT_ARG(int, keep) = 3;
+  // Stored in each checkpoint: the effective config (config.toml) and its training_fingerprint; a
+  // checkpoint with another fingerprint does not load.
+  FT_ARG(std::string, config_toml) = "";
+  FT_ARG(std::string, fingerprint) = "";
+};
+
+// Where fit() stands: with the tensors, what a checkpoint restores.
+struct TrainProgress {
+  int64_t epoch = 0;
+  int64_t batch_in_epoch = 0;  // micro-batches of `epoch` consumed (the place in its permutation)
+  int64_t window_done = 0;     // micro-batches of the current accumulation window backpropagated
+  int64_t samples_seen = 0;
+  double elapsed_s = 0;  // wall time of fit() so far, earlier sessions included
+  double eval_s = 0;     // of which evaluation
+  double test_accuracy = 0;
+  double best_test_accuracy = 0;
+  std::optional<double> time_to_target_s;
+  bool target_stop = false;  // stop_at_target fired
+  nlohmann::json to_json() const;
+  static TrainProgress from_json(const nlohmann::json& json);
 };
 
 class Trainer;
@@ -76,8 +120,11 @@ class Callback {
  public:
   virtual ~Callback() = default;
   virtual void on_fit_start(Trainer& trainer, int64_t total_steps) { (void)trainer, (void)total_steps; }
+  // After each micro-batch's backward (progress() says where in the window); no host sync.
+  virtual void on_micro_batch(Trainer& trainer) { (void)trainer; }
   virtual void on_log(Trainer& trainer, const StepRecord& record) { (void)trainer, (void)record; }
   virtual void on_evaluate(Trainer& trainer, const EvalRecord& record) { (void)trainer, (void)record; }
+  virtual void on_checkpoint(Trainer& trainer, const std::string& dir) { (void)trainer, (void)dir; }
   virtual void on_fit_end(Trainer& trainer, const FitSummary& summary) { (void)trainer, (void)summary; }
 };
 
@@ -94,9 +141,25 @@ class Trainer {
   // The log interval of on_log callbacks, in optimizer steps.
   void set_log_every(int64_t steps);
 
-  // Trains on `train` until the planned steps (or the target, with stop_at_target); evaluates on
-  // `test` (may be null) at each epoch end and every eval_every_steps.
+  // Trains on `train` until the planned steps (or the target, with stop_at_target, or a stop
+  // request); evaluates on `test` (may be null) at each epoch end and every eval_every_steps.
+  // Continues from progress() (a loaded checkpoint).
   FitSummary fit(DataLoader& train, DataLoader* test);
+
+  // ---- run state ----
+  void enable_checkpoints(RunCheckpointOptions options);
+  // Writes <root>/step-<step()> now (the losses and weights checked finite first) and prunes to
+  // `keep`; returns its directory. Needs enable_checkpoints().
+  std::string save_checkpoint();
+  // Verifies `dir` (a step-N directory) against its manifest, then restores the run state; an error
+  // names the file and what is wrong, and a failed load must not be trained on. `train_batches`
+  // (the loader's batches_per_epoch) must equal the checkpointed run's.
+  void load_checkpoint(const std::string& dir, int64_t train_batches);
+  // Asks fit() to stop after the micro-batch in flight, checkpoint (when enabled) and return with
+  // summary.interrupted. Async-signal-safe.
+  void request_stop() { stop_requested_.store(true); }
+  bool stop_requested() const;
+  const TrainProgress& progress() const { return progress_; }
 
   // Mean loss and accuracy on `loader`, in eval mode without gradients, with the EMA weights when
   // EMA is enabled. The model's mode and weights are as before afterwards.
@@ -104,17 +167,27 @@ class Trainer {
 
   // One optimizer step over `micro_batches` (the accumulation window) at `lr`: forward, loss,
   // backward, clip, step, gradients to None, EMA. Returns the window's mean loss (0-dim, no sync).
+  // The two halves, for loops that stop inside a window, are backward_micro_batch and optimizer_step.
   torch::Tensor train_step(const std::vector<Batch>& micro_batches, double lr);
+  // Forward, loss / window_size, scaled backward (gradients accumulate). Returns the loss divided
+  // by window_size (0-dim, detached, no sync).
+  torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size);
+  // Unscale, clip, step (skipped on inf/NaN), update the scale, gradients to None, EMA; step() + 1.
+  void optimizer_step(double lr);
 
   Model& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }
   GradScaler& scaler() { return scaler_; }
+  Ema* ema() { return ema_.get(); }  // null without enable_ema
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return options_; }
 
  private:
   torch::Tensor loss_of(const Batch& batch);
   EvalRecord evaluate_and_record(DataLoader& test, int64_t epoch, double elapsed_s);
+  // Host check of the losses since the last one (one sync): an error naming the first non-finite
+  // step. With fp16 a GradScaler skips such steps instead.
+  void check_losses_finite();
 
   std::shared_ptr<Model> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -129,6 +202,14 @@ class Trainer {
   torch::Tensor last_grad_norm_;
   int64_t log_every_ = 50;
   int64_t step_ = 0;
+
+  TrainProgress progress_;
+  torch::Tensor window_loss_;                    // 0-dim: the current window's loss so far
+  std::vector<torch::Tensor> unchecked_losses_;  // window losses of steps not yet checked finite
+  std::optional<RunCheckpointOptions> checkpoints_;
+  int64_t last_checkpoint_step_ = -1;
+  std::string last_checkpoint_;
+  std::atomic<bool> stop_requested_{false};
 };
 
 }  // namespace fasttrain

@@ -1,0 +1,268 @@
+// Trainer's run state: what a step-N checkpoint holds and how it is restored.
+//
+//   step-N/
+//     state.json             format, version, step, progress (epoch, place in the permutation,
+//                            accumulation window, counters, clocks), scaler, EMA counters,
+//                            config fingerprint, LibTorch version
+//     model.safetensors      parameters and buffers, by the model's names
+//     optimizer.safetensors  per-parameter moments and steps, group options (state/optimizer_state.h)
+//     ema.safetensors        the EMA averages, by the model's names (with EMA)
+//     rng.safetensors        the default generators' states (cpu, cuda:i)
+//     window.safetensors     inside an accumulation window: the gradients and loss so far
+//     config.toml            the effective config (when the caller gave it)
+//     manifest.json          sha256 of each of the above, written last (state/checkpoint_dir.h)
+#include <ATen/Context.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+
+#include "fasttrain/log/metrics.h"
+#include "fasttrain/state/checkpoint_dir.h"
+#include "fasttrain/state/file_io.h"
+#include "fasttrain/state/optimizer_state.h"
+#include "fasttrain/state/safetensors.h"
+#include "fasttrain/train/trainer.h"
+#include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
+#include "fasttrain/util/json.h"
+
+namespace fasttrain {
+
+namespace {
+
+constexpr const char* kStateFormat = "fasttrain-run-state";
+constexpr int kStateVersion = 1;
+
+// ---- the default random generators (dropout masks, anything drawn from torch's global RNG) ----
+
+std::vector<torch::Device> generator_devices() {
+  std::vector<torch::Device> devices{torch::kCPU};
+  if (torch::cuda::is_available()) {
+    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
+      devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
+    }
+  }
+  return devices;
+}
+
+NamedTensors generator_states() {
+  NamedTensors states;
+  for (const auto& device : generator_devices()) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    states.emplace_back(device.str(), generator.get_state());  // U8 [state bytes]
+  }
+  return states;
+}
+
+void restore_generator_states(const SafetensorsFile& file) {
+  for (const auto& device : generator_devices()) {
+    FT_CHECK(file.contains(device.str()),
+             "rng.safetensors has no state for {} (the checkpoint was written on a machine without it)",
+             device.str());
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(file.at(device.str()));
+  }
+}
+
+NamedTensors named(const std::vector<std::string>& names, const std::vector<torch::Tensor>& tensors) {
+  NamedTensors result;
+  for (size_t i = 0; i < names.size(); ++i) result.emplace_back(names[i], tensors[i]);
+  return result;
+}
+
+// The model's parameter names then buffer names: the order of Ema::shadow().
+std::vector<std::string> state_names(const torch::nn::Module& model) {
+  std::vector<std::string> names;
+  for (const auto& item : model.named_parameters()) names.push_back(item.key());
+  for (const auto& item : model.named_buffers()) names.push_back(item.key());
+  return names;
+}
+
+}  // namespace
+
+nlohmann::json TrainProgress::to_json() const {
+  return {
+      {"epoch", epoch},
+      {"batch_in_epoch", batch_in_epoch},
+      {"window_done", window_done},
+      {"samples_seen", samples_seen},
+      {"elapsed_s", elapsed_s},
+      {"eval_s", eval_s},
+      {"test_accuracy", test_accuracy},
+      {"best_test_accuracy", best_test_accuracy},
+      {"time_to_target_s", time_to_target_s ? nlohmann::json(*time_to_target_s) : nlohmann::json(nullptr)},
+      {"target_stop", target_stop}};
+}
+
+TrainProgress TrainProgress::from_json(const nlohmann::json& json) {
+  const std::string what = "checkpoint progress";
+  TrainProgress p;
+  p.epoch = json_field<int64_t>(json, "epoch", what);
+  p.batch_in_epoch = json_field<int64_t>(json, "batch_in_epoch", what);
+  p.window_done = json_field<int64_t>(json, "window_done", what);
+  p.samples_seen = json_field<int64_t>(json, "samples_seen", what);
+  p.elapsed_s = json_field<double>(json, "elapsed_s", what);
+  p.eval_s = json_field<double>(json, "eval_s", what);
+  p.test_accuracy = json_field<double>(json, "test_accuracy", what);
+  p.best_test_accuracy = json_field<double>(json, "best_test_accuracy", what);
+  if (!json_field<nlohmann::json>(json, "time_to_target_s", what).is_null()) {
+    p.time_to_target_s = json_field<double>(json, "time_to_target_s", what);
+  }
+  p.target_stop = json_field<bool>(json, "target_stop", what);
+  FT_CHECK(p.epoch >= 0 && p.batch_in_epoch >= 0 && p.window_done >= 0 && p.window_done <= p.batch_in_epoch,
+           "{}: inconsistent position (epoch {}, batch {}, window {})", what, p.epoch, p.batch_in_epoch,
+           p.window_done);
+  return p;
+}
+
+void Trainer::enable_checkpoints(RunCheckpointOptions options) {
+  FT_CONFIG_CHECK(options.keep() >= 2, "checkpoint.keep must be >= 2, got {}", options.keep());
+  FT_CONFIG_CHECK(options.every_steps() >= 0, "checkpoint.every_steps must be >= 0, got {}",
+                  options.every_steps());
+  checkpoints_ = std::move(options);
+}
+
+std::string Trainer::save_checkpoint() {
+  FT_CHECK(checkpoints_, "save_checkpoint() needs enable_checkpoints() first");
+  // A diverged state is never saved: the losses since the last check, then the weights.
+  check_losses_finite();
+  {
+    torch::NoGradGuard no_grad;
+    torch::Tensor bad = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kLong));
+    for (const auto& parameter : parameters_) bad += (~torch::isfinite(parameter)).sum();
+    FT_CHECK(
+        bad.item<int64_t>() == 0,
+        "{} weights are not finite after step {}: no checkpoint of this state was written; lower optim.lr or "
+        "set train.clip_norm",
+        bad.item<int64_t>(), step_);
+  }
+
+  CheckpointWriter writer(checkpoints_->root(), step_);
+  const auto named_parameters = model_->named_parameters();
+  save_safetensors(writer.file("model.safetensors"), module_state(*model_));
+  OptimizerStateTensors optimizer = optimizer_state(*optimizer_, named_parameters);
+  save_safetensors(writer.file("optimizer.safetensors"), optimizer.tensors, optimizer.metadata);
+  if (ema_) save_safetensors(writer.file("ema.safetensors"), named(state_names(*model_), ema_->shadow()));
+  save_safetensors(writer.file("rng.safetensors"), generator_states());
+  if (progress_.window_done > 0) {
+    NamedTensors window{{"loss", window_loss_}};
+    for (const auto& item : named_parameters) {
+      if (item.value().grad().defined()) window.emplace_back("grad." + item.key(), item.value().grad());
+    }
+    save_safetensors(writer.file("window.safetensors"), window);
+  }
+  if (!checkpoints_->config_toml().empty())
+    write_text_file(writer.file("config.toml"), checkpoints_->config_toml());
+  nlohmann::json state = {
+      {"format", kStateFormat},
+      {"version", kStateVersion},
+      {"step", step_},
+      {"progress", progress_.to_json()},
+      {"scaler", scaler_.state().to_json()},
+      {"ema",
+       ema_ ? nlohmann::json{{"calls", ema_->calls()}, {"updates", ema_->updates()}} : nlohmann::json()},
+      {"config_fingerprint", checkpoints_->fingerprint()},
+      {"libtorch", compat::torch_version()},
+  };
+  write_json_file(writer.file("state.json"), state);
+  std::string dir = writer.commit();
+  prune_checkpoints(checkpoints_->root(), checkpoints_->keep());
+  last_checkpoint_step_ = step_;
+  last_checkpoint_ = dir;
+  for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
+  return dir;
+}
+
+void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
+  FT_CHECK(std::filesystem::is_directory(dir), "checkpoint '{}' does not exist or is not a directory", dir);
+  // Nothing is parsed before every file matched the manifest's size and SHA-256.
+  CheckpointManifest manifest = verify_checkpoint(dir);
+  auto has = [&](const std::string& name) {
+    for (const auto& entry : manifest.files) {
+      if (entry.file == name) return true;
+    }
+    return false;
+  };
+  const std::string what = "checkpoint " + dir + "/state.json";
+  FT_CHECK(has("state.json"), "checkpoint '{}' has no state.json: it is not a fasttrain run checkpoint", dir);
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(read_text_file(dir + "/state.json", 1 << 20));
+  } catch (const nlohmann::json::exception& error) {
+    FT_FAIL("{} is not valid JSON: {}", what, error.what());
+  }
+  FT_CHECK(json_field<std::string>(state, "format", what) == kStateFormat, "{}: format is not {}", what,
+           kStateFormat);
+  const int version = json_field<int>(state, "version", what);
+  FT_CHECK(version == kStateVersion, "{}: format version {} is not the {} this fasttrain reads", what,
+           version, kStateVersion);
+  const int64_t step = json_field<int64_t>(state, "step", what);
+  FT_CHECK(step == manifest.step, "{}: step {} differs from the manifest's {}", what, step, manifest.step);
+  const std::string fingerprint = json_field<std::string>(state, "config_fingerprint", what);
+  if (checkpoints_ && !checkpoints_->fingerprint().empty()) {
+    FT_CONFIG_CHECK(
+        fingerprint == checkpoints_->fingerprint(),
+        "checkpoint '{}' was written by a run with another training config (fingerprint {} vs {})", dir,
+        fingerprint.substr(0, 12), checkpoints_->fingerprint().substr(0, 12));
+  }
+  TrainProgress progress = TrainProgress::from_json(json_field<nlohmann::json>(state, "progress", what));
+  FT_CHECK(progress.batch_in_epoch <= train_batches,
+           "{}: the checkpoint is at batch {} of an epoch, but the loader has {} batches per epoch", what,
+           progress.batch_in_epoch, train_batches);
+  const nlohmann::json ema_state = json_field<nlohmann::json>(state, "ema", what);
+  FT_CHECK(ema_state.is_null() == (ema_ == nullptr),
+           "{}: the checkpoint was written {} EMA, the run has it {}", what,
+           ema_state.is_null() ? "without" : "with", ema_ ? "on" : "off");
+  GradScalerState scaler_state =
+      GradScalerState::from_json(json_field<nlohmann::json>(state, "scaler", what));
+
+  // ---- tensors: each file parsed and checked before anything is changed ----
+  SafetensorsFile optimizer_file = load_safetensors(dir + "/optimizer.safetensors");
+  SafetensorsFile rng_file = load_safetensors(dir + "/rng.safetensors");
+  std::optional<SafetensorsFile> window_file;
+  if (progress.window_done > 0) {
+    FT_CHECK(has("window.safetensors"),
+             "checkpoint '{}' stops inside an accumulation window but has no "
+             "window.safetensors",
+             dir);
+    window_file = load_safetensors(dir + "/window.safetensors");
+  }
+  std::vector<torch::Tensor> ema_shadow;
+  if (ema_) {
+    SafetensorsFile ema_file = load_safetensors(dir + "/ema.safetensors");
+    for (const auto& name : state_names(*model_)) ema_shadow.push_back(ema_file.at(name));
+  }
+
+  load_module_safetensors(*model_, dir + "/model.safetensors");
+  load_optimizer_state(*optimizer_, model_->named_parameters(), optimizer_file);
+  if (ema_)
+    ema_->load_state(ema_shadow, json_field<int64_t>(ema_state, "calls", what),
+                     json_field<int64_t>(ema_state, "updates", what));
+  scaler_.load_state(scaler_state);
+  restore_generator_states(rng_file);
+  torch::NoGradGuard no_grad;
+  compat::zero_grad_to_none(*optimizer_);
+  window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
+  if (window_file) {
+    window_loss_.copy_(window_file->at("loss"));
+    for (const auto& item : model_->named_parameters()) {
+      const std::string key = "grad." + item.key();
+      if (!window_file->contains(key)) continue;
+      const torch::Tensor& saved = window_file->at(key);
+      FT_CHECK(saved.sizes() == item.value().sizes(),
+               "window.safetensors '{}' has shape {}, the parameter {}", key, saved.sizes(),
+               item.value().sizes());
+      item.value().mutable_grad() =
+          saved.to(item.value().options()).contiguous(item.value().suggest_memory_format());
+    }
+  }
+  step_ = step;
+  progress_ = progress;
+  unchecked_losses_.clear();
+  last_checkpoint_step_ = step;
+  last_checkpoint_ = dir;
+}
+
+}  // namespace fasttrain
