@@ -265,6 +265,18 @@ std::string encode_file_version_event(double wall_time) {
   return event;
 }
 
+std::string encode_session_start_event(double wall_time, int64_t step) {
+  std::string session_log;
+  put_key(session_log, 1, kVarint);  // SessionLog.status
+  put_varint(session_log, 1);        // START
+  std::string event;
+  put_fixed(event, 1, wall_time);
+  put_key(event, 2, kVarint);
+  put_varint(event, static_cast<uint64_t>(step));
+  put_bytes(event, 6, session_log);
+  return event;
+}
+
 std::string encode_scalar_event(double wall_time, int64_t step, const std::string& tag, float value) {
   std::string summary_value;
   put_bytes(summary_value, 1, tag);
@@ -294,6 +306,19 @@ TensorBoardEvent decode_event(const std::string& record, const std::string& sour
       in.expect(field, type, kLengthDelimited);
       const auto [b, e] = in.span();
       event.file_version = record.substr(b, e - b);
+    } else if (field == 6) {
+      in.expect(field, type, kLengthDelimited);
+      const auto log_span = in.span();
+      WireReader session_log(record, log_span.first, log_span.second, source, "SessionLog");
+      while (!session_log.done()) {
+        const auto [lfield, ltype] = session_log.key();
+        if (lfield != 1) {
+          session_log.skip(lfield, ltype);
+          continue;
+        }
+        session_log.expect(lfield, ltype, kVarint);
+        event.session_status = static_cast<int>(session_log.varint());
+      }
     } else if (field == 5) {
       in.expect(field, type, kLengthDelimited);
       const auto summary_span = in.span();
@@ -344,6 +369,11 @@ TensorBoardWriter::TensorBoardWriter(const std::string& run_dir) {
 
 TensorBoardWriter::~TensorBoardWriter() {
   if (file_) std::fclose(file_);  // flushes; errors here cannot be reported
+}
+
+void TensorBoardWriter::purge_from(int64_t step) {
+  write_record(encode_session_start_event(now_seconds(), step));
+  flush();
 }
 
 void TensorBoardWriter::add_scalar(const std::string& tag, double value, int64_t step) {

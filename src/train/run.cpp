@@ -48,8 +48,9 @@ class RunLogger : public Callback {
         events_(std::make_unique<TensorBoardWriter>(run_dir)),
         mode_(mode) {}
 
-  void on_fit_start(Trainer&, int64_t total_steps) override {
+  void on_fit_start(Trainer& trainer, int64_t total_steps) override {
     progress_ = std::make_unique<Progress>(mode_, total_steps);
+    if (trainer.step() > 0) events_->purge_from(trainer.step() + 1);  // resumed: hide the repeated steps
   }
   void on_log(Trainer&, const StepRecord& r) override {
     metrics_->write({{"kind", "train"},

@@ -1,8 +1,11 @@
 // End-to-end tests of the fasttrain executable: what a user types, what lands in the run directory.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
+#include "fasttrain/log/tensorboard.h"
 #include "support.h"
 
 namespace fasttrain {
@@ -64,6 +67,37 @@ TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
   EXPECT_EQ(train_records, 6);
   EXPECT_EQ(eval_records, 2);
   EXPECT_EQ(checkpoint_records, 1);  // the end of the run
+
+  // TensorBoard: the same scalars in events.out.tfevents.*, every record's CRCs verified on read.
+  std::string events_path;
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) events_path = entry.path();
+  }
+  ASSERT_FALSE(events_path.empty()) << "no events file in " << run_dir;
+  std::vector<TensorBoardEvent> events = read_tensorboard_events(events_path);
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events[0].file_version, "brain.Event:2");
+  std::map<std::string, std::vector<std::pair<int64_t, float>>> scalars;
+  for (const auto& event : events) {
+    for (const auto& scalar : event.scalars) scalars[scalar.tag].emplace_back(event.step, scalar.value);
+  }
+  for (const char* tag : {"train/loss", "train/lr", "train/grad_norm", "train/samples_per_s",
+                          "train/data_wait_fraction", "test/accuracy", "test/loss"}) {
+    EXPECT_EQ(scalars[tag].size(), std::string(tag).rfind("test/", 0) == 0 ? 2u : 6u) << tag;
+  }
+  std::istringstream again(testing::read_text(run_dir + "/metrics.jsonl"));
+  size_t train_index = 0, eval_index = 0;
+  for (std::string line; std::getline(again, line);) {
+    auto record = nlohmann::json::parse(line);
+    if (record["kind"] == "train" && train_index < scalars["train/loss"].size()) {
+      EXPECT_EQ(scalars["train/loss"][train_index].first, record["step"].get<int64_t>());
+      EXPECT_EQ(scalars["train/loss"][train_index++].second,
+                static_cast<float>(record["loss"].get<double>()));
+    } else if (record["kind"] == "eval" && eval_index < scalars["test/accuracy"].size()) {
+      EXPECT_EQ(scalars["test/accuracy"][eval_index++].second,
+                static_cast<float>(record["test_accuracy"].get<double>()));
+    }
+  }
 
   // The effective config is complete and reproduces the run's settings.
   std::string effective = testing::read_text(run_dir + "/config.toml");

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "fasttrain/log/tensorboard.h"
 #include "fasttrain/state/checkpoint_dir.h"
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/state/safetensors.h"
@@ -121,6 +122,19 @@ TEST_F(CliResume, SigtermStopsWithACheckpointAndExits143AndResumeFinishesTheRun)
   auto resumed = run_command(kCli + " train" + kRun + " --run-dir " + run + " --resume");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   expect_same_end_state(straight(), run);
+  // TensorBoard: the resumed session's file starts with a SessionLog START after the checkpoint's
+  // step, on which TensorBoard hides the first session's events of the repeated steps.
+  int starts = 0;
+  for (const auto& entry : fs::directory_iterator(run)) {
+    if (entry.path().filename().string().rfind("events.out.tfevents.", 0) != 0) continue;
+    for (const auto& event : read_tensorboard_events(entry.path())) {
+      if (event.session_status == 1) {
+        ++starts;
+        EXPECT_EQ(event.step, checkpoints[0].step + 1);
+      }
+    }
+  }
+  EXPECT_EQ(starts, 1);
   // metrics.jsonl continues after the checkpoint's marker: every step is logged exactly once.
   std::istringstream lines(testing::read_text(run + "/metrics.jsonl"));
   std::vector<int64_t> train_steps;

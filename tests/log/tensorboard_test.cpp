@@ -91,6 +91,13 @@ TEST(TensorBoard, EncodesEventsAsTheProtobufWireFormat) {
   EXPECT_EQ(negative.substr(9, 11),
             bytes_of({0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}));
   EXPECT_EQ(decode_event(negative).step, -1);
+  // Event{wall_time: 2, step: 7, session_log: {status: START}}: key 0x32 (field 6, length-delimited),
+  // length 2, key 0x08 (field 1, varint) and 1 (START).
+  const std::string start = encode_session_start_event(2.0, 7);
+  EXPECT_EQ(start, bytes_of({0x09, 0, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 7, 0x32, 2, 0x08, 1}));
+  EXPECT_EQ(decode_event(start).session_status, 1);
+  EXPECT_EQ(decode_event(start).step, 7);
+  EXPECT_EQ(decode_event(big).session_status, 0);
 }
 
 TEST(TensorBoard, FramesRecordsWithMaskedCrcs) {

@@ -41,6 +41,8 @@ std::vector<std::string> read_tfrecords(const std::string& path);
 // Event protobuf encoders (exposed for tests and tools).
 std::string encode_file_version_event(double wall_time);
 std::string encode_scalar_event(double wall_time, int64_t step, const std::string& tag, float value);
+// Event { step, session_log = SessionLog { status = START } } (SessionLog is Event field 6).
+std::string encode_session_start_event(double wall_time, int64_t step);
 
 struct TensorBoardScalar {
   std::string tag;
@@ -52,6 +54,7 @@ struct TensorBoardEvent {
   double wall_time = 0;
   int64_t step = 0;
   std::string file_version;                // "" unless the event carries one
+  int session_status = 0;                  // SessionLog.status (1 = START), 0 without a session_log
   std::vector<TensorBoardScalar> scalars;  // summary values that have a simple_value
 };
 
@@ -71,6 +74,10 @@ class TensorBoardWriter {
   // `value` is stored as float32 (TensorBoard's simple_value); wall_time is now unless given.
   void add_scalar(const std::string& tag, double value, int64_t step);
   void add_scalar(const std::string& tag, double value, int64_t step, double wall_time);
+  // A resumed run restarting at `step`: writes a SessionLog START there, on which TensorBoard drops
+  // the events of earlier files at steps >= `step` (what PyTorch's SummaryWriter(purge_step) does),
+  // so the steps the resumed run repeats are not shown twice.
+  void purge_from(int64_t step);
   // Hands buffered events to the OS, so that TensorBoard (and a crash) sees them.
   void flush();
   const std::string& path() const { return path_; }
