@@ -4,6 +4,7 @@
   /usr/bin/python3 bench/compare.py classic   [--epochs 2]   # (a) same model and recipe: epoch time
   /usr/bin/python3 bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
   /usr/bin/python3 bench/compare.py ablation                 # each switch of the default config on/off
+  /usr/bin/python3 bench/compare.py checkpoint [--repeats 3] # checkpoint save time vs torch.save
   /usr/bin/python3 bench/compare.py all
 
 Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
@@ -43,7 +44,7 @@ def run(cmd):
 
 def fasttrain(build, config, run_name, overrides):
     run_dir = os.path.join(OUT, run_name)
-    cmd = [os.path.join(build, "bin", "fasttrain"), "train", config, "--run-dir", run_dir,
+    cmd = [os.path.join(build, "bin", "fasttrain"), "train", config, "--run-dir", run_dir, "--fresh",
            "--set", "log.progress=none"]
     for o in overrides:
         cmd += ["--set", o]
@@ -140,15 +141,48 @@ def ablation(opts):
     return {"benchmark": "default config, one switch changed at a time", "rows": rows}, raw
 
 
+def checkpointing(opts):
+    """Run state: the time one checkpoint takes (fasttrain: model, AdamW moments, RNG, state.json
+    and manifest, each fsynced, sha256-verified manifest, atomic rename) vs the peer's durable
+    torch.save of the same state; and what checkpoint.every_steps = 50 costs the default config."""
+    runs = {}
+    for label, every in (("none", 0), ("every 50 steps", 50)):
+        runs[label] = [fasttrain(opts.build, "configs/default.toml", f"checkpoint-{every}-{i}",
+                                 ["train.stop_at_target=false", f"checkpoint.every_steps={every}",
+                                  "checkpoint.keep=100"]) for i in range(opts.repeats)]
+    saves = []
+    for i in range(opts.repeats):
+        with open(os.path.join(OUT, f"checkpoint-50-{i}", "metrics.jsonl")) as f:
+            saves += [r["save_s"] for r in map(json.loads, f) if r["kind"] == "checkpoint"]
+    step_dir = os.path.join(OUT, "checkpoint-50-0", "checkpoints", "step-50")
+    ours_bytes = sum(os.path.getsize(os.path.join(step_dir, name)) for name in os.listdir(step_dir))
+    theirs = json.loads(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "checkpoint_peer.py")]).strip())
+    ours_ms = 1000 * statistics.median(saves)
+    wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
+    row = {
+        "benchmark": "checkpoint save time and the cost of checkpoint.every_steps = 50",
+        "fasttrain_save_ms_median": round(ours_ms, 2),
+        "fasttrain_saves": len(saves),
+        "fasttrain_checkpoint_bytes": ours_bytes,
+        "peer_save_ms_median": theirs["save_ms_median"],
+        "peer_checkpoint_bytes": theirs["bytes"],
+        "save_time_ratio_peer_over_fasttrain": round(theirs["save_ms_median"] / ours_ms, 2),
+        "default_config_wall_s_median": {k: round(v, 2) for k, v in wall.items()},
+        "checkpoints_per_run": len(saves) // opts.repeats,
+        "overhead_fraction": round(wall["every 50 steps"] / wall["none"] - 1, 4),
+    }
+    return row, {"fasttrain": runs, "peer": theirs}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", choices=["classic", "speedrun", "ablation", "all"])
+    p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     opts = p.parse_args()
     os.makedirs(OUT, exist_ok=True)
-    benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation}
+    benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing}
     chosen = list(benches) if opts.which == "all" else [opts.which]
     for name in chosen:
         row, raw = benches[name](opts)

@@ -14,6 +14,7 @@
 #include <ATen/Context.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 
 #include "fasttrain/log/metrics.h"
@@ -126,6 +127,7 @@ void Trainer::enable_checkpoints(RunCheckpointOptions options) {
 
 std::string Trainer::save_checkpoint() {
   FT_CHECK(checkpoints_, "save_checkpoint() needs enable_checkpoints() first");
+  const auto start = std::chrono::steady_clock::now();
   // A diverged state is never saved: the losses since the last check, then the weights.
   check_losses_finite();
   {
@@ -171,6 +173,7 @@ std::string Trainer::save_checkpoint() {
   prune_checkpoints(checkpoints_->root(), checkpoints_->keep());
   last_checkpoint_step_ = step_;
   last_checkpoint_ = dir;
+  last_checkpoint_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
   return dir;
 }

@@ -86,7 +86,10 @@ class RunLogger : public Callback {
   }
   // The marker a resume truncates metrics.jsonl to: what follows it will be recomputed.
   void on_checkpoint(Trainer& trainer, const std::string& dir) override {
-    metrics_->write({{"kind", "checkpoint"}, {"step", trainer.step()}, {"dir", dir}});
+    metrics_->write({{"kind", "checkpoint"},
+                     {"step", trainer.step()},
+                     {"dir", dir},
+                     {"save_s", trainer.last_checkpoint_seconds()}});
     events_->flush();
   }
   void on_fit_end(Trainer&, const FitSummary&) override {

@@ -160,6 +160,8 @@ class Trainer {
   void request_stop() { stop_requested_.store(true); }
   bool stop_requested() const;
   const TrainProgress& progress() const { return progress_; }
+  // Wall seconds the last save_checkpoint() took (checks, files, fsyncs, commit, prune).
+  double last_checkpoint_seconds() const { return last_checkpoint_seconds_; }
 
   // Mean loss and accuracy on `loader`, in eval mode without gradients, with the EMA weights when
   // EMA is enabled. The model's mode and weights are as before afterwards.
@@ -209,6 +211,7 @@ class Trainer {
   std::optional<RunCheckpointOptions> checkpoints_;
   int64_t last_checkpoint_step_ = -1;
   std::string last_checkpoint_;
+  double last_checkpoint_seconds_ = 0;
   std::atomic<bool> stop_requested_{false};
 };
 
