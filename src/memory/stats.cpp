@@ -1,9 +1,147 @@
 #include "fasttrain/memory/stats.h"
 
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <cstring>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <type_traits>
+#include <unordered_map>
+
+#include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
+
+namespace {
+
+// Counts the bytes LibTorch's CPU allocator hands out. Data pointers must keep data == context
+// (raw_allocate() and oneDNN's scratch buffers check it), so the size and the wrapped allocator's
+// deleter of each allocation are kept in a table keyed by the pointer.
+struct AllocationCounter {
+  std::atomic<int64_t> live{0}, peak{0}, allocations{0};
+  c10::Allocator* inner = nullptr;
+  std::mutex mutex;
+  std::unordered_map<void*, std::pair<int64_t, c10::DeleterFnPtr>> table;
+};
+
+AllocationCounter& counter() {
+  static auto* instance = new AllocationCounter;  // never destroyed: tensors may outlive main()
+  return *instance;
+}
+
+void delete_counted(void* data) {
+  AllocationCounter& c = counter();
+  std::pair<int64_t, c10::DeleterFnPtr> entry;
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto found = c.table.find(data);
+    if (found == c.table.end()) {
+      // Allocated before the counter through raw_allocate() and handed back through raw_deallocate(),
+      // which asks the allocator current at that moment: the inner allocator's memory.
+      entry = {0, c.inner->raw_deleter()};
+    } else {
+      entry = found->second;
+      c.table.erase(found);
+    }
+  }
+  c.live.fetch_sub(entry.first);
+  entry.second(data);
+}
+
+c10::DataPtr allocate_counted(size_t bytes) {
+  AllocationCounter& c = counter();
+  c10::DataPtr inner = c.inner->allocate(bytes);
+  void* data = inner.get();
+  c.allocations.fetch_add(1, std::memory_order_relaxed);
+  if (data == nullptr) return inner;  // zero bytes
+  FT_CHECK(inner.get_context() == data,
+           "the CPU allocator's data pointers carry a separate context: memory accounting cannot wrap it");
+  c10::DeleterFnPtr deleter = inner.get_deleter();
+  inner.release_context();
+  {
+    std::lock_guard<std::mutex> lock(c.mutex);
+    c.table[data] = {static_cast<int64_t>(bytes), deleter};
+  }
+  const int64_t now = c.live.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+  int64_t seen = c.peak.load();
+  while (now > seen && !c.peak.compare_exchange_weak(seen, now)) {
+  }
+  return c10::DataPtr(data, data, &delete_counted, c10::Device(c10::kCPU));
+}
+
+// LibTorch 1.13's Allocator::allocate is const; later releases make it non-const and add a pure
+// copy_data. Detected from the declaration rather than from version numbers; the unused
+// specialisation is never instantiated.
+constexpr bool kConstAllocate =
+    std::is_same_v<decltype(&c10::Allocator::allocate), c10::DataPtr (c10::Allocator::*)(size_t) const>;
+
+template <bool ConstAllocate, typename Base = c10::Allocator>
+class CountingAllocator;
+
+template <typename Base>
+class CountingAllocator<true, Base> : public Base {
+ public:
+  c10::DataPtr allocate(size_t bytes) const override { return allocate_counted(bytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
+};
+
+template <typename Base>
+class CountingAllocator<false, Base> : public Base {
+ public:
+  c10::DataPtr allocate(size_t bytes) override { return allocate_counted(bytes); }
+  c10::DeleterFnPtr raw_deleter() const override { return &delete_counted; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+std::once_flag g_install;
+std::atomic<bool> g_installed{false};
+
+}  // namespace
+
+void track_cpu_allocations() {
+  std::call_once(g_install, [] {
+    static CountingAllocator<kConstAllocate> allocator;  // static: tensors freed during exit call into it
+    counter().inner = c10::GetCPUAllocator();
+    // SetCPUAllocator ignores priorities lower than the current allocator's.
+    c10::SetCPUAllocator(&allocator, /*priority=*/UINT8_MAX);
+    g_installed.store(true);
+  });
+}
+
+bool tracking_cpu_allocations() {
+  return g_installed.load();
+}
+
+MemoryStats memory_stats(torch::Device device) {
+  if (device.is_cuda()) {
+    const compat::CudaAllocatorCounters c = compat::cuda_allocator_counters(device);
+    MemoryStats stats;
+    stats.allocated_bytes = c.allocated_bytes;
+    stats.peak_allocated_bytes = c.peak_allocated_bytes;
+    stats.allocations = c.allocations;
+    stats.reserved_bytes = c.reserved_bytes;
+    stats.peak_reserved_bytes = c.peak_reserved_bytes;
+    stats.alloc_retries = c.alloc_retries;
+    stats.device_mallocs = c.device_mallocs;
+    return stats;
+  }
+  MemoryStats stats;
+  if (!tracking_cpu_allocations()) return stats;
+  stats.allocated_bytes = counter().live.load();
+  stats.peak_allocated_bytes = counter().peak.load();
+  stats.allocations = counter().allocations.load();
+  return stats;
+}
+
+void reset_peak_memory(torch::Device device) {
+  if (device.is_cuda()) return compat::reset_cuda_peak_memory(device);
+  if (tracking_cpu_allocations()) counter().peak.store(counter().live.load());
+}
 
 int64_t peak_resident_bytes() {
   std::ifstream status("/proc/self/status");

@@ -39,6 +39,8 @@ nlohmann::json FitSummary::to_json() const {
       {"skipped_steps", skipped_steps},
       {"data_wait_fraction", data_wait_fraction},
       {"peak_memory_bytes", peak_memory_bytes},
+      {"peak_resident_bytes", peak_resident_bytes},
+      {"alloc_retries", alloc_retries},
       {"interrupted", interrupted},
       {"checkpoint", checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(checkpoint)},
   };
@@ -192,6 +194,8 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   auto elapsed = [&] { return elapsed_before + seconds_since(start); };
   const double wait_at_start = train.wait_seconds();
   const double eval_s_before = at.eval_s;
+  if (device_.is_cpu()) track_cpu_allocations();  // LibTorch's CPU allocator keeps no statistics
+  reset_peak_memory(device_);
   if (!window_loss_.defined()) window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
 
   // Interval accounting for on_log: losses stay on the device until a log step reads them.
@@ -306,7 +310,10 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   summary.train_samples_per_s = at.samples_seen / std::max(at.elapsed_s - at.eval_s, 1e-9);
   const double session_train_s = seconds_since(start) - (at.eval_s - eval_s_before);
   summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / std::max(session_train_s, 1e-9);
-  summary.peak_memory_bytes = peak_resident_bytes();
+  const MemoryStats memory = memory_stats(device_);
+  summary.peak_memory_bytes = memory.peak_allocated_bytes;
+  summary.alloc_retries = memory.alloc_retries;
+  summary.peak_resident_bytes = fasttrain::peak_resident_bytes();
   stop_requested_.store(false);
   for (auto& callback : callbacks_) callback->on_fit_end(*this, summary);
   return summary;

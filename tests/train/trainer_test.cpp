@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/train/run.h"
@@ -82,6 +83,23 @@ TEST(Trainer, ClippingBoundsTheUpdateToLrTimesNorm) {
   for (auto& p : model->parameters()) flat.push_back(p.detach().flatten());
   double moved = (torch::cat(flat) - before).norm().item<double>();
   EXPECT_NEAR(moved, lr * clip, lr * clip * 1e-3);
+}
+
+TEST(Trainer, PeakMemoryIsTheAllocatorsPeakAndGrowsWithTheBatch) {
+  auto data = testing::synthetic_images(512, 1, 16, 16);
+  auto peak_of = [&](int64_t batch) {
+    DataLoader loader(data, plain_pipeline(), LoaderOptions(batch).workers(0));
+    torch::manual_seed(1);
+    auto model =
+        make_model(ModelOptions("mlp").in_channels(1).height(16).width(16).num_classes(4).hidden({512}));
+    return make_trainer(model, TrainOptions().max_steps(2))->fit(loader, nullptr);
+  };
+  FitSummary small = peak_of(8), large = peak_of(256);
+  // The step's activations: [B, 256] inputs and [B, 512] hidden values, fp32, more than once.
+  EXPECT_GT(large.peak_memory_bytes - small.peak_memory_bytes, 248 * (256 + 512) * 4);
+  EXPECT_GT(small.peak_memory_bytes, 0);
+  EXPECT_GE(large.peak_resident_bytes, large.peak_memory_bytes);
+  EXPECT_TRUE(tracking_cpu_allocations());
 }
 
 TEST(Trainer, GradientsAreNoneAfterEachStep) {

@@ -1,11 +1,44 @@
 #pragma once
-// Memory accounting. On CPU the peak resident set of the process (the kernel's high-water mark,
-// VmHWM) is what a run really cost; CUDA allocator statistics join here with the GPU path.
+// Memory accounting: what the tensors of a run occupy, from the allocator, and what the process
+// occupies, from the kernel.
+//
+//   fasttrain::track_cpu_allocations();                 // once, before the tensors to count exist
+//   fasttrain::reset_peak_memory(torch::kCPU);
+//   ... train ...
+//   fasttrain::MemoryStats stats = fasttrain::memory_stats(torch::kCPU);
+//   stats.peak_allocated_bytes;                         // the most tensor bytes alive at once
+//
+// CPU: LibTorch's CPU allocator has no statistics, so track_cpu_allocations() installs a counting
+// wrapper around it (c10::SetCPUAllocator); tensors allocated before it are not counted. CUDA: the
+// caching allocator's own statistics, including reserved bytes, allocation retries (a retry means
+// the cache had to be flushed: fragmentation or a batch at the memory limit) and cudaMalloc calls.
+#include <torch/types.h>
+
 #include <cstdint>
 
 namespace fasttrain {
 
-// Peak resident set size of this process in bytes (0 where /proc is unavailable).
+struct MemoryStats {
+  int64_t allocated_bytes = 0;       // tensor bytes alive now
+  int64_t peak_allocated_bytes = 0;  // since the last reset_peak_memory
+  int64_t allocations = 0;           // allocator calls since the process started
+  // CUDA only (0 on CPU):
+  int64_t reserved_bytes = 0;  // held by the caching allocator
+  int64_t peak_reserved_bytes = 0;
+  int64_t alloc_retries = 0;   // allocations that failed once and succeeded after freeing the cache
+  int64_t device_mallocs = 0;  // cudaMalloc calls (LibTorch >= 2.1)
+};
+
+// Installs the counting CPU allocator; later calls do nothing. Thread-safe.
+void track_cpu_allocations();
+bool tracking_cpu_allocations();
+
+// The allocator statistics of `device` (CPU: zeros until track_cpu_allocations()).
+MemoryStats memory_stats(torch::Device device);
+// Starts a new peak at the current allocation.
+void reset_peak_memory(torch::Device device);
+
+// Peak resident set size of this process in bytes (the kernel's VmHWM; 0 where /proc is unavailable).
 int64_t peak_resident_bytes();
 
 }  // namespace fasttrain

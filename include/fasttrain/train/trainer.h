@@ -75,7 +75,12 @@ struct FitSummary {
   int64_t steps = 0;
   int64_t skipped_steps = 0;
   double data_wait_fraction = 0;
+  // The most tensor bytes alive at once during this fit() (the device allocator's peak: the
+  // counting CPU allocator fit() installs, or CUDA's caching allocator), and the process's peak
+  // resident set (everything: LibTorch, the dataset, the loader's queue).
   int64_t peak_memory_bytes = 0;
+  int64_t peak_resident_bytes = 0;
+  int64_t alloc_retries = 0;  // CUDA: allocations that had to flush the cache first
   // fit() returned early because a stop was requested (SIGINT/SIGTERM or request_stop()).
   bool interrupted = false;
   // The newest checkpoint this fit() wrote ("" = none).

@@ -102,3 +102,49 @@ inline bool has_amp_kernels(const torch::Device& device) {
 }
 
 }  // namespace fasttrain::compat
+
+// ---- CUDA caching-allocator statistics (compiled only against a CUDA LibTorch) ----
+#ifdef FASTTRAIN_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace fasttrain::compat {
+
+struct CudaAllocatorCounters {
+  int64_t allocated_bytes = 0, peak_allocated_bytes = 0, reserved_bytes = 0, peak_reserved_bytes = 0;
+  int64_t allocations = 0, alloc_retries = 0, device_mallocs = 0;
+};
+
+// Index 0 of each Stat array is StatType::AGGREGATE in every release (the enum itself moved
+// namespaces in 2.x). num_device_alloc (cudaMalloc calls) exists from 2.1.
+inline CudaAllocatorCounters cuda_allocator_counters(const torch::Device& device) {
+  CudaAllocatorCounters counters;
+#ifdef FASTTRAIN_CUDA
+  const auto index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index);
+  counters.allocated_bytes = stats.allocated_bytes[0].current;
+  counters.peak_allocated_bytes = stats.allocated_bytes[0].peak;
+  counters.reserved_bytes = stats.reserved_bytes[0].current;
+  counters.peak_reserved_bytes = stats.reserved_bytes[0].peak;
+  counters.allocations = stats.allocation[0].allocated;
+  counters.alloc_retries = stats.num_alloc_retries;
+#if FASTTRAIN_TORCH_AT_LEAST(2, 1)
+  counters.device_mallocs = stats.num_device_alloc;
+#endif
+#else
+  (void)device;
+#endif
+  return counters;
+}
+
+inline void reset_cuda_peak_memory(const torch::Device& device) {
+#ifdef FASTTRAIN_CUDA
+  c10::cuda::CUDACachingAllocator::resetPeakStats(device.has_index() ? device.index()
+                                                                     : c10::cuda::current_device());
+#else
+  (void)device;
+#endif
+}
+
+}  // namespace fasttrain::compat
