@@ -345,6 +345,15 @@ const std::vector<Field>& schema() {
       field<bool>(
           "train", "channels_last", [](Config& c) -> bool& { return c.train.channels_last(); },
           "Conv kernels and input batches in channels_last (NHWC) layout: faster conv kernels"),
+      field<bool>(
+          "train", "cudnn_benchmark", [](Config& c) -> bool& { return c.train.cudnn_benchmark(); },
+          "CUDA: let cuDNN benchmark the conv algorithms per shape and keep the fastest"),
+      field<bool>(
+          "train", "tf32", [](Config& c) -> bool& { return c.train.tf32(); },
+          "CUDA: TF32 tensor cores for fp32 matmuls and convolutions (Ampere and later)"),
+      field<bool>(
+          "train", "deterministic", [](Config& c) -> bool& { return c.train.deterministic(); },
+          "Deterministic algorithms only (an error for ops without one); disables cudnn_benchmark"),
       field<S>(
           "train", "device", [](Config& c) -> S& { return c.train.device(); }, "auto, cpu, cuda or cuda:N"),
       field<int64_t>(

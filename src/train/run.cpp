@@ -15,6 +15,7 @@
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 #include "fasttrain/util/device.h"
 
 namespace fasttrain {
@@ -206,6 +207,8 @@ Experiment Experiment::build(const Config& config, bool announce) {
   experiment.config = config;
   experiment.device = parse_device(config.train.device());
   experiment.threads = set_intra_op_threads(config.train.threads());
+  compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
+                               config.train.deterministic());
   parse_precision(config.train.precision(), experiment.device);  // fp16 on CPU fails here, before any work
   torch::manual_seed(static_cast<uint64_t>(config.train.seed()));
 

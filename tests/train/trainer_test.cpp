@@ -102,6 +102,23 @@ TEST(Trainer, PeakMemoryIsTheAllocatorsPeakAndGrowsWithTheBatch) {
   EXPECT_TRUE(tracking_cpu_allocations());
 }
 
+TEST(Experiment, BackendSwitchesReachTheGlobalContext) {
+  FT_REQUIRE_FASHION_MNIST();
+  Config config;
+  config.data.train_limit(256);
+  config.train.deterministic(true).tf32(false);
+  Experiment::build(config, /*announce=*/false);
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  EXPECT_FALSE(at::globalContext().benchmarkCuDNN()) << "deterministic turns cudnn_benchmark off";
+  EXPECT_FALSE(at::globalContext().allowTF32CuBLAS());
+  config.train.deterministic(false).tf32(true).cudnn_benchmark(true);
+  Experiment::build(config, /*announce=*/false);
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
+  EXPECT_TRUE(at::globalContext().benchmarkCuDNN());
+  EXPECT_TRUE(at::globalContext().allowTF32CuBLAS());
+  EXPECT_TRUE(at::globalContext().allowTF32CuDNN());
+}
+
 TEST(Trainer, GradientsAreNoneAfterEachStep) {
   auto data = testing::synthetic_images(32);
   DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0));

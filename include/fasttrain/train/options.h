@@ -26,6 +26,12 @@ struct TrainOptions {
   FT_ARG(std::string, precision) = "fp32";
   // Conv kernels and input batches in channels_last (NHWC) layout.
   FT_ARG(bool, channels_last) = false;
+  // cuDNN tries the convolution algorithms for each new shape and keeps the fastest (fixed shapes).
+  FT_ARG(bool, cudnn_benchmark) = true;
+  // TF32 tensor cores for fp32 matmuls and convolutions on Ampere and later (10-bit mantissa inputs).
+  FT_ARG(bool, tf32) = true;
+  // Deterministic algorithms only (an error for ops that have none); turns cudnn_benchmark off.
+  FT_ARG(bool, deterministic) = false;
   // "auto" | "cpu" | "cuda" | "cuda:N".
   FT_ARG(std::string, device) = "auto";
   // Evaluate on the test set every N optimizer steps (0 = only at the end of each epoch).

@@ -148,3 +148,23 @@ inline void reset_cuda_peak_memory(const torch::Device& device) {
 }
 
 }  // namespace fasttrain::compat
+
+// ---- backend switches: cuDNN autotuning, TF32, deterministic algorithms (process-wide) ----
+#include <ATen/Context.h>
+
+#include <cstdlib>
+
+namespace fasttrain::compat {
+
+inline void set_backend_switches(bool cudnn_benchmark, bool tf32, bool deterministic) {
+  at::Context& context = at::globalContext();
+  context.setBenchmarkCuDNN(cudnn_benchmark && !deterministic);
+  context.setAllowTF32CuBLAS(tf32);
+  context.setAllowTF32CuDNN(tf32);
+  context.setDeterministicCuDNN(deterministic);
+  context.setDeterministicAlgorithms(deterministic, /*warn_only=*/false);
+  // cuBLAS is deterministic only with a fixed workspace configuration, read when it initialises.
+  if (deterministic) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
+}
+
+}  // namespace fasttrain::compat
