@@ -149,14 +149,16 @@ def checkpointing(opts):
     for label, every in (("none", 0), ("every 50 steps", 50)):
         runs[label] = [fasttrain(opts.build, "configs/default.toml", f"checkpoint-{every}-{i}",
                                  ["train.stop_at_target=false", f"checkpoint.every_steps={every}",
-                                  "checkpoint.keep=100"]) for i in range(opts.repeats)]
+                                  "checkpoint.keep=100", f"train.threads={opts.threads}"])
+                       for i in range(opts.repeats)]
     saves = []
     for i in range(opts.repeats):
         with open(os.path.join(OUT, f"checkpoint-50-{i}", "metrics.jsonl")) as f:
             saves += [r["save_s"] for r in map(json.loads, f) if r["kind"] == "checkpoint"]
     step_dir = os.path.join(OUT, "checkpoint-50-0", "checkpoints", "step-50")
     ours_bytes = sum(os.path.getsize(os.path.join(step_dir, name)) for name in os.listdir(step_dir))
-    theirs = json.loads(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "checkpoint_peer.py")]).strip())
+    theirs = json.loads(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "checkpoint_peer.py"),
+                             "--threads", str(opts.threads or 2)]).strip())
     ours_ms = 1000 * statistics.median(saves)
     wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
     row = {
@@ -180,6 +182,7 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     opts = p.parse_args()
     os.makedirs(OUT, exist_ok=True)
     benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing}
