@@ -101,7 +101,12 @@ std::string describe(const json& value) {
   return text;
 }
 
-// Parses JSON and rejects duplicate keys at any depth (nlohmann, like serde, would keep the last).
+// Arrays and objects nested in one another, the header's own object included: serde_json, the
+// reference's parser, allows no more. Deeper values would also overflow the stack in json::dump().
+constexpr int kMaxJsonNesting = 127;
+
+// Parses JSON and rejects duplicate keys at any depth (nlohmann, like serde, would keep the last) and
+// nesting deeper than kMaxJsonNesting.
 json parse_json_without_duplicates(const std::string& text, const std::string& source) {
   struct Level {
     std::set<std::string> keys;
@@ -109,7 +114,14 @@ json parse_json_without_duplicates(const std::string& text, const std::string& s
   };
   std::vector<Level> stack;
   std::string last_key;
-  json::parser_callback_t callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+  std::string top_key;  // the last key of the header's own object
+  json::parser_callback_t callback = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) {
+      FT_CHECK(depth < kMaxJsonNesting,
+               "{}: the value of '{}' in the header is nested more than {} levels deep (arrays and objects, "
+               "the header's own object included)",
+               source, top_key, kMaxJsonNesting);
+    }
     switch (event) {
       case json::parse_event_t::object_start:
         stack.push_back({{}, stack.empty() ? "" : last_key});
@@ -119,6 +131,7 @@ json parse_json_without_duplicates(const std::string& text, const std::string& s
         break;
       case json::parse_event_t::key: {
         last_key = parsed.get<std::string>();
+        if (stack.size() == 1) top_key = last_key;
         Level& level = stack.back();
         if (!level.keys.insert(last_key).second) {
           if (stack.size() == 1) {
@@ -140,6 +153,9 @@ json parse_json_without_duplicates(const std::string& text, const std::string& s
     const size_t at = e.byte > 0 ? e.byte - 1 : 0;
     FT_FAIL("{}: the header is not valid JSON at header byte {} (file offset {}): {}", source, at, at + 8,
             e.what());
+  } catch (const json::out_of_range& e) {
+    // A number beyond double's range (1e400) is out_of_range rather than a parse error.
+    FT_FAIL("{}: the header is not valid JSON: {}", source, e.what());
   }
 }
 

@@ -196,6 +196,29 @@ TEST(Safetensors, RejectsAHeaderThatIsNotAJsonObject) {
   expect_rejected(image("{\"__metadata__\": {\"k\": 1}}", ""),
                   {"'__metadata__' key 'k'", "string value", "found 1"});
   expect_rejected(image("{\"__metadata__\": [\"k\"]}", ""), {"'__metadata__'", "object of strings"});
+  // nlohmann reports a number beyond double's range with another exception type than a syntax error;
+  // it used to escape as nlohmann::json::out_of_range (found by tests/fuzz/fuzz_safetensors).
+  expect_rejected(
+      image(R"({"a":{"dtype":"F32","shape":[1e400],"data_offsets":[0,4]}})", std::string(4, '\0')),
+      {"not valid JSON", "number overflow", "1e400"});
+}
+
+TEST(Safetensors, RejectsDeeplyNestedJsonWithoutExhaustingTheStack) {
+  // A 2 MB header of nested arrays in place of a tensor used to overflow the stack while the error
+  // message printed the value (a crash instead of an error). Like serde_json in the reference, at most
+  // 127 arrays and objects may nest, the header's own object included; unknown fields within that are
+  // still ignored.
+  const auto nested = [](size_t depth) { return std::string(depth, '[') + std::string(depth, ']'); };
+  expect_rejected(image("{\"a\":" + nested(1'000'000) + "}", ""), {"'a'", "more than 127 levels"});
+  expect_rejected(image("{\"__metadata__\":{\"k\":" + nested(1'000'000) + "}}", ""),
+                  {"more than 127 levels"});
+  expect_rejected(image("{\"a\":" + nested(127) + "}", ""), {"more than 127 levels"});
+  expect_rejected(image("{\"a\":" + nested(126) + "}", ""), {"tensor 'a'", "expected an object"});
+  const SafetensorsFile file = parse_safetensors(
+      as_bytes(image(R"({"s":{"dtype":"U8","shape":[],"data_offsets":[0,1],"extra":)" + nested(125) + "}}",
+                     "\x07")),
+      "nested");
+  EXPECT_EQ(file.at("s").item<uint8_t>(), 7);
 }
 
 TEST(Safetensors, RejectsDuplicateNames) {
