@@ -5,6 +5,8 @@
   /usr/bin/python3 bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
   /usr/bin/python3 bench/compare.py ablation                 # each switch of the default config on/off
   /usr/bin/python3 bench/compare.py checkpoint [--repeats 3] # checkpoint save time vs torch.save
+  /usr/bin/python3 bench/compare.py activations              # memory.checkpoint on a deep ResNet
+  /usr/bin/python3 bench/compare.py find-batch               # batch finder vs the true largest batch
   /usr/bin/python3 bench/compare.py all
 
 Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
@@ -17,6 +19,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "out")
@@ -176,16 +179,104 @@ def checkpointing(opts):
     return row, {"fasttrain": runs, "peer": theirs}
 
 
+DEEP_RESNET = ["model.name=resnet", "model.widths=[32, 64]", "model.blocks=8", "model.hidden=[]",
+               "data.train_limit=8192", "data.eval_batch_size=100", "train.threads=1", "train.max_steps=40",
+               "train.epochs=10", "optim.name=adamw", "schedule.name=constant", "data.workers=1"]
+
+
+def activations(opts):
+    """memory.checkpoint = blocks on a deep ResNet (2 stages x 8 basic blocks, batch 128, fp32, one
+    thread): the activation memory it saves and the step time it costs, next to the peer's cost
+    with torch.utils.checkpoint on the same network. Activation memory is the allocator peak of
+    the run minus that of the same run at batch 1 (dataset, weights, gradients, AdamW moments)."""
+    runs = {}
+    for label, overrides in (("batch 1", ["data.batch_size=1", "memory.checkpoint=none"]),
+                             ("none", ["data.batch_size=128", "memory.checkpoint=none"]),
+                             ("blocks", ["data.batch_size=128", "memory.checkpoint=blocks"])):
+        runs[label] = [fasttrain(opts.build, "configs/default.toml", f"activations-{label.replace(' ', '')}-{i}",
+                                 DEEP_RESNET + ["train.precision=fp32", "train.channels_last=false",
+                                                "train.stop_at_target=false"] + overrides)
+                       for i in range(opts.repeats)]
+    peak = {k: statistics.median(r["peak_memory_bytes"] for r in v) for k, v in runs.items()}
+    sps = {k: statistics.median(r["train_samples_per_s"] for r in v) for k, v in runs.items()}
+    theirs = json.loads(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "activation_checkpoint_peer.py"),
+                             "--widths", "32", "64", "--blocks", "8", "--batch", "128", "--threads", "1"]).strip())
+    act_none, act_blocks = peak["none"] - peak["batch 1"], peak["blocks"] - peak["batch 1"]
+    row = {
+        "benchmark": "memory.checkpoint = blocks, ResNet 2x8 basic blocks, batch 128, fp32, 1 thread",
+        "peak_memory_bytes": {k: int(v) for k, v in peak.items()},
+        "activation_bytes_none": int(act_none),
+        "activation_bytes_blocks": int(act_blocks),
+        "activation_reduction": round(act_none / act_blocks, 2),
+        "fasttrain_samples_per_s": {k: round(v, 1) for k, v in sps.items() if k != "batch 1"},
+        "fasttrain_step_time_cost": round(sps["none"] / sps["blocks"] - 1, 4),
+        "peer_ms_per_step": {"none": theirs["ms_per_step_none"], "blocks": theirs["ms_per_step_blocks"]},
+        "peer_step_time_cost": theirs["step_time_cost"],
+        "fasttrain_ms_per_step": {k: round(1000 * 128 / v, 2) for k, v in sps.items() if k != "batch 1"},
+    }
+    return row, {"fasttrain": runs, "peer": theirs}
+
+
+def find_batch(opts):
+    """The batch finder on the default config under memory.budget = 1GiB against the true largest
+    batch: the largest size whose full training run (60 steps through the loader, then the
+    evaluation) keeps summary.json's peak_memory_bytes within the budget, bisected to 1% with real
+    runs between half and twice the finder's answer."""
+    budget = "1GiB"
+    budget_bytes = 1 << 30
+    common = ["memory.budget=" + budget, f"train.threads={opts.threads or 2}"]
+    cmd = [os.path.join(opts.build, "bin", "fasttrain"), "find-batch", "configs/default.toml"]
+    for o in common:
+        cmd += ["--set", o]
+    start = time.perf_counter()
+    table = run(cmd)
+    finder_s = time.perf_counter() - start
+    answer = int(table.strip().splitlines()[-1].rsplit(":", 1)[1])
+
+    peaks = {}
+
+    def fits(batch):
+        summary = fasttrain(opts.build, "configs/default.toml", f"find-batch-{batch}",
+                            common + [f"data.batch_size={batch}", "train.max_steps=60", "train.stop_at_target=false"])
+        peaks[batch] = summary["peak_memory_bytes"]
+        return summary["peak_memory_bytes"] <= budget_bytes
+
+    lo, hi = answer // 2, answer * 2
+    assert fits(lo), "half the finder's answer should fit"
+    if fits(hi):
+        sys.exit(f"twice the finder's answer ({hi}) fits too: the finder is far off")
+    while hi - lo > max(1, lo // 100):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    if answer not in peaks:
+        fits(answer)
+    row = {
+        "benchmark": "batch finder vs the true largest batch, default config, memory.budget = 1GiB",
+        "finder_answer": answer,
+        "true_largest": lo,
+        "answer_over_true": round(answer / lo, 4),
+        "finder_wall_s": round(finder_s, 1),
+        "run_peak_at_answer_bytes": peaks[answer],
+        "finder_table": table,
+    }
+    return row, {"peaks": peaks}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "all"])
+    p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
+                                     "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     opts = p.parse_args()
     os.makedirs(OUT, exist_ok=True)
-    benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing}
+    benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
+               "activations": activations, "find-batch": find_batch}
     chosen = list(benches) if opts.which == "all" else [opts.which]
     for name in chosen:
         row, raw = benches[name](opts)

@@ -73,12 +73,37 @@ int run(int argc, char** argv) {
   find_lr->add_option("--steps", lr_options.steps(), "Optimizer steps of the sweep")->capture_default_str();
   find_lr->add_option("--csv", lr_csv, "Where to write the curve")->capture_default_str();
 
+  // ---- find-batch ----
+  ConfigArgs batch_args;
+  fasttrain::BatchFinderOptions batch_options;
+  auto* find_batch = app.add_subcommand(
+      "find-batch",
+      "The largest batch that fits memory.budget (CPU) or the GPU, with samples/s at each size");
+  add_config_args(*find_batch, batch_args, true);
+  find_batch->add_option("--steps", batch_options.steps(), "Optimizer steps per trial")
+      ->capture_default_str();
+  find_batch->add_option("--start", batch_options.start(), "First batch size tried")->capture_default_str();
+  find_batch
+      ->add_option("--max", batch_options.max_batch(), "Largest batch size tried (0 = the training set)")
+      ->capture_default_str();
+  find_batch
+      ->add_option("--tolerance", batch_options.tolerance(),
+                   "Stop when the largest fit is within this fraction of the smallest failure")
+      ->capture_default_str();
+
   // ---- config ----
   ConfigArgs show_args;
   bool reference = false;
   auto* config = app.add_subcommand("config", "Print the effective config (defaults, file, --set) as TOML");
   add_config_args(*config, show_args, false);
   config->add_flag("--reference", reference, "Print the Markdown reference of every key (docs/CONFIG.md)");
+
+  // ---- report ----
+  std::string report_dir, report_out;
+  auto* report = app.add_subcommand(
+      "report", "Write one self-contained HTML page for a run: curves, step time, memory, doctor, config");
+  report->add_option("run_dir", report_dir, "Run directory (holds metrics.jsonl)")->required();
+  report->add_option("--out", report_out, "Where to write the page (default: RUN_DIR/report.html)");
 
   try {
     app.parse(argc, argv);
@@ -114,12 +139,19 @@ int run(int argc, char** argv) {
     std::cout << result.table();
     std::cout << fmt::format("suggested max lr: {:.3g}{}\ncurve written to {}\n", result.suggested_lr,
                              result.diverged ? " (the sweep stopped at divergence)" : "", lr_csv);
+  } else if (*find_batch) {
+    fasttrain::BatchFinderResult result = fasttrain::find_batch_size(build_config(batch_args), batch_options);
+    std::cout << result.table();
   } else if (*config) {
     if (reference) {
       std::cout << fasttrain::config_reference();
     } else {
       std::cout << fasttrain::to_toml(build_config(show_args));
     }
+  } else if (*report) {
+    if (report_out.empty()) report_out = report_dir + "/report.html";
+    fasttrain::write_report(report_dir, report_out);
+    std::cout << "report written to " << report_out << "\n";
   }
   return 0;
 }

@@ -10,12 +10,17 @@
 
 #include "fasttrain/data/dataset.h"
 #include "fasttrain/state/sha256.h"
+#include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
 std::string DataConfig::resolved_path() const {
   return path_.empty() ? "/usr/share/datasets/" + dataset_ : path_;
+}
+
+int64_t MemoryConfig::budget_bytes() const {
+  return budget_.empty() ? 0 : parse_bytes(budget_, "memory.budget");
 }
 
 namespace {
@@ -153,27 +158,28 @@ Field field(std::string section, std::string key, Access access, std::string hel
   return result;
 }
 
-// data.workers: an integer >= 0 or "auto" (stored as -1).
-Field workers_field() {
-  Field result{"data", "workers",
-               "Loader threads, or \"auto\": enough to keep the step fed without taking its cores", nullptr,
-               nullptr};
-  result.read = [](Config& config, const toml::node& node) {
+// An integer >= `minimum`, or "auto" (stored as `auto_value`): data.workers, data.batch_size.
+template <typename T, typename Access>
+Field int_or_auto_field(std::string section, std::string key, Access access, T auto_value, T minimum,
+                        std::string help) {
+  Field result{section, key, std::move(help), nullptr, nullptr};
+  const std::string name = section + "." + key;
+  result.read = [=](Config& config, const toml::node& node) {
+    const std::string expected = fmt::format("{} must be an integer >= {} or \"auto\", got ", name, minimum);
     if (node.is_string()) {
-      FT_CONFIG_CHECK(node.as_string()->get() == "auto",
-                      "data.workers must be an integer >= 0 or \"auto\", got {}", describe(node));
-      config.data.workers(-1);
+      FT_CONFIG_CHECK(node.as_string()->get() == "auto", "{}{}", expected, describe(node));
+      access(config) = auto_value;
       return;
     }
-    int value = 0;
-    FT_CONFIG_CHECK(node.is_integer(), "data.workers must be an integer >= 0 or \"auto\", got {}",
-                    describe(node));
-    parse(node, "data.workers", value);
-    FT_CONFIG_CHECK(value >= 0, "data.workers must be an integer >= 0 or \"auto\", got {}", value);
-    config.data.workers(value);
+    FT_CONFIG_CHECK(node.is_integer(), "{}{}", expected, describe(node));
+    T value{};
+    parse(node, name, value);
+    FT_CONFIG_CHECK(value >= minimum, "{}{}", expected, value);
+    access(config) = value;
   };
-  result.write = [](const Config& config) {
-    return config.data.workers() < 0 ? quote("auto") : literal(config.data.workers());
+  result.write = [=](const Config& config) {
+    const T value = access(const_cast<Config&>(config));
+    return value == auto_value ? quote("auto") : literal(value);
   };
   return result;
 }
@@ -189,13 +195,16 @@ const std::vector<Field>& schema() {
           "data", "path", [](Config& c) -> S& { return c.data.path(); },
           "Directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
           "t10k-labels-idx1-ubyte (each optionally .gz); \"\" = /usr/share/datasets/<dataset>"),
-      field<int64_t>(
-          "data", "batch_size", [](Config& c) -> int64_t& { return c.data.batch_size(); },
-          "Samples per micro-batch", at_least<int64_t>(1)),
+      int_or_auto_field<int64_t>(
+          "data", "batch_size", [](Config& c) -> int64_t& { return c.data.batch_size(); }, 0, 1,
+          "Samples per micro-batch, or \"auto\": the largest that fits memory.budget (CPU) or the GPU, "
+          "found before the run as `fasttrain find-batch` does"),
       field<int64_t>(
           "data", "eval_batch_size", [](Config& c) -> int64_t& { return c.data.eval_batch_size(); },
           "Samples per evaluation batch", at_least<int64_t>(1)),
-      workers_field(),
+      int_or_auto_field<int>(
+          "data", "workers", [](Config& c) -> int& { return c.data.workers(); }, -1, 0,
+          "Loader threads, or \"auto\": enough to keep the step fed without taking its cores"),
       field<int>(
           "data", "prefetch", [](Config& c) -> int& { return c.data.prefetch(); },
           "Batches kept ready ahead of the step (bounded queue)", at_least(1)),
@@ -384,6 +393,30 @@ const std::vector<Field>& schema() {
       field<int64_t>(
           "ema", "every", [](Config& c) -> int64_t& { return c.ema.every(); },
           "Update the average every N optimizer steps", at_least<int64_t>(1)),
+      // [memory]
+      field<S>(
+          "memory", "checkpoint", [](Config& c) -> S& { return c.memory.checkpoint(); },
+          "Activation checkpointing: none, blocks (every conv/linear block recomputed in backward) or "
+          "every_k (every checkpoint_every-th block)",
+          one_of({"none", "blocks", "every_k"})),
+      field<int64_t>(
+          "memory", "checkpoint_every", [](Config& c) -> int64_t& { return c.memory.checkpoint_every(); },
+          "every_k: checkpoint blocks 0, k, 2k, ... of each stage", at_least<int64_t>(1)),
+      field<S>(
+          "memory", "budget", [](Config& c) -> S& { return c.memory.budget(); },
+          "Most tensor bytes the run may hold at once, e.g. \"2GiB\" (\"\" = none); what "
+          "data.batch_size = \"auto\" fits on CPU",
+          Check<S>([](const std::string& key, const std::string& value) {
+            if (!value.empty()) parse_bytes(value, key);
+          })),
+      field<bool>(
+          "memory", "warmup", [](Config& c) -> bool& { return c.memory.warmup(); },
+          "One forward and backward at the largest batch before training (nothing kept): the allocator "
+          "reserves its peak once"),
+      field<bool>(
+          "memory", "expandable_segments", [](Config& c) -> bool& { return c.memory.expandable_segments(); },
+          "CUDA: the caching allocator grows segments in place instead of caching many sizes (LibTorch "
+          ">= 2.1)"),
       // [log]
       field<S>(
           "log", "progress", [](Config& c) -> S& { return c.log.progress(); },
@@ -531,13 +564,16 @@ std::string to_toml(const Config& config) {
 namespace {
 
 // Keys that change how fast or how visibly a run trains, never what it computes: a resume may
-// change them (more workers on a bigger machine, another log cadence).
+// change them (more workers on a bigger machine, another log cadence). [memory] too: checkpointed
+// blocks recompute the same values, and the warm-up puts back everything it touches.
 bool shapes_training(const Field& field) {
   static const std::vector<std::string> neutral = {
       "data.eval_batch_size",  "data.workers",         "data.prefetch",          "data.pin_memory",
       "train.threads",         "train.device",         "train.eval_every_steps", "train.eval_from_step",
       "train.target_accuracy", "train.stop_at_target", "train.init_from"};
-  if (field.section == "log" || field.section == "run" || field.section == "checkpoint") return false;
+  if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
+      field.section == "memory")
+    return false;
   return std::find(neutral.begin(), neutral.end(), field.section + "." + field.key) == neutral.end();
 }
 

@@ -9,6 +9,7 @@
 
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/rng.h"
 
 namespace fasttrain {
 
@@ -17,28 +18,12 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// The default generator of `device` (CPU, or the CUDA device of the input).
-at::Generator generator_of(const torch::Device& device) {
-  return at::globalContext().defaultGenerator(device);
-}
-
-torch::Tensor rng_state(const torch::Device& device) {
-  at::Generator generator = generator_of(device);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get_state();
-}
-
-void set_rng_state(const torch::Device& device, const torch::Tensor& state) {
-  at::Generator generator = generator_of(device);
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  generator.set_state(state);
-}
-
 // What backward needs to rerun the block as forward ran it. Held by the autograd node through a
 // capsule in saved_data (it cannot hold a std::function otherwise).
 struct Recompute : torch::CustomClassHolder {
   CheckpointBlock block;
   size_t parameter_count = 0;
+  std::vector<torch::Tensor> buffers;  // restored after the recompute
   torch::Tensor cpu_rng;
   std::optional<torch::Device> device;  // the input's accelerator, whose RNG is also replayed
   torch::Tensor device_rng;
@@ -51,16 +36,16 @@ struct Recompute : torch::CustomClassHolder {
 class RngReplay {
  public:
   explicit RngReplay(const Recompute& recompute) : recompute_(recompute) {
-    cpu_now_ = rng_state(torch::kCPU);
-    set_rng_state(torch::kCPU, recompute_.cpu_rng);
+    cpu_now_ = generator_state(torch::kCPU);
+    set_generator_state(torch::kCPU, recompute_.cpu_rng);
     if (recompute_.device) {
-      device_now_ = rng_state(*recompute_.device);
-      set_rng_state(*recompute_.device, recompute_.device_rng);
+      device_now_ = generator_state(*recompute_.device);
+      set_generator_state(*recompute_.device, recompute_.device_rng);
     }
   }
   ~RngReplay() {
-    set_rng_state(torch::kCPU, cpu_now_);
-    if (recompute_.device) set_rng_state(*recompute_.device, device_now_);
+    set_generator_state(torch::kCPU, cpu_now_);
+    if (recompute_.device) set_generator_state(*recompute_.device, device_now_);
   }
   RngReplay(const RngReplay&) = delete;
   RngReplay& operator=(const RngReplay&) = delete;
@@ -75,15 +60,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
  public:
   // Runs under no-grad (Function::apply), so the block's intermediate activations are freed as it
   // goes; only `input` is saved. `parameters` are inputs only so that the output requires grad.
-  static torch::Tensor forward(AutogradContext* ctx, const CheckpointBlock& block, const torch::Tensor& input,
+  static torch::Tensor forward(AutogradContext* ctx, const CheckpointBlock& block,
+                               const std::vector<torch::Tensor>& buffers, const torch::Tensor& input,
                                at::TensorList parameters) {
     auto recompute = c10::make_intrusive<Recompute>();
     recompute->block = block;
     recompute->parameter_count = parameters.size();
-    recompute->cpu_rng = rng_state(torch::kCPU);
+    recompute->buffers = buffers;
+    recompute->cpu_rng = generator_state(torch::kCPU);
     if (input.device().is_cuda()) {
       recompute->device = input.device();
-      recompute->device_rng = rng_state(input.device());
+      recompute->device_rng = generator_state(input.device());
     }
     recompute->autocast = AutocastState::current();
 
@@ -104,6 +91,10 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     torch::Tensor detached = input.detach();
     detached.requires_grad_(input.requires_grad());
 
+    // The recompute updates the buffers a second time (BatchNorm's running statistics with the same
+    // batch): keep forward's values and put them back.
+    std::vector<torch::Tensor> forward_buffers;
+    for (const torch::Tensor& buffer : recompute->buffers) forward_buffers.push_back(buffer.clone());
     torch::Tensor output;
     {
       RngReplay rng(*recompute);
@@ -114,11 +105,17 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     // Reentrant backward through the recomputed graph: accumulates into the parameters' .grad and
     // into detached.grad.
     if (output.requires_grad()) torch::autograd::backward({output}, {grad_outputs[0]});
+    {
+      // After the backward: the recomputed graph saved the buffers (batch_norm's backward checks
+      // their version), though training-mode gradients do not depend on their values.
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < forward_buffers.size(); ++i) recompute->buffers[i].copy_(forward_buffers[i]);
+    }
 
-    // One gradient per forward argument: none for the block, the input's, none for the parameters
-    // (already accumulated above).
-    variable_list grads(2 + recompute->parameter_count);
-    if (detached.requires_grad()) grads[1] = detached.grad();
+    // One gradient per forward argument: none for the block and the buffers, the input's, none for
+    // the parameters (already accumulated above).
+    variable_list grads(3 + recompute->parameter_count);
+    if (detached.requires_grad()) grads[2] = detached.grad();
     return grads;
   }
 };
@@ -126,7 +123,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
 }  // namespace
 
 torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& input,
-                         const std::vector<torch::Tensor>& parameters) {
+                         const std::vector<torch::Tensor>& parameters,
+                         const std::vector<torch::Tensor>& buffers) {
   FT_CHECK(static_cast<bool>(block), "checkpoint: the block is empty");
   if (!torch::GradMode::is_enabled()) return block(input);
   std::vector<torch::Tensor> trainable;
@@ -138,7 +136,7 @@ torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& inpu
       "checkpoint: neither the input nor any of the {} given parameters requires grad, so backward would "
       "never reach the block and its parameters would get no gradient; pass the block's parameters",
       parameters.size());
-  return CheckpointFunction::apply(block, input, at::TensorList(trainable));
+  return CheckpointFunction::apply(block, buffers, input, at::TensorList(trainable));
 }
 
 CheckpointPolicy CheckpointPolicy::parse(const CheckpointOptions& options) {
@@ -158,24 +156,54 @@ CheckpointPolicy CheckpointPolicy::parse(const CheckpointOptions& options) {
   return policy;
 }
 
+std::vector<std::pair<size_t, size_t>> checkpoint_blocks(torch::nn::SequentialImpl& sequential) {
+  auto starts_block = [](const torch::nn::AnyModule& child) {
+    for (const torch::Tensor& parameter : child.ptr()->parameters()) {
+      if (parameter.dim() >= 2) return true;
+    }
+    return false;
+  };
+  std::vector<std::pair<size_t, size_t>> blocks;
+  for (size_t index = 0; index < sequential.size(); ++index) {
+    if (blocks.empty() || starts_block(*(sequential.begin() + index))) {
+      blocks.emplace_back(index, index + 1);
+    } else {
+      blocks.back().second = index + 1;
+    }
+  }
+  return blocks;
+}
+
 torch::Tensor checkpoint_sequential(torch::nn::SequentialImpl& sequential, const torch::Tensor& input,
                                     const CheckpointPolicy& policy) {
+  if (!policy.enabled() || !torch::GradMode::is_enabled()) return sequential.forward(input);
   torch::Tensor x = input;
-  int64_t index = 0;
-  for (torch::nn::AnyModule& child : sequential) {
+  const auto blocks = checkpoint_blocks(sequential);
+  for (size_t block = 0; block < blocks.size(); ++block) {
+    // Copies of the AnyModules share the children; the autograd graph keeps them alive.
+    std::vector<torch::nn::AnyModule> children;
+    std::vector<torch::Tensor> parameters, buffers;
     bool trainable = x.requires_grad();
-    for (const torch::Tensor& parameter : child.ptr()->parameters()) trainable |= parameter.requires_grad();
-    // A child with nothing to differentiate (a parameter-free layer on the data) has no activations
-    // worth recomputing: it runs normally.
-    if (policy.applies(index) && trainable && torch::GradMode::is_enabled()) {
-      // A copy of the AnyModule shares the child module; the autograd graph keeps it alive.
-      torch::nn::AnyModule module = child;
-      x = checkpoint([module](const torch::Tensor& t) mutable { return module.forward(t); }, x,
-                     child.ptr()->parameters());
-    } else {
-      x = child.forward(x);
+    for (size_t index = blocks[block].first; index < blocks[block].second; ++index) {
+      children.push_back(*(sequential.begin() + index));
+      for (const torch::Tensor& parameter : children.back().ptr()->parameters()) {
+        parameters.push_back(parameter);
+        trainable |= parameter.requires_grad();
+      }
+      for (const torch::Tensor& buffer : children.back().ptr()->buffers()) buffers.push_back(buffer);
     }
-    ++index;
+    auto run = [children](const torch::Tensor& t) mutable {
+      torch::Tensor y = t;
+      for (auto& child : children) y = child.forward(y);
+      return y;
+    };
+    // A block with nothing to differentiate (parameter-free layers on the data) has no activations
+    // worth recomputing: it runs normally.
+    if (policy.applies(static_cast<int64_t>(block)) && trainable && torch::GradMode::is_enabled()) {
+      x = checkpoint(run, x, parameters, buffers);
+    } else {
+      x = run(x);
+    }
   }
   return x;
 }

@@ -1,6 +1,7 @@
 #include "fasttrain/memory/stats.h"
 
 #include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstring>
@@ -22,6 +23,7 @@ namespace {
 // deleter of each allocation are kept in a table keyed by the pointer.
 struct AllocationCounter {
   std::atomic<int64_t> live{0}, peak{0}, allocations{0};
+  std::atomic<int64_t> limit{0};  // CpuMemoryLimit; 0 = none
   c10::Allocator* inner = nullptr;
   std::mutex mutex;
   std::unordered_map<void*, std::pair<int64_t, c10::DeleterFnPtr>> table;
@@ -53,6 +55,12 @@ void delete_counted(void* data) {
 
 c10::DataPtr allocate_counted(size_t bytes) {
   AllocationCounter& c = counter();
+  const int64_t limit = c.limit.load();
+  if (limit > 0 && c.live.load() + static_cast<int64_t>(bytes) > limit) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU memory budget exceeded: allocating ", bytes,
+                     " bytes with ", c.live.load(), " in use would pass the limit of ", limit,
+                     " bytes (memory.budget)");
+  }
   c10::DataPtr inner = c.inner->allocate(bytes);
   void* data = inner.get();
   c.allocations.fetch_add(1, std::memory_order_relaxed);
@@ -141,6 +149,22 @@ MemoryStats memory_stats(torch::Device device) {
 void reset_peak_memory(torch::Device device) {
   if (device.is_cuda()) return compat::reset_cuda_peak_memory(device);
   if (tracking_cpu_allocations()) counter().peak.store(counter().live.load());
+}
+
+CpuMemoryLimit::CpuMemoryLimit(int64_t bytes) {
+  FT_CHECK(tracking_cpu_allocations(), "CpuMemoryLimit needs track_cpu_allocations() first");
+  FT_CHECK(bytes > 0, "CpuMemoryLimit: the limit must be > 0 bytes, got {}", bytes);
+  int64_t none = 0;
+  FT_CHECK(counter().limit.compare_exchange_strong(none, bytes),
+           "CpuMemoryLimit: a limit of {} bytes is already set", none);
+}
+
+CpuMemoryLimit::~CpuMemoryLimit() {
+  counter().limit.store(0);
+}
+
+bool is_out_of_memory(const std::exception& error) {
+  return dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
 }
 
 int64_t peak_resident_bytes() {

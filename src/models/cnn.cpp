@@ -36,8 +36,8 @@ class Cnn : public Model {
   }
 
   torch::Tensor forward(torch::Tensor images) override {
-    auto maps = features_->forward(images);        // [B, widths.back(), H / 2^S, W / 2^S]
-    return classifier_->forward(maps.flatten(1));  // [B, classes]
+    auto maps = run_stage(features_, images);        // [B, widths.back(), H / 2^S, W / 2^S]
+    return run_stage(classifier_, maps.flatten(1));  // [B, classes]
   }
 
  private:

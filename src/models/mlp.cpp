@@ -16,7 +16,7 @@ class Mlp : public Model {
   }
 
   torch::Tensor forward(torch::Tensor images) override {
-    return layers_->forward(images.flatten(1));  // [B, C*H*W] -> [B, classes]
+    return run_stage(layers_, images.flatten(1));  // [B, C*H*W] -> [B, classes]
   }
 
  private:

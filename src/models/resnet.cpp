@@ -68,9 +68,9 @@ class ResNet : public Model {
   }
 
   torch::Tensor forward(torch::Tensor images) override {
-    auto maps = stages_->forward(stem_->forward(images));  // [B, widths.back(), H', W']
-    auto pooled = maps.mean({2, 3});                       // [B, widths.back()]
-    return head_->forward(pooled);                         // [B, classes]
+    auto maps = run_stage(stages_, run_stage(stem_, images));  // [B, widths.back(), H', W']
+    auto pooled = maps.mean({2, 3});                           // [B, widths.back()]
+    return run_stage(head_, pooled);                           // [B, classes]
   }
 
  private:

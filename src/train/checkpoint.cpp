@@ -26,6 +26,7 @@
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 #include "fasttrain/util/json.h"
+#include "fasttrain/util/rng.h"
 
 namespace fasttrain {
 
@@ -36,22 +37,10 @@ constexpr int kStateVersion = 1;
 
 // ---- the default random generators (dropout masks, anything drawn from torch's global RNG) ----
 
-std::vector<torch::Device> generator_devices() {
-  std::vector<torch::Device> devices{torch::kCPU};
-  if (torch::cuda::is_available()) {
-    for (int64_t i = 0; i < static_cast<int64_t>(torch::cuda::device_count()); ++i) {
-      devices.emplace_back(torch::kCUDA, static_cast<c10::DeviceIndex>(i));
-    }
-  }
-  return devices;
-}
-
 NamedTensors generator_states() {
   NamedTensors states;
   for (const auto& device : generator_devices()) {
-    at::Generator generator = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    states.emplace_back(device.str(), generator.get_state());  // U8 [state bytes]
+    states.emplace_back(device.str(), generator_state(device));  // U8 [state bytes]
   }
   return states;
 }
@@ -61,9 +50,7 @@ void restore_generator_states(const SafetensorsFile& file) {
     FT_CHECK(file.contains(device.str()),
              "rng.safetensors has no state for {} (the checkpoint was written on a machine without it)",
              device.str());
-    at::Generator generator = at::globalContext().defaultGenerator(device);
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    generator.set_state(file.at(device.str()));
+    set_generator_state(device, file.at(device.str()));
   }
 }
 

@@ -9,11 +9,13 @@
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/progress.h"
 #include "fasttrain/log/tensorboard.h"
+#include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/state/checkpoint_dir.h"
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/state/safetensors.h"
+#include "fasttrain/train/batch_finder.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 #include "fasttrain/util/device.h"
@@ -201,11 +203,20 @@ void clear_run_outputs(const std::string& run_dir, bool fresh) {
 
 }  // namespace
 
-Experiment Experiment::build(const Config& config, bool announce) {
+Experiment Experiment::build(const Config& config, bool announce, const ImageSplits* data_in) {
   validate(config);
+  FT_CHECK(config.data.batch_size() > 0,
+           "data.batch_size is \"auto\": resolve it first (resolve_batch_size, as train_run does)");
+  // Before CUDA allocates anything: the allocator reads its settings once.
+  if (config.memory.expandable_segments() && !compat::enable_expandable_segments()) {
+    fmt::print(stderr, "fasttrain: memory.expandable_segments needs LibTorch >= 2.1 (this is {}): ignored\n",
+               compat::torch_version());
+  }
   Experiment experiment;
   experiment.config = config;
   experiment.device = parse_device(config.train.device());
+  // From the start, so that peak_memory_bytes counts the dataset and the model too.
+  if (experiment.device.is_cpu()) track_cpu_allocations();
   experiment.threads = set_intra_op_threads(config.train.threads());
   compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
                                config.train.deterministic());
@@ -214,7 +225,7 @@ Experiment Experiment::build(const Config& config, bool announce) {
 
   // ---- data ----
   const DataConfig& data = config.data;
-  experiment.data = load_image_dataset(data.dataset(), data.resolved_path());
+  experiment.data = data_in ? *data_in : load_image_dataset(data.dataset(), data.resolved_path());
   ImageDataset train = experiment.data.train;
   if (data.train_limit() > 0) {
     FT_CONFIG_CHECK(data.train_limit() <= train.size(), "data.train_limit {} exceeds the {} training samples",
@@ -250,6 +261,7 @@ Experiment Experiment::build(const Config& config, bool announce) {
       .width(train.width())
       .num_classes(experiment.data.train.num_classes);
   experiment.model = make_model(model_options);
+  experiment.model->set_checkpointing(CheckpointPolicy::parse(config.memory.checkpoint_options()));
   experiment.model->to(experiment.device);
   if (config.train.channels_last()) to_channels_last(*experiment.model);
 
@@ -278,18 +290,37 @@ std::unique_ptr<Trainer> Experiment::make_trainer() const {
   return trainer;
 }
 
-FitSummary train_run(const Config& config, const std::string& run_dir, const RunOptions& options) {
+Batch Experiment::largest_batch() const {
+  const ImageDataset& train = data.train;
+  auto layout =
+      config.train.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  Batch batch;
+  batch.inputs = torch::zeros({config.data.batch_size(), train.channels(), train.height(), train.width()},
+                              torch::TensorOptions().dtype(torch::kFloat32).device(device))
+                     .contiguous(layout);  // [B, C, H, W]
+  batch.targets =
+      torch::zeros({config.data.batch_size()}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  return batch;
+}
+
+FitSummary train_run(const Config& requested, const std::string& run_dir, const RunOptions& options) {
   // ---- where the run starts: a checkpoint, or new ----
+  Config config = requested;
   std::optional<std::string> checkpoint;
   if (!options.resume().empty()) {
     checkpoint = resume_target(options.resume(), run_dir);
     if (!checkpoint) {
       fmt::print(stderr, "fasttrain: no checkpoint in {}/checkpoints: starting fresh\n", run_dir);
     } else {
+      // "auto" resumes with the size the run was searched to, not a new search.
+      const std::string saved = *checkpoint + "/config.toml";
+      if (config.data.batch_size() == 0 && fs::exists(saved))
+        config.data.batch_size(load_config(saved).data.batch_size());
       check_same_training(*checkpoint, config);
     }
   }
   if (!checkpoint) clear_run_outputs(run_dir, options.fresh());
+  config = resolve_batch_size(config);
 
   Experiment experiment = Experiment::build(config, /*announce=*/true);
   fs::create_directories(run_dir + "/final");
@@ -313,6 +344,7 @@ FitSummary train_run(const Config& config, const std::string& run_dir, const Run
   }
 
   // ---- train ----
+  if (config.memory.warmup()) trainer->warm_up(experiment.largest_batch());
   trainer->add_callback(std::make_shared<RunLogger>(run_dir, Progress::parse_mode(config.log.progress())));
   FitSummary summary = trainer->fit(*experiment.train_loader, experiment.test_loader.get());
   if (summary.interrupted) return summary;
@@ -329,7 +361,8 @@ FitSummary train_run(const Config& config, const std::string& run_dir, const Run
 
 EvalResult eval_run(const Config& config, const std::string& weights_path) {
   Config plain = config;
-  plain.ema.enabled(false);  // evaluate the weights in the file as they are
+  plain.ema.enabled(false);                                    // evaluate the weights in the file as they are
+  if (plain.data.batch_size() == 0) plain.data.batch_size(1);  // "auto": no training batches here
   Experiment experiment = Experiment::build(plain, /*announce=*/false);
   FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
   load_module_safetensors(*experiment.model, weights_path);
@@ -372,7 +405,7 @@ LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptio
 
 LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options,
                            const std::string& csv_path) {
-  Experiment experiment = Experiment::build(config, /*announce=*/true);
+  Experiment experiment = Experiment::build(resolve_batch_size(config), /*announce=*/true);
   auto trainer = experiment.make_trainer();
   LrFinderResult result = find_lr(*trainer, *experiment.train_loader, options);
   if (!csv_path.empty()) result.write_csv(csv_path);

@@ -13,6 +13,7 @@
 #include "fasttrain/train/signals.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
+#include "fasttrain/util/rng.h"
 
 namespace fasttrain {
 
@@ -121,6 +122,24 @@ void Trainer::optimizer_step(double lr) {
 
   // ---- EMA of the weights ----
   if (ema_) ema_->update();
+}
+
+void Trainer::warm_up(const Batch& batch) {
+  for (const auto& parameter : parameters_) {
+    FT_CHECK(!parameter.grad().defined(),
+             "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
+  }
+  RngStateGuard keep_random_streams;  // dropout draws
+  std::vector<torch::Tensor> buffers;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& buffer : model_->buffers()) buffers.push_back(buffer.clone());
+  }
+  backward_micro_batch(batch, 1);
+  compat::zero_grad_to_none(*optimizer_);
+  torch::NoGradGuard no_grad;
+  auto current = model_->buffers();
+  for (size_t i = 0; i < buffers.size(); ++i) current[i].copy_(buffers[i]);
 }
 
 bool Trainer::stop_requested() const {

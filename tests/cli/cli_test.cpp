@@ -22,7 +22,7 @@ const std::string kSmallRun =
 TEST(Cli, HelpListsTheSubcommands) {
   auto result = run_command(kCli + " --help");
   EXPECT_EQ(result.exit_code, 0);
-  for (const char* command : {"train", "eval", "find-lr", "config"}) {
+  for (const char* command : {"train", "eval", "find-lr", "find-batch", "report", "config"}) {
     EXPECT_NE(result.output.find(command), std::string::npos) << result.output;
   }
   auto train_help = run_command(kCli + " train --help");
@@ -132,6 +132,9 @@ TEST(Cli, ConfigErrorsExitWithCodeTwoAndNameTheKey) {
       {"--set train.nope=1", {"train.nope", "epochs"}},
       {"--set data.path=/nonexistent/fmnist", {"data.path", "/nonexistent/fmnist"}},
       {"/nonexistent/config.toml", {"/nonexistent/config.toml"}},
+      {"--set memory.budget=lots", {"memory.budget", "lots"}},
+      {"--set memory.checkpoint=all", {"memory.checkpoint", "all", "blocks"}},
+      {"--set data.batch_size=auto --set train.device=cpu", {"memory.budget", "CPU"}},
   };
   if (testing::have_fashion_mnist())
     cases.push_back({"--set data.batch_size=70000", {"data.batch_size", "70000"}});
@@ -144,6 +147,42 @@ TEST(Cli, ConfigErrorsExitWithCodeTwoAndNameTheKey) {
   }
   auto unknown_flag = run_command(kCli + " train --bogus");
   EXPECT_EQ(unknown_flag.exit_code, 2) << unknown_flag.output;
+}
+
+// find-batch prints each size it tried and the answer; train with data.batch_size = "auto" runs
+// the same search and records the size it trained with, and a resume reuses it without a search.
+TEST(Cli, FindBatchAndAutoBatchSize) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  const std::string common =
+      " --set model.name=mlp --set model.hidden=[256] --set data.train_limit=4096 --set "
+      "data.eval_batch_size=256"
+      " --set train.threads=1 --set memory.budget=90MiB --set log.progress=none";
+  auto found = run_command(kCli + " find-batch " FASTTRAIN_SOURCE_DIR "/configs/classic.toml" + common);
+  ASSERT_EQ(found.exit_code, 0) << found.output;
+  EXPECT_NE(found.output.find("samples/s"), std::string::npos) << found.output;
+  const std::string marker = "largest batch that fits memory.budget 90.00 MiB on cpu: ";
+  const auto at = found.output.find(marker);
+  ASSERT_NE(at, std::string::npos) << found.output;
+  const int64_t answer = std::stoll(found.output.substr(at + marker.size()));
+  EXPECT_GT(answer, 16);
+
+  const std::string run_dir = dir.file("auto");
+  const std::string config = " " FASTTRAIN_SOURCE_DIR "/configs/classic.toml";
+  auto trained = run_command(kCli + " train" + config + common +
+                             " --set data.batch_size=auto --set train.max_steps=6 --run-dir " + run_dir);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_NE(trained.output.find("data.batch_size = \"auto\": searching"), std::string::npos)
+      << trained.output;
+  const std::string effective = testing::read_text(run_dir + "/config.toml");
+  EXPECT_NE(effective.find("batch_size = " + std::to_string(answer) + "\n"), std::string::npos) << effective;
+
+  auto resumed =
+      run_command(kCli + " train" + config + common +
+                  " --set data.batch_size=auto --set train.max_steps=6 --run-dir " + run_dir + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(resumed.output.find("searching"), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find("resuming from"), std::string::npos) << resumed.output;
 }
 
 TEST(Cli, FindLrWritesTheCurveAndSuggestsARate) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 
@@ -100,6 +101,54 @@ TEST(Config, ErrorsNameTheKeyTheValueAndWhatIsAllowed) {
                       {"broken.toml", "1:"});
   expect_config_error([&] { apply_toml(config, "epochs = 1", "flat.toml"); },
                       {"flat.toml", "epochs", "section"});
+}
+
+TEST(Config, BatchSizeAutoAndTheMemorySection) {
+  Config config;
+  apply_toml(config,
+             "[data]\nbatch_size = \"auto\"\n[memory]\ncheckpoint = \"every_k\"\ncheckpoint_every = 3\n"
+             "budget = \"1.5GiB\"\nwarmup = true\n",
+             "memory.toml");
+  EXPECT_EQ(config.data.batch_size(), 0);
+  EXPECT_EQ(config.memory.budget_bytes(), int64_t{3} << 29);
+  EXPECT_EQ(CheckpointPolicy::parse(config.memory.checkpoint_options()).every, 3);
+  const std::string text = to_toml(config);
+  EXPECT_NE(text.find("batch_size = \"auto\""), std::string::npos) << text;
+  Config reread;
+  apply_toml(reread, text, "effective");
+  EXPECT_EQ(to_toml(reread), text);
+  // [memory] changes how a run computes, not what: a resume may switch it.
+  Config plain;
+  EXPECT_EQ(training_fingerprint(plain), training_fingerprint([&] {
+              Config c;
+              c.memory.checkpoint("blocks").warmup(true).budget("2GiB");
+              return c;
+            }()));
+  expect_config_error([&] { apply_override(config, "data.batch_size=\"big\""); },
+                      {"data.batch_size", "auto", "big"});
+  expect_config_error([&] { apply_override(config, "memory.checkpoint=all"); },
+                      {"memory.checkpoint", "all", "every_k"});
+  expect_config_error([&] { apply_override(config, "memory.checkpoint_every=0"); },
+                      {"memory.checkpoint_every", "0"});
+  expect_config_error([&] { apply_override(config, "memory.budget=lots"); },
+                      {"memory.budget", "lots", "2GiB"});
+  expect_config_error([&] { apply_override(config, "memory.budget=\"-1GB\""); }, {"memory.budget", "-1GB"});
+}
+
+TEST(Bytes, ParsesUnitsAndFormatsBinary) {
+  EXPECT_EQ(parse_bytes("1000000", "k"), 1000000);
+  EXPECT_EQ(parse_bytes("512MiB", "k"), int64_t{512} << 20);
+  EXPECT_EQ(parse_bytes("2 GiB", "k"), int64_t{2} << 30);
+  EXPECT_EQ(parse_bytes("1.5GB", "k"), 1500000000);
+  EXPECT_EQ(parse_bytes("4kib", "k"), 4096);
+  EXPECT_EQ(parse_bytes("0", "k"), 0);
+  for (const char* bad : {"", "GiB", "12 parsecs", "nan", "inf", "-5", " 5", "1e30"}) {
+    expect_config_error([&] { parse_bytes(bad, "memory.budget"); },
+                        {"memory.budget", std::string("'") + bad + "'"});
+  }
+  EXPECT_EQ(format_bytes(512), "512 B");
+  EXPECT_EQ(format_bytes(int64_t{3} << 29), "1.50 GiB");
+  EXPECT_EQ(format_bytes(int64_t{48} << 20), "48.00 MiB");
 }
 
 TEST(Config, ValidateChecksAcrossKeysAndPaths) {

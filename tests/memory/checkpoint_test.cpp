@@ -275,6 +275,49 @@ TEST(Checkpoint, BlockModifyingItsInputInPlaceIsReported) {
   }
 }
 
+// Blocks start at weighted layers and take the norm, activation and pooling after them, so the
+// in-place ReLU of conv -> BN -> ReLU never begins a block (which checkpointing would refuse).
+TEST(Checkpoint, BlocksStartAtWeightedLayers) {
+  using namespace torch::nn;
+  Sequential layers(Dropout(0.1), Conv2d(Conv2dOptions(1, 4, 3)), BatchNorm2d(4),
+                    ReLU(ReLUOptions().inplace(true)), MaxPool2d(2), Conv2d(Conv2dOptions(4, 4, 3)), ReLU(),
+                    Flatten(), Linear(4, 2));
+  const std::vector<std::pair<size_t, size_t>> expected = {{0, 1}, {1, 5}, {5, 8}, {8, 9}};
+  EXPECT_EQ(checkpoint_blocks(*layers), expected);
+  // And such a stage checkpoints without the in-place error, with the plain run's gradients.
+  torch::manual_seed(5);
+  Sequential plain(Conv2d(Conv2dOptions(1, 4, 3)), BatchNorm2d(4), ReLU(ReLUOptions().inplace(true)),
+                   Conv2d(Conv2dOptions(4, 4, 3)), BatchNorm2d(4), ReLU(ReLUOptions().inplace(true)));
+  torch::manual_seed(5);
+  Sequential checkpointed(Conv2d(Conv2dOptions(1, 4, 3)), BatchNorm2d(4), ReLU(ReLUOptions().inplace(true)),
+                          Conv2d(Conv2dOptions(4, 4, 3)), BatchNorm2d(4), ReLU(ReLUOptions().inplace(true)));
+  torch::Tensor x = torch::randn({6, 1, 12, 12});
+  expect_same(run(plain, x, CheckpointPolicy()), run(checkpointed, x, blocks_policy()));
+}
+
+// PyTorch's checkpoint updates BatchNorm's running statistics twice (forward and recompute); here
+// the recompute's update is undone, so they equal the plain run's after any number of steps.
+TEST(Checkpoint, BatchNormStatisticsAdvanceOncePerForward) {
+  using namespace torch::nn;
+  auto make = [] {
+    torch::manual_seed(9);
+    return Sequential(Linear(8, 16), BatchNorm1d(16), ReLU(), Linear(16, 16), BatchNorm1d(16), ReLU());
+  };
+  Sequential plain = make(), checkpointed = make();
+  for (int step = 0; step < 3; ++step) {
+    torch::Tensor x = torch::randn({32, 8}) * (step + 1) + step;
+    run(plain, x, CheckpointPolicy());
+    run(checkpointed, x, blocks_policy());
+  }
+  auto a = plain->buffers(), b = checkpointed->buffers();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(a[i].to(torch::kDouble), b[i].to(torch::kDouble), 0, 1e-6))
+        << "buffer " << i << ": " << a[i] << " vs " << b[i];
+  }
+  EXPECT_EQ(b[2].item<int64_t>(), 3) << "num_batches_tracked counts each forward once";
+}
+
 TEST(CheckpointPolicy, ParsesModesAndNamesKeysInErrors) {
   EXPECT_FALSE(CheckpointPolicy::parse(CheckpointOptions()).enabled());
   CheckpointPolicy blocks = CheckpointPolicy::parse(CheckpointOptions().mode("blocks"));

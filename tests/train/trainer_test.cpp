@@ -8,6 +8,7 @@
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/train/run.h"
 #include "fasttrain/util/check.h"
+#include "memory/peak_cpu_memory.h"
 #include "support.h"
 
 namespace fasttrain {
@@ -284,6 +285,87 @@ TEST(Trainer, FindLrLeavesTheModelAndOptimizerUntouched) {
     EXPECT_TRUE(torch::equal(before[i], after[i])) << "parameter " << i;
   // The optimizer state was restored too: no Adam moments were left behind by the sweep.
   EXPECT_TRUE(trainer->optimizer().state().empty());
+}
+
+}  // namespace
+}  // namespace fasttrain
+
+namespace fasttrain {
+namespace {
+
+// memory.warmup: a forward and backward at the largest batch before training leaves nothing behind:
+// the run that follows is bit-identical to one without it (dropout masks, BatchNorm statistics,
+// weights), and the warm-up really ran a step's worth of allocations.
+TEST(Trainer, WarmUpLeavesTheRunBitIdentical) {
+  auto data = testing::synthetic_images(96, 1, 8, 8);
+  auto train = [&](bool warm_up) {
+    torch::manual_seed(4);
+    auto model = make_model(ModelOptions("cnn")
+                                .in_channels(1)
+                                .height(8)
+                                .width(8)
+                                .num_classes(4)
+                                .widths({4})
+                                .hidden({16})
+                                .batchnorm(true)
+                                .dropout(0.3));
+    auto trainer = make_trainer(model, TrainOptions().max_steps(6), 0.05, "adam");
+    DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0).seed(2));
+    torch::manual_seed(5);
+    int64_t warm_up_peak = 0;
+    if (warm_up) {
+      testing::PeakCpuMemory memory;
+      Batch largest{torch::zeros({16, 1, 8, 8}), torch::zeros({16}, torch::kLong)};
+      trainer->warm_up(largest);
+      warm_up_peak = memory.peak_bytes();
+      for (const auto& parameter : model->parameters()) EXPECT_FALSE(parameter.grad().defined());
+    }
+    trainer->fit(loader, nullptr);
+    std::vector<torch::Tensor> state;
+    for (const auto& tensor : model->parameters()) state.push_back(tensor.detach().clone());
+    for (const auto& tensor : model->buffers()) state.push_back(tensor.clone());
+    state.push_back(torch::rand({4}));  // where the random stream ended
+    return std::make_pair(state, warm_up_peak);
+  };
+  auto [plain, no_peak] = train(false);
+  auto [warmed, warm_up_peak] = train(true);
+  ASSERT_EQ(plain.size(), warmed.size());
+  for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], warmed[i])) << "tensor " << i;
+  EXPECT_GT(warm_up_peak, 16 * 4 * 8 * 8 * 4) << "the warm-up held at least the first conv's activations";
+}
+
+TEST(Trainer, WarmUpInsideAnAccumulationWindowIsAnError) {
+  auto model = small_mlp(3);
+  auto trainer = make_trainer(model, TrainOptions().accumulation(2));
+  Batch batch{torch::randn({4, 1, 8, 8}), torch::zeros({4}, torch::kLong)};
+  trainer->backward_micro_batch(batch, 2);
+  EXPECT_THROW(trainer->warm_up(batch), Error);
+}
+
+// memory.checkpoint through the run: the same weights after training as without it, and the
+// config key reaches the model.
+TEST(Experiment, CheckpointedRunTrainsTheSameWeights) {
+  FT_REQUIRE_FASHION_MNIST();
+  auto train = [](const std::string& mode) {
+    Config config;
+    config.data.train_limit(512).batch_size(64).workers(0);
+    config.model.name("cnn").widths({8, 16}).hidden({32}).batchnorm(true).dropout(0.2);
+    config.train.max_steps(8).threads(1);
+    config.memory.checkpoint(mode);
+    Experiment experiment = Experiment::build(config, /*announce=*/false);
+    EXPECT_EQ(experiment.model->checkpointing().enabled(), mode != "none");
+    experiment.make_trainer()->fit(*experiment.train_loader, nullptr);
+    std::vector<torch::Tensor> state;
+    for (const auto& tensor : experiment.model->parameters()) state.push_back(tensor.detach().clone());
+    for (const auto& tensor : experiment.model->buffers()) state.push_back(tensor.clone());
+    return state;
+  };
+  auto plain = train("none"), checkpointed = train("blocks");
+  ASSERT_EQ(plain.size(), checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain[i].to(torch::kDouble), checkpointed[i].to(torch::kDouble), 0, 1e-6))
+        << "tensor " << i;
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fasttrain/memory/checkpoint.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
@@ -27,6 +28,8 @@ struct DataConfig {
   FT_ARG(std::string, dataset) = "fashion-mnist";
   // Directory of the four IDX files ("" = /usr/share/datasets/<dataset>).
   FT_ARG(std::string, path) = "";
+  // Samples per micro-batch; 0 = "auto": the largest that fits (memory.budget on CPU, the device's
+  // memory on CUDA), found by find_batch_size before the run.
   FT_ARG(int64_t, batch_size) = 128;
   FT_ARG(int64_t, eval_batch_size) = 1000;
   // Loader threads; -1 = "auto".
@@ -48,6 +51,27 @@ struct EmaConfig {
   FT_ARG(double, decay) = 0.999;
   FT_ARG(bool, warmup) = true;
   FT_ARG(int64_t, every) = 1;
+};
+
+// [memory]
+struct MemoryConfig {
+  // Activation checkpointing (memory/checkpoint.h): "none" | "blocks" | "every_k".
+  FT_ARG(std::string, checkpoint) = "none";
+  FT_ARG(int64_t, checkpoint_every) = 2;
+  // The most tensor bytes the run may hold at once ("" = no limit): a byte size such as "2GiB".
+  // data.batch_size = "auto" searches for the largest batch under it.
+  FT_ARG(std::string, budget) = "";
+  // One forward and backward at the largest batch before training, nothing kept (Trainer::warm_up).
+  FT_ARG(bool, warmup) = false;
+  // CUDA: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts; LibTorch >= 2.1).
+  FT_ARG(bool, expandable_segments) = false;
+
+ public:
+  CheckpointOptions checkpoint_options() const {
+    return CheckpointOptions().mode(checkpoint_).every(checkpoint_every_);
+  }
+  // budget in bytes, 0 = none.
+  int64_t budget_bytes() const;
 };
 
 // [log]
@@ -78,6 +102,7 @@ struct Config {
   ScheduleOptions schedule{"constant"};
   TrainOptions train;
   EmaConfig ema;
+  MemoryConfig memory;
   LogConfig log;
   CheckpointConfig checkpoint;
   RunConfig run;

@@ -18,14 +18,16 @@
 //
 // Limits, as in PyTorch's reentrant variant: use loss.backward(), not torch::autograd::grad (the
 // recompute accumulates into .grad); the block must not modify its input in place (an in-place ReLU
-// as the first op) — that is detected and reported in forward; BatchNorm running statistics are
-// updated twice (forward and recompute). Under no-grad (evaluation) the block simply runs.
+// as the first op) — that is detected and reported in forward. Unlike PyTorch, buffers passed in
+// (BatchNorm's running statistics) are put back after the recompute, so they advance once per
+// training forward as without checkpointing. Under no-grad (evaluation) the block simply runs.
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/types.h>
 
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fasttrain/util/arg.h"
@@ -38,11 +40,14 @@ using CheckpointBlock = std::function<torch::Tensor(const torch::Tensor&)>;
 // input (its module's parameters): they make the output require grad even when the input does not
 // (the first block's input is data), so backward reaches the block. It is an error when grad mode
 // is on and neither the input nor any parameter requires grad: the block's gradients would be lost.
+// `buffers` are the state the block updates as it runs (BatchNorm's running mean, variance and
+// count): their values from before the recompute are restored after it.
 torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& input,
-                         const std::vector<torch::Tensor>& parameters = {});
+                         const std::vector<torch::Tensor>& parameters = {},
+                         const std::vector<torch::Tensor>& buffers = {});
 
-// memory.checkpoint: "none" | "blocks" (every child of the Sequential) | "every_k" (children 0, k,
-// 2k, ... with k = memory.checkpoint_every; k = 1 is "blocks").
+// memory.checkpoint: "none" | "blocks" (every block of a Sequential, see checkpoint_sequential) |
+// "every_k" (blocks 0, k, 2k, ... with k = memory.checkpoint_every; k = 1 is "blocks").
 struct CheckpointOptions {
   FT_ARG(std::string, mode) = "none";
   FT_ARG(int64_t, every) = 2;
@@ -57,8 +62,15 @@ struct CheckpointPolicy {
   bool applies(int64_t index) const { return every > 0 && index % every == 0; }
 };
 
-// `sequential`'s forward with the children the policy selects checkpointed (each on its own, with
-// its own parameters); the rest run normally. Children must take and return one tensor.
+// `sequential`'s children grouped into blocks: a block starts at each child that has a weight of two
+// or more dimensions (a Linear, a convolution, a residual block) and takes the parameter-free and
+// normalisation children after it (ReLU, pooling, dropout, BatchNorm). Conv -> BatchNorm ->
+// ReLU(inplace) is one block, so an in-place activation never starts one. Children before the first
+// weighted one form a block of their own. [start, end) child indices, in order.
+std::vector<std::pair<size_t, size_t>> checkpoint_blocks(torch::nn::SequentialImpl& sequential);
+
+// `sequential`'s forward with the blocks (checkpoint_blocks) the policy selects checkpointed; the
+// rest run normally. Children must take and return one tensor.
 torch::Tensor checkpoint_sequential(torch::nn::SequentialImpl& sequential, const torch::Tensor& input,
                                     const CheckpointPolicy& policy);
 

@@ -15,6 +15,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <exception>
 
 namespace fasttrain {
 
@@ -37,6 +38,20 @@ bool tracking_cpu_allocations();
 MemoryStats memory_stats(torch::Device device);
 // Starts a new peak at the current allocation.
 void reset_peak_memory(torch::Device device);
+
+// While alive, a CPU allocation that would take the counted bytes above `bytes` fails with
+// c10::OutOfMemoryError, as a GPU allocation past the device's memory does: find_batch_size
+// searches against memory.budget this way on CPU. Needs track_cpu_allocations(); one at a time.
+class CpuMemoryLimit {
+ public:
+  explicit CpuMemoryLimit(int64_t bytes);
+  ~CpuMemoryLimit();
+  CpuMemoryLimit(const CpuMemoryLimit&) = delete;
+  CpuMemoryLimit& operator=(const CpuMemoryLimit&) = delete;
+};
+
+// An allocation failure of any device (c10::OutOfMemoryError, also when a loader worker hit it).
+bool is_out_of_memory(const std::exception& error);
 
 // Peak resident set size of this process in bytes (the kernel's VmHWM; 0 where /proc is unavailable).
 int64_t peak_resident_bytes();

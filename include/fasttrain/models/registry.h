@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fasttrain/memory/checkpoint.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -49,6 +50,20 @@ class Model : public torch::nn::Module {
   // One line per layer and the parameter count.
   std::string describe() const;
   int64_t parameter_count() const;
+  // memory.checkpoint: the blocks of each stage (checkpoint_blocks: a conv or linear layer with the
+  // norm, activation and pooling after it; a residual block) that training forwards recompute in
+  // backward instead of keeping their activations. Gradients and BatchNorm statistics are unchanged.
+  void set_checkpointing(const CheckpointPolicy& policy) { checkpointing_ = policy; }
+  const CheckpointPolicy& checkpointing() const { return checkpointing_; }
+
+ protected:
+  // `stage`'s forward under the checkpointing policy.
+  torch::Tensor run_stage(torch::nn::Sequential& stage, const torch::Tensor& input) {
+    return checkpoint_sequential(*stage, input, checkpointing_);
+  }
+
+ private:
+  CheckpointPolicy checkpointing_;
 };
 
 const std::vector<std::string>& model_names();

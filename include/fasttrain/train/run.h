@@ -31,9 +31,14 @@ struct Experiment {
   std::unique_ptr<DataLoader> test_loader;
   std::shared_ptr<Model> model;
 
-  static Experiment build(const Config& config, bool announce);
+  // `data`: the loaded dataset to use instead of reading it again (find_batch_size's trials).
+  // data.batch_size must be resolved (not "auto": resolve_batch_size).
+  static Experiment build(const Config& config, bool announce, const ImageSplits* data = nullptr);
   // Optimizer, schedule (planned over the run) and options: a Trainer ready to fit().
   std::unique_ptr<Trainer> make_trainer() const;
+  // A training batch of the largest shape the run sees (zeros; the loader's layout and device): what
+  // Trainer::warm_up runs on.
+  Batch largest_batch() const;
 };
 
 struct RunOptions {
@@ -47,7 +52,8 @@ struct RunOptions {
   FT_ARG(bool, fresh) = false;
 };
 
-// Trains and writes the run directory; returns the summary also written to summary.json (not
+// Trains and writes the run directory (data.batch_size = "auto" is resolved first, or taken from
+// the checkpoint when resuming); returns the summary also written to summary.json (not
 // written, nor the final weights, when the run was interrupted).
 FitSummary train_run(const Config& config, const std::string& run_dir,
                      const RunOptions& options = RunOptions());

@@ -181,6 +181,12 @@ class Trainer {
   torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size);
   // Unscale, clip, step (skipped on inf/NaN), update the scale, gradients to None, EMA; step() + 1.
   void optimizer_step(double lr);
+  // Allocator warm-up (memory.warmup): one forward and backward on `batch`, the largest shape the run
+  // will see, then the gradients back to None and the buffers (BatchNorm statistics) and random
+  // generators as they were. Training afterwards is bit-identical to training without it, but the
+  // allocator has already held the peak: CUDA's caching allocator keeps those blocks and serves the
+  // smaller shapes that follow from them instead of fragmenting. Only between optimizer steps.
+  void warm_up(const Batch& batch);
 
   Model& model() { return *model_; }
   torch::optim::Optimizer& optimizer() { return *optimizer_; }

@@ -168,3 +168,33 @@ inline void set_backend_switches(bool cudnn_benchmark, bool tf32, bool determini
 }
 
 }  // namespace fasttrain::compat
+
+// ---- CUDA allocator settings and cache ----
+namespace fasttrain::compat {
+
+// Returns the caching allocator's unused blocks to the driver (after an out-of-memory trial).
+inline void empty_cuda_cache() {
+#ifdef FASTTRAIN_CUDA
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+}
+
+// expandable_segments (LibTorch >= 2.1): the allocator maps more memory into a segment instead of
+// caching blocks of many sizes, which keeps variable shapes from fragmenting the cache. Read from
+// PYTORCH_CUDA_ALLOC_CONF when the allocator starts, so this must run before the first CUDA
+// allocation; settings the user put there are kept. Returns false where the release lacks it.
+inline bool enable_expandable_segments() {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 1)
+  const char* current = std::getenv("PYTORCH_CUDA_ALLOC_CONF");
+  std::string conf = current ? current : "";
+  if (conf.find("expandable_segments") == std::string::npos) {
+    conf += std::string(conf.empty() ? "" : ",") + "expandable_segments:True";
+    ::setenv("PYTORCH_CUDA_ALLOC_CONF", conf.c_str(), /*overwrite=*/1);
+  }
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace fasttrain::compat
