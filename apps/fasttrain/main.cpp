@@ -91,6 +91,20 @@ int run(int argc, char** argv) {
                    "Stop when the largest fit is within this fraction of the smallest failure")
       ->capture_default_str();
 
+  // ---- profile ----
+  ConfigArgs profile_args;
+  fasttrain::ProfileOptions profile_options;
+  std::string profile_dir;
+  auto* profile = app.add_subcommand(
+      "profile", "Profile training steps: Chrome trace, memory timeline, time per phase and operator");
+  add_config_args(*profile, profile_args, true);
+  profile->add_option("--steps", profile_options.steps(), "Optimizer steps recorded")->capture_default_str();
+  profile->add_option("--warmup-steps", profile_options.warmup_steps(), "Steps run before recording")
+      ->capture_default_str();
+  profile->add_option(
+      "--run-dir", profile_dir,
+      "Where trace.json, memory_timeline.csv and profile.json go (default: <run.root>/<run.name>)");
+
   // ---- config ----
   ConfigArgs show_args;
   bool reference = false;
@@ -139,6 +153,10 @@ int run(int argc, char** argv) {
     std::cout << result.table();
     std::cout << fmt::format("suggested max lr: {:.3g}{}\ncurve written to {}\n", result.suggested_lr,
                              result.diverged ? " (the sweep stopped at divergence)" : "", lr_csv);
+  } else if (*profile) {
+    fasttrain::Config cfg = build_config(profile_args);
+    if (profile_dir.empty()) profile_dir = cfg.run.root() + "/" + cfg.run.name();
+    std::cout << fasttrain::profile_run(cfg, profile_dir, profile_options).table();
   } else if (*find_batch) {
     fasttrain::BatchFinderResult result = fasttrain::find_batch_size(build_config(batch_args), batch_options);
     std::cout << result.table();

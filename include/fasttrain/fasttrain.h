@@ -18,6 +18,8 @@
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/precision/grad_scaler.h"
+#include "fasttrain/profile/phases.h"
+#include "fasttrain/profile/profiler.h"
 #include "fasttrain/profile/report.h"
 #include "fasttrain/state/checkpoint_dir.h"
 #include "fasttrain/state/file_io.h"

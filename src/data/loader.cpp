@@ -278,8 +278,10 @@ std::optional<Batch> DataLoader::next() {
     // From pinned memory this copy is asynchronous; it is queued on the consumer's current stream,
     // so the compute that follows on that stream sees the data.
     const bool non_blocking = options_.device().is_cuda() && options_.pin_memory();
+    const auto begin = Clock::now();
     batch.inputs = batch.inputs.to(options_.device(), non_blocking);
     batch.targets = batch.targets.to(options_.device(), non_blocking);
+    copy_seconds_ += std::chrono::duration<double>(Clock::now() - begin).count();
   }
   return batch;
 }

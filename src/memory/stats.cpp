@@ -3,7 +3,9 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -24,6 +26,23 @@ namespace {
 struct AllocationCounter {
   std::atomic<int64_t> live{0}, peak{0}, allocations{0};
   std::atomic<int64_t> limit{0};  // CpuMemoryLimit; 0 = none
+  // The timeline (start_memory_timeline), under `mutex`.
+  bool recording = false;
+  size_t capacity = 0;
+  int64_t dropped = 0;
+  std::chrono::steady_clock::time_point recording_start;
+  std::vector<MemorySample> timeline;
+
+  // With `mutex` held, after `live` changed to `now`.
+  void record(int64_t now) {
+    if (!recording) return;
+    if (timeline.size() >= capacity) {
+      ++dropped;
+      return;
+    }
+    timeline.push_back(
+        {std::chrono::duration<double>(std::chrono::steady_clock::now() - recording_start).count(), now});
+  }
   c10::Allocator* inner = nullptr;
   std::mutex mutex;
   std::unordered_map<void*, std::pair<int64_t, c10::DeleterFnPtr>> table;
@@ -48,8 +67,8 @@ void delete_counted(void* data) {
       entry = found->second;
       c.table.erase(found);
     }
+    c.record(c.live.fetch_sub(entry.first) - entry.first);
   }
-  c.live.fetch_sub(entry.first);
   entry.second(data);
 }
 
@@ -69,11 +88,13 @@ c10::DataPtr allocate_counted(size_t bytes) {
            "the CPU allocator's data pointers carry a separate context: memory accounting cannot wrap it");
   c10::DeleterFnPtr deleter = inner.get_deleter();
   inner.release_context();
+  int64_t now = 0;
   {
     std::lock_guard<std::mutex> lock(c.mutex);
     c.table[data] = {static_cast<int64_t>(bytes), deleter};
+    now = c.live.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
+    c.record(now);
   }
-  const int64_t now = c.live.fetch_add(static_cast<int64_t>(bytes)) + static_cast<int64_t>(bytes);
   int64_t seen = c.peak.load();
   while (now > seen && !c.peak.compare_exchange_weak(seen, now)) {
   }
@@ -161,6 +182,28 @@ CpuMemoryLimit::CpuMemoryLimit(int64_t bytes) {
 
 CpuMemoryLimit::~CpuMemoryLimit() {
   counter().limit.store(0);
+}
+
+void start_memory_timeline(size_t capacity) {
+  FT_CHECK(tracking_cpu_allocations(), "start_memory_timeline needs track_cpu_allocations() first");
+  AllocationCounter& c = counter();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  FT_CHECK(!c.recording, "start_memory_timeline: a recording is already running");
+  c.recording = true;
+  c.capacity = capacity;
+  c.dropped = 0;
+  c.timeline.clear();
+  c.timeline.reserve(std::min<size_t>(capacity, size_t{1} << 16));
+  c.recording_start = std::chrono::steady_clock::now();
+  c.timeline.push_back({0.0, c.live.load()});
+}
+
+std::vector<MemorySample> stop_memory_timeline(int64_t* dropped) {
+  AllocationCounter& c = counter();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  c.recording = false;
+  if (dropped) *dropped = c.dropped;
+  return std::move(c.timeline);
 }
 
 bool is_out_of_memory(const std::exception& error) {

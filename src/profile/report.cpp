@@ -29,10 +29,11 @@ constexpr const char* kNoSummary =
     "summary.json is absent: <code>fasttrain train</code> writes it when the run ends (the run may have "
     "crashed or still be running).";
 constexpr const char* kNoStepPhases =
-    "summary.json has no <code>step_phases_s</code>: the step-phase timers of "
-    "<code>fasttrain profile</code> record it.";
+    "summary.json has no <code>step_phases_s</code>: <code>fasttrain train</code> records it in every "
+    "run (this run predates the step-phase timers).";
 constexpr const char* kNoMemoryTimeline =
-    "memory_timeline.csv is absent: <code>fasttrain profile</code> records the allocator's timeline.";
+    "memory_timeline.csv is absent: <code>fasttrain profile CONFIG --run-dir RUN_DIR</code> records the "
+    "allocator's timeline.";
 constexpr const char* kNoDoctor =
     "doctor.json is absent: <code>fasttrain doctor RUN_DIR</code> writes the findings.";
 constexpr const char* kNoConfig =

@@ -64,6 +64,7 @@ class RunLogger : public Callback {
                      {"grad_norm", r.grad_norm},
                      {"samples_per_s", r.samples_per_s},
                      {"data_wait_fraction", r.data_wait_fraction},
+                     {"phases_s", r.phases.to_json()},
                      {"elapsed_s", r.elapsed_s}});
     events_->add_scalar("train/loss", r.loss, r.step);
     events_->add_scalar("train/lr", r.lr, r.step);

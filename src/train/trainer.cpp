@@ -41,6 +41,7 @@ nlohmann::json FitSummary::to_json() const {
       {"data_wait_fraction", data_wait_fraction},
       {"peak_memory_bytes", peak_memory_bytes},
       {"peak_resident_bytes", peak_resident_bytes},
+      {"step_phases_s", step_phases.to_json()},
       {"alloc_retries", alloc_retries},
       {"interrupted", interrupted},
       {"checkpoint", checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(checkpoint)},
@@ -100,12 +101,18 @@ torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, doubl
 torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_size) {
   // Each micro-batch loss is divided by the window size, so the summed gradients are those of
   // the mean loss over the whole window: N micro-batches of B equal one batch of N x B.
-  torch::Tensor loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim fp32
+  torch::Tensor loss;
+  {
+    PhaseScope forward(phases_, Phase::kForward);
+    loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim fp32
+  }
+  PhaseScope backward(phases_, Phase::kBackward);
   scaler_.scale(loss).backward();
   return loss.detach();
 }
 
 void Trainer::optimizer_step(double lr) {
+  PhaseScope scope(phases_, Phase::kOptimizer);
   set_learning_rate(*optimizer_, lr);
   if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt)
     set_momentum(*optimizer_, *momentum);
@@ -213,6 +220,20 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   auto elapsed = [&] { return elapsed_before + seconds_since(start); };
   const double wait_at_start = train.wait_seconds();
   const double eval_s_before = at.eval_s;
+  double checkpoint_s = 0;  // this session's saves: not step time
+  // ---- step phases: the step functions time forward, backward and optimizer; the loader's
+  // clocks give data wait and copies; "other" is the rest of the training time ----
+  const StepPhases phases_at_start = phases_;
+  const double copy_at_start = train.copy_seconds();
+  auto session_phases = [&] {
+    StepPhases session = phases_ - phases_at_start;
+    session.add(Phase::kDataWait, train.wait_seconds() - wait_at_start);
+    session.add(Phase::kHostToDevice, train.copy_seconds() - copy_at_start);
+    const double training_s = seconds_since(start) - (at.eval_s - eval_s_before) - checkpoint_s;
+    session.add(Phase::kOther, std::max(0.0, training_s - session.total()));
+    return session;
+  };
+
   if (device_.is_cpu()) track_cpu_allocations();  // LibTorch's CPU allocator keeps no statistics
   reset_peak_memory(device_);
   if (!window_loss_.defined()) window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
@@ -221,6 +242,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   torch::Tensor interval_loss = torch::zeros({}, torch::TensorOptions().device(device_));
   int64_t interval_steps = 0, interval_samples = 0;
   double interval_start = elapsed(), interval_wait_start = wait_at_start;
+  StepPhases interval_phases_start;
 
   auto periodic_eval_due = [&] {
     return options_.eval_every_steps() > 0 && step_ >= options_.eval_from_step() &&
@@ -241,7 +263,9 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   };
   auto save = [&] {
     at.elapsed_s = elapsed();
+    const auto save_start = std::chrono::steady_clock::now();
     summary.checkpoint = save_checkpoint();
+    checkpoint_s += seconds_since(save_start);
   };
 
   for (; step_ < total_steps && !at.target_stop && !summary.interrupted; ++at.epoch, at.batch_in_epoch = 0) {
@@ -290,6 +314,9 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         record.samples_per_s = interval_samples / interval_s;
         record.data_wait_fraction = (train.wait_seconds() - interval_wait_start) / interval_s;
         record.elapsed_s = now;
+        const StepPhases phases_now = session_phases();
+        record.phases = phases_now - interval_phases_start;
+        interval_phases_start = phases_now;
         for (auto& callback : callbacks_) callback->on_log(*this, record);
         interval_loss.zero_();
         interval_steps = interval_samples = 0;
@@ -329,6 +356,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   summary.train_samples_per_s = at.samples_seen / std::max(at.elapsed_s - at.eval_s, 1e-9);
   const double session_train_s = seconds_since(start) - (at.eval_s - eval_s_before);
   summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / std::max(session_train_s, 1e-9);
+  summary.step_phases = session_phases();
   const MemoryStats memory = memory_stats(device_);
   summary.peak_memory_bytes = memory.peak_allocated_bytes;
   summary.alloc_retries = memory.alloc_retries;

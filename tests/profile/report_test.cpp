@@ -174,15 +174,15 @@ TEST(Report, AbsentOptionalInputsSayTheyWereNotRecordedAndWhichCommandRecordsThe
   TempDir dir;
   write(dir.file("metrics.jsonl"), fixture_metrics());
   std::string html = render_report(dir.path());
-  EXPECT_TRUE(
-      contains_all(html, {"Not recorded: summary.json is absent", "<code>fasttrain train</code>",
-                          "Not recorded: memory_timeline.csv is absent", "<code>fasttrain profile</code>",
-                          "Not recorded: doctor.json is absent", "<code>fasttrain doctor RUN_DIR</code>",
-                          "Not recorded: config.toml is absent"}));
+  EXPECT_TRUE(contains_all(
+      html, {"Not recorded: summary.json is absent", "<code>fasttrain train</code>",
+             "Not recorded: memory_timeline.csv is absent",
+             "<code>fasttrain profile CONFIG --run-dir RUN_DIR</code>", "Not recorded: doctor.json is absent",
+             "<code>fasttrain doctor RUN_DIR</code>", "Not recorded: config.toml is absent"}));
   EXPECT_EQ(html.find("data-chart=\"memory\""), std::string::npos);
   EXPECT_EQ(chart_data(report_data(html), "memory"), nullptr);
 
-  // Today's runs: a summary without step_phases_s.
+  // Runs from before the step-phase timers: a summary without step_phases_s.
   write(dir.file("summary.json"), R"({"steps": 200, "peak_memory_bytes": 1048576})");
   html = render_report(dir.path());
   EXPECT_TRUE(contains_all(html, {"Not recorded: summary.json has no <code>step_phases_s</code>",

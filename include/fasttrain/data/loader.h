@@ -80,6 +80,8 @@ class DataLoader {
   int workers() const { return workers_; }
   // Seconds the caller spent blocked in next() since construction (with workers = 0: building).
   double wait_seconds() const { return wait_seconds_; }
+  // Seconds next() spent issuing the copies to a non-CPU device (asynchronous from pinned memory).
+  double copy_seconds() const { return copy_seconds_; }
 
   // The sample order of `epoch` (a permutation when shuffling): a pure function of (seed, epoch).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
@@ -98,6 +100,7 @@ class DataLoader {
   LoaderOptions options_;
   int workers_ = 0;
   double wait_seconds_ = 0;
+  double copy_seconds_ = 0;
   std::unique_ptr<Impl> impl_;
 };
 

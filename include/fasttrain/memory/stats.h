@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <vector>
 
 namespace fasttrain {
 
@@ -49,6 +50,17 @@ class CpuMemoryLimit {
   CpuMemoryLimit(const CpuMemoryLimit&) = delete;
   CpuMemoryLimit& operator=(const CpuMemoryLimit&) = delete;
 };
+
+// The CPU allocator's timeline: while recording, every counted allocation and free appends
+// (seconds since the start, tensor bytes alive after it). At most `capacity` samples are kept; the
+// rest are counted as dropped. Needs track_cpu_allocations(); one recording at a time.
+struct MemorySample {
+  double time_s = 0;
+  int64_t allocated_bytes = 0;
+};
+void start_memory_timeline(size_t capacity = size_t{1} << 20);
+// Ends the recording; `dropped` (optional) receives the samples that did not fit.
+std::vector<MemorySample> stop_memory_timeline(int64_t* dropped = nullptr);
 
 // An allocation failure of any device (c10::OutOfMemoryError, also when a loader worker hit it).
 bool is_out_of_memory(const std::exception& error);

@@ -35,6 +35,7 @@
 #include "fasttrain/optim/ema.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/precision/grad_scaler.h"
+#include "fasttrain/profile/phases.h"
 #include "fasttrain/train/options.h"
 #include "fasttrain/util/arg.h"
 
@@ -50,6 +51,7 @@ struct StepRecord {
   double samples_per_s = 0;       // over the interval
   double data_wait_fraction = 0;  // of the interval's wall time
   double elapsed_s = 0;
+  StepPhases phases;  // the interval's training time by phase (evaluation and checkpoints excluded)
 };
 
 struct EvalResult {
@@ -81,6 +83,8 @@ struct FitSummary {
   int64_t peak_memory_bytes = 0;
   int64_t peak_resident_bytes = 0;
   int64_t alloc_retries = 0;  // CUDA: allocations that had to flush the cache first
+  // This session's training time by phase (step_phases_s in JSON; evaluation and checkpoints excluded).
+  StepPhases step_phases;
   // fit() returned early because a stop was requested (SIGINT/SIGTERM or request_stop()).
   bool interrupted = false;
   // The newest checkpoint this fit() wrote ("" = none).
@@ -194,6 +198,9 @@ class Trainer {
   Ema* ema() { return ema_.get(); }  // null without enable_ema
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return options_; }
+  // The time the step functions spent in forward, backward and optimizer so far; fit()'s records
+  // and summary add data wait, host-to-device copies and "other" from the loader and its clock.
+  const StepPhases& phases() const { return phases_; }
 
  private:
   torch::Tensor loss_of(const Batch& batch);
@@ -217,6 +224,7 @@ class Trainer {
   int64_t step_ = 0;
 
   TrainProgress progress_;
+  StepPhases phases_;
   torch::Tensor window_loss_;                    // 0-dim: the current window's loss so far
   std::vector<torch::Tensor> unchecked_losses_;  // window losses of steps not yet checked finite
   std::optional<RunCheckpointOptions> checkpoints_;

@@ -1,0 +1,64 @@
+#pragma once
+// `fasttrain profile`: a few training steps of a config under LibTorch's profiler.
+//
+//   fasttrain::ProfileResult result =
+//       fasttrain::profile_run(config, "runs/default", fasttrain::ProfileOptions().steps(20));
+//   std::cout << result.table();   // phases per step, the operators that took the most time
+//
+// The run is built as `fasttrain train` builds it; `warmup_steps` run first (optimizer state,
+// kernel selection, the allocator reaching its peak), then `steps` optimizer steps are recorded.
+// Written into `out_dir`:
+//   trace.json           Chrome trace (chrome://tracing, Perfetto): the ATen operators and
+//                        fasttrain's phase scopes (fasttrain::forward, ::backward, ::optimizer,
+//                        ::data_wait, ...). LibTorch 1.13 has the legacy profiler (CPU operators);
+//                        CUDA kernels need Kineto (LibTorch 2.x, not wired yet).
+//   memory_timeline.csv  time_s,allocated_bytes at every CPU allocation and free (CPU runs), or at
+//                        every micro-batch and step (CUDA: the caching allocator's counters).
+//   profile.json         the phases, the operator table and what was recorded.
+// `fasttrain report RUN_DIR` draws the timeline and the phases.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fasttrain/config/config.h"
+#include "fasttrain/profile/phases.h"
+#include "fasttrain/util/arg.h"
+
+namespace fasttrain {
+
+struct ProfileOptions {
+  FT_ARG(int64_t, steps) = 20;
+  FT_ARG(int64_t, warmup_steps) = 5;
+  // Operators listed in the table (by total self time).
+  FT_ARG(int64_t, top_operators) = 15;
+};
+
+struct OperatorStat {
+  std::string name;
+  int64_t calls = 0;
+  double self_ms = 0;  // time in the operator minus its child operators'
+};
+
+struct ProfileResult {
+  int64_t steps = 0;
+  int64_t samples = 0;
+  StepPhases phases;                    // of the recorded steps
+  std::vector<OperatorStat> operators;  // by self time, the first top_operators
+  int64_t trace_events = 0;
+  int64_t memory_samples = 0;
+  int64_t memory_samples_dropped = 0;
+  int64_t peak_memory_bytes = 0;
+  std::string trace_path, memory_timeline_path;
+  // Phases in ms per step and share, then the operators.
+  std::string table() const;
+  nlohmann::json to_json() const;
+};
+
+ProfileResult profile_run(const Config& config, const std::string& out_dir,
+                          const ProfileOptions& options = ProfileOptions());
+
+// Operator totals of a Chrome trace written by LibTorch's profiler: complete events ("ph": "X")
+// by name, self time = duration minus the durations of the events nested directly inside.
+std::vector<OperatorStat> operator_stats(const nlohmann::json& trace);
+
+}  // namespace fasttrain

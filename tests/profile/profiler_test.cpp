@@ -1,0 +1,127 @@
+#include "fasttrain/profile/profiler.h"
+
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "fasttrain/train/run.h"
+#include "fasttrain/util/check.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+Config small_config() {
+  Config config;
+  config.data.train_limit(2048).batch_size(64).workers(1);
+  config.model.name("cnn").widths({8}).hidden({32}).batchnorm(true);
+  config.train.threads(1).max_steps(30);
+  return config;
+}
+
+int64_t count_events(const nlohmann::json& trace, const std::string& name) {
+  int64_t count = 0;
+  for (const auto& event : trace) count += event.value("name", "") == name ? 1 : 0;
+  return count;
+}
+
+TEST(Profile, WritesATraceWithThePhasesAndOperatorsAndAMemoryTimeline) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  ProfileResult result = profile_run(small_config(), dir.path(), ProfileOptions().steps(6).warmup_steps(3));
+  EXPECT_EQ(result.steps, 6);
+  EXPECT_EQ(result.samples, 6 * 64);
+  for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
+    EXPECT_GT(result.phases.seconds(phase), 0) << phase_name(phase);
+  }
+  const nlohmann::json trace = nlohmann::json::parse(testing::read_text(dir.file("trace.json")));
+  ASSERT_TRUE(trace.is_array());
+  EXPECT_EQ(count_events(trace, "fasttrain::forward"), 6);
+  EXPECT_EQ(count_events(trace, "fasttrain::backward"), 6);
+  EXPECT_EQ(count_events(trace, "fasttrain::optimizer"), 6);
+  EXPECT_GE(count_events(trace, "aten::mkldnn_convolution") + count_events(trace, "aten::_convolution"), 6);
+  ASSERT_FALSE(result.operators.empty());
+  EXPECT_EQ(result.operators.front().name.rfind("aten::", 0), 0u) << result.table();
+
+  // The timeline rises and falls with each step's activations, from the allocator itself.
+  std::istringstream csv(testing::read_text(dir.file("memory_timeline.csv")));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "time_s,allocated_bytes");
+  int64_t rows = 0, low = INT64_MAX, high = 0;
+  double last_time = -1;
+  while (std::getline(csv, line)) {
+    const double time = std::stod(line.substr(0, line.find(',')));
+    const int64_t bytes = std::stoll(line.substr(line.find(',') + 1));
+    EXPECT_GE(time, last_time);
+    last_time = time, low = std::min(low, bytes), high = std::max(high, bytes), ++rows;
+  }
+  EXPECT_EQ(rows, result.memory_samples);
+  EXPECT_GT(rows, 6 * 10);
+  EXPECT_GT(high - low, 64 * 8 * 28 * 28 * 4) << "at least one conv activation comes and goes";
+  const nlohmann::json saved = nlohmann::json::parse(testing::read_text(dir.file("profile.json")));
+  EXPECT_EQ(saved.at("steps"), 6);
+  EXPECT_TRUE(saved.at("step_phases_s").contains("data_wait"));
+}
+
+TEST(Profile, StepsBeyondTheRunAreAConfigError) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  EXPECT_THROW(profile_run(small_config(), dir.path(), ProfileOptions().steps(40)), ConfigError);
+  EXPECT_THROW(profile_run(small_config(), dir.path(), ProfileOptions().steps(0)), ConfigError);
+}
+
+// Self time: a parent's duration minus its direct children's; per thread.
+TEST(Profile, OperatorStatsSubtractNestedTime) {
+  auto span = [](const char* name, double ts, double dur, int tid) {
+    return nlohmann::json{{"name", name}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"tid", tid}};
+  };
+  nlohmann::json trace = nlohmann::json::array(
+      {span("outer", 0, 100, 1), span("inner", 10, 30, 1), span("leaf", 15, 5, 1), span("inner", 50, 20, 1),
+       span("outer", 0, 7, 2), nlohmann::json{{"name", "meta"}, {"ph", "M"}}});
+  std::map<std::string, OperatorStat> stats;
+  for (const auto& stat : operator_stats(trace)) stats[stat.name] = stat;
+  EXPECT_EQ(stats.at("outer").calls, 2);
+  EXPECT_DOUBLE_EQ(stats.at("outer").self_ms, (100 - 30 - 20 + 7) / 1000.0);
+  EXPECT_DOUBLE_EQ(stats.at("inner").self_ms, (30 - 5 + 20) / 1000.0);
+  EXPECT_DOUBLE_EQ(stats.at("leaf").self_ms, 5 / 1000.0);
+  EXPECT_EQ(stats.count("meta"), 0u);
+}
+
+// Normal steps never wait for the device: no tensor is read on the host except at log steps (the
+// loss and gradient norm), checked by counting the operators that copy a value to the host
+// (_local_scalar_dense is what .item() runs; nonzero() must size its output on the host).
+TEST(Profile, NormalStepsReadNothingBackToTheHost) {
+  FT_REQUIRE_FASHION_MNIST();
+  Config config = small_config();
+  config.log.every_steps(1000);  // one log record: at the end of the 30 steps
+  config.train.clip_norm(1.0);
+  Experiment experiment = Experiment::build(config, /*announce=*/false);
+  auto trainer = experiment.make_trainer();
+  trainer->set_log_every(1000);
+  testing::TempDir dir;
+  FitSummary summary;
+  {
+    torch::autograd::profiler::RecordProfile profile(dir.file("trace.json"));
+    summary = trainer->fit(*experiment.train_loader, nullptr);
+  }
+  EXPECT_EQ(summary.steps, 30);
+  const nlohmann::json trace = nlohmann::json::parse(testing::read_text(dir.file("trace.json")));
+  const int64_t host_reads =
+      count_events(trace, "aten::_local_scalar_dense") + count_events(trace, "aten::nonzero");
+  EXPECT_LE(host_reads, 4) << "host reads in 30 steps: the step loop reads values back on the host";
+  EXPECT_GE(host_reads, 1) << "the end-of-run log must read the loss: is the profiler recording?";
+  // And every run records where its time went.
+  const nlohmann::json phases = summary.to_json().at("step_phases_s");
+  double sum = 0;
+  for (const auto& item : phases.items()) sum += item.value().get<double>();
+  EXPECT_GT(phases.at("forward").get<double>(), 0);
+  EXPECT_GT(phases.at("backward").get<double>(), 0);
+  EXPECT_NEAR(sum, summary.wall_s, 0.1 * summary.wall_s + 0.05);
+}
+
+}  // namespace
+}  // namespace fasttrain
