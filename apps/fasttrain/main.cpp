@@ -105,6 +105,20 @@ int run(int argc, char** argv) {
       "--run-dir", profile_dir,
       "Where trace.json, memory_timeline.csv and profile.json go (default: <run.root>/<run.name>)");
 
+  // ---- doctor ----
+  ConfigArgs doctor_args;
+  fasttrain::DoctorOptions doctor_options;
+  std::string doctor_dir;
+  bool doctor_json = false;
+  auto* doctor = app.add_subcommand(
+      "doctor", "Measure a short run and say which playbook techniques it needs, with evidence, ranked");
+  add_config_args(*doctor, doctor_args, true);
+  doctor->add_option("--steps", doctor_options.steps(), "Steps recorded per measurement")
+      ->capture_default_str();
+  doctor->add_flag("--json", doctor_json, "Print doctor.json instead of the text");
+  doctor->add_option("--run-dir", doctor_dir,
+                     "Where doctor.json and the measurements' profiles go (default: <run.root>/<run.name>)");
+
   // ---- config ----
   ConfigArgs show_args;
   bool reference = false;
@@ -157,6 +171,12 @@ int run(int argc, char** argv) {
     fasttrain::Config cfg = build_config(profile_args);
     if (profile_dir.empty()) profile_dir = cfg.run.root() + "/" + cfg.run.name();
     std::cout << fasttrain::profile_run(cfg, profile_dir, profile_options).table();
+  } else if (*doctor) {
+    fasttrain::Config cfg = build_config(doctor_args);
+    if (doctor_dir.empty()) doctor_dir = cfg.run.root() + "/" + cfg.run.name();
+    fasttrain::DoctorReport found = fasttrain::diagnose(cfg, doctor_dir, doctor_options);
+    fasttrain::write_json_file(doctor_dir + "/doctor.json", found.to_json());
+    std::cout << (doctor_json ? found.to_json().dump(2) + "\n" : found.text());
   } else if (*find_batch) {
     fasttrain::BatchFinderResult result = fasttrain::find_batch_size(build_config(batch_args), batch_options);
     std::cout << result.table();

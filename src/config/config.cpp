@@ -243,6 +243,9 @@ const std::vector<Field>& schema() {
           "model", "batchnorm", [](Config& c) -> bool& { return c.model.batchnorm(); },
           "cnn: BatchNorm after each conv (the conv then has no bias)"),
       field<bool>(
+          "model", "bias_before_norm", [](Config& c) -> bool& { return c.model.bias_before_norm(); },
+          "cnn: keep the conv bias before BatchNorm (as PyTorch's Conv2d(bias=True) has it); wasted work"),
+      field<bool>(
           "model", "pool_first", [](Config& c) -> bool& { return c.model.pool_first(); },
           "cnn: max-pool right after each conv, before BatchNorm and ReLU (4x less normalisation work)"),
       field<int64_t>(
@@ -363,6 +366,9 @@ const std::vector<Field>& schema() {
       field<bool>(
           "train", "deterministic", [](Config& c) -> bool& { return c.train.deterministic(); },
           "Deterministic algorithms only (an error for ops without one); disables cudnn_benchmark"),
+      field<bool>(
+          "train", "detect_anomaly", [](Config& c) -> bool& { return c.train.detect_anomaly(); },
+          "Autograd anomaly detection: NaN checks and forward stack traces in backward (debugging; slow)"),
       field<S>(
           "train", "device", [](Config& c) -> S& { return c.train.device(); }, "auto, cpu, cuda or cuda:N"),
       field<int64_t>(
@@ -570,7 +576,7 @@ bool shapes_training(const Field& field) {
   static const std::vector<std::string> neutral = {
       "data.eval_batch_size",  "data.workers",         "data.prefetch",          "data.pin_memory",
       "train.threads",         "train.device",         "train.eval_every_steps", "train.eval_from_step",
-      "train.target_accuracy", "train.stop_at_target", "train.init_from"};
+      "train.target_accuracy", "train.stop_at_target", "train.init_from",        "train.detect_anomaly"};
   if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
       field.section == "memory")
     return false;

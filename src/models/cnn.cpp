@@ -17,8 +17,9 @@ class Cnn : public Model {
     int64_t channels = options.in_channels(), height = options.height(), width = options.width();
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
-      features_->push_back(torch::nn::Conv2d(
-          torch::nn::Conv2dOptions(channels, stage_width, 3).padding(1).bias(!options.batchnorm())));
+      features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, stage_width, 3)
+                                                 .padding(1)
+                                                 .bias(!options.batchnorm() || options.bias_before_norm())));
       if (options.pool_first()) features_->push_back(torch::nn::MaxPool2d(2));
       if (options.batchnorm()) features_->push_back(torch::nn::BatchNorm2d(stage_width));
       features_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));

@@ -34,17 +34,16 @@ class ProfileWindow : public Callback {
     if (options_.warmup_steps() == 0) start(trainer);
   }
   void on_micro_batch(Trainer&) override { sample_device_memory(); }
-  void on_log(Trainer& trainer, const StepRecord& record) override {
-    if (recording_) {  // the record of a recorded step (logged every step)
+  void on_step(Trainer& trainer) override {
+    if (recording_) {
       ++steps_;
-      phases_ += record.phases;
       sample_device_memory();
-    }
-    if (!recording_ && trainer.step() == options_.warmup_steps()) {
+      if (steps_ == options_.steps()) {
+        stop(trainer);
+        trainer.request_stop();
+      }
+    } else if (!finished_ && trainer.step() == options_.warmup_steps()) {
       start(trainer);
-    } else if (recording_ && steps_ == options_.steps()) {
-      stop(trainer);
-      trainer.request_stop();
     }
   }
 
@@ -55,10 +54,13 @@ class ProfileWindow : public Callback {
   std::vector<MemorySample> timeline;
   int64_t dropped = 0;
   int64_t peak_bytes = 0;
+  int64_t allocations = 0;
 
  private:
   void start(Trainer& trainer) {
     samples_at_start_ = trainer.progress().samples_seen;
+    phases_at_start_ = trainer.fit_phases();
+    allocations_at_start_ = memory_stats(device_).allocations;
     reset_peak_memory(device_);
     if (device_.is_cpu()) start_memory_timeline();
     clock_start_ = std::chrono::steady_clock::now();
@@ -70,10 +72,12 @@ class ProfileWindow : public Callback {
     recording_ = false;
     finished_ = true;
     samples_ = trainer.progress().samples_seen - samples_at_start_;
+    phases_ = trainer.fit_phases() - phases_at_start_;
     if (device_.is_cpu()) {
       timeline = stop_memory_timeline(&dropped);
     }
     peak_bytes = memory_stats(device_).peak_allocated_bytes;
+    allocations = memory_stats(device_).allocations - allocations_at_start_;
   }
   // CUDA: no per-allocation hook; the caching allocator's counters at each micro-batch and step.
   void sample_device_memory() {
@@ -87,8 +91,8 @@ class ProfileWindow : public Callback {
   torch::Device device_;
   std::optional<torch::autograd::profiler::RecordProfile> profile_;
   bool recording_ = false, finished_ = false;
-  int64_t steps_ = 0, samples_ = 0, samples_at_start_ = 0;
-  StepPhases phases_;
+  int64_t steps_ = 0, samples_ = 0, samples_at_start_ = 0, allocations_at_start_ = 0;
+  StepPhases phases_at_start_, phases_;
   std::chrono::steady_clock::time_point clock_start_;
 };
 
@@ -145,15 +149,21 @@ std::vector<OperatorStat> operator_stats(const nlohmann::json& trace) {
   return stats;
 }
 
-ProfileResult profile_run(const Config& requested, const std::string& out_dir,
-                          const ProfileOptions& options) {
+ProfileResult profile_run(const Config& requested, const std::string& out_dir, const ProfileOptions& options,
+                          const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  Config config = resolve_batch_size(requested);
+  Experiment experiment = Experiment::build(config, options.announce());
+  return profile_experiment(experiment, out_dir, options, callbacks);
+}
+
+ProfileResult profile_experiment(Experiment& experiment, const std::string& out_dir,
+                                 const ProfileOptions& options,
+                                 const std::vector<std::shared_ptr<Callback>>& callbacks) {
   FT_CONFIG_CHECK(options.steps() >= 1, "profile --steps must be >= 1, got {}", options.steps());
   FT_CONFIG_CHECK(options.warmup_steps() >= 0, "profile --warmup-steps must be >= 0, got {}",
                   options.warmup_steps());
-  Config config = resolve_batch_size(requested);
+  Config& config = experiment.config;
   config.train.eval_every_steps(0).stop_at_target(false);
-  config.log.every_steps(1);
-  Experiment experiment = Experiment::build(config, /*announce=*/true);
   const int64_t planned = planned_steps(config.train, experiment.train_loader->batches_per_epoch());
   FT_CONFIG_CHECK(
       options.warmup_steps() + options.steps() <= planned,
@@ -168,6 +178,7 @@ ProfileResult profile_run(const Config& requested, const std::string& out_dir,
   if (config.memory.warmup()) trainer->warm_up(experiment.largest_batch());
   auto window = std::make_shared<ProfileWindow>(options, result.trace_path, experiment.device);
   trainer->add_callback(window);
+  for (const auto& callback : callbacks) trainer->add_callback(callback);
   trainer->fit(*experiment.train_loader, nullptr);
   FT_CHECK(window->finished(), "profile: the run ended before the {} recorded steps were done",
            options.steps());
@@ -186,6 +197,11 @@ ProfileResult profile_run(const Config& requested, const std::string& out_dir,
   const nlohmann::json trace = nlohmann::json::parse(read_text_file(result.trace_path));
   result.trace_events = static_cast<int64_t>((trace.is_object() ? trace.at("traceEvents") : trace).size());
   result.operators = operator_stats(trace);
+  result.samples_per_s = result.samples / std::max(result.phases.total(), 1e-9);
+  result.allocations = window->allocations;
+  for (const auto& op : result.operators) {
+    if (op.name == "aten::_local_scalar_dense" || op.name == "aten::nonzero") result.host_reads += op.calls;
+  }
   if (static_cast<int64_t>(result.operators.size()) > options.top_operators())
     result.operators.resize(static_cast<size_t>(options.top_operators()));
   write_json_file(out_dir + "/profile.json", result.to_json());
@@ -198,6 +214,9 @@ nlohmann::json ProfileResult::to_json() const {
     ops.push_back({{"name", op.name}, {"calls", op.calls}, {"self_ms", op.self_ms}});
   return {{"steps", steps},
           {"samples", samples},
+          {"samples_per_s", samples_per_s},
+          {"host_reads", host_reads},
+          {"allocations", allocations},
           {"step_phases_s", phases.to_json()},
           {"operators", ops},
           {"trace_events", trace_events},

@@ -10,6 +10,7 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/train/guards.h"
+#include "fasttrain/train/loss.h"
 #include "fasttrain/train/signals.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
@@ -84,9 +85,7 @@ void Trainer::set_log_every(int64_t steps) {
 torch::Tensor Trainer::loss_of(const Batch& batch) {
   AutocastGuard autocast(device_, precision_);  // a no-op for fp32
   auto logits = model_->forward(batch.inputs);  // [B, classes], in the autocast dtype
-  return torch::nn::functional::cross_entropy(
-      logits, batch.targets,
-      torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(options_.label_smoothing()));
+  return cross_entropy(logits, batch.targets, options_.label_smoothing());  // no host reads
 }
 
 torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, double lr) {
@@ -237,6 +236,8 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   if (device_.is_cpu()) track_cpu_allocations();  // LibTorch's CPU allocator keeps no statistics
   reset_peak_memory(device_);
   if (!window_loss_.defined()) window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
+  std::optional<torch::autograd::DetectAnomalyGuard> detect_anomaly;
+  if (options_.detect_anomaly()) detect_anomaly.emplace();
 
   // Interval accounting for on_log: losses stay on the device until a log step reads them.
   torch::Tensor interval_loss = torch::zeros({}, torch::TensorOptions().device(device_));
@@ -299,6 +300,8 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
       window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
       at.window_done = 0;
       ++interval_steps;
+      fit_phases_ = session_phases();
+      for (auto& callback : callbacks_) callback->on_step(*this);
 
       // ---- metrics: the only host reads of the training loss ----
       if (step_ % log_every_ == 0 || step_ == total_steps) {

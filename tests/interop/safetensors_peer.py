@@ -83,7 +83,7 @@ class Cnn(nn.Module):
         super().__init__()
         model, stages = config["model"], []
         for stage_width in model["widths"]:
-            stages.append(nn.Conv2d(channels, stage_width, 3, padding=1, bias=not model["batchnorm"]))
+            stages.append(nn.Conv2d(channels, stage_width, 3, padding=1, bias=not model["batchnorm"] or model.get("bias_before_norm", False)))
             if model["pool_first"]:
                 stages.append(nn.MaxPool2d(2))
             if model["batchnorm"]:

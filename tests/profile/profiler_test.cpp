@@ -98,7 +98,7 @@ TEST(Profile, NormalStepsReadNothingBackToTheHost) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
   config.log.every_steps(1000);  // one log record: at the end of the 30 steps
-  config.train.clip_norm(1.0);
+  config.train.clip_norm(1.0).label_smoothing(0.1);
   Experiment experiment = Experiment::build(config, /*announce=*/false);
   auto trainer = experiment.make_trainer();
   trainer->set_log_every(1000);

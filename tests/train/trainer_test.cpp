@@ -6,6 +6,7 @@
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
+#include "fasttrain/train/loss.h"
 #include "fasttrain/train/run.h"
 #include "fasttrain/util/check.h"
 #include "memory/peak_cpu_memory.h"
@@ -366,6 +367,36 @@ TEST(Experiment, CheckpointedRunTrainsTheSameWeights) {
     EXPECT_TRUE(torch::allclose(plain[i].to(torch::kDouble), checkpointed[i].to(torch::kDouble), 0, 1e-6))
         << "tensor " << i;
   }
+}
+
+}  // namespace
+}  // namespace fasttrain
+
+namespace fasttrain {
+namespace {
+
+// fasttrain::cross_entropy is LibTorch's label-smoothed cross-entropy (value and gradient) without
+// its host reads.
+TEST(Loss, LabelSmoothedCrossEntropyMatchesLibTorchs) {
+  torch::manual_seed(8);
+  const torch::Tensor targets = torch::randint(0, 7, {33}, torch::kLong);
+  for (double smoothing : {0.0, 0.1, 0.4}) {
+    SCOPED_TRACE(smoothing);
+    torch::Tensor a = torch::randn({33, 7}).requires_grad_(true);
+    torch::Tensor b = a.detach().clone().requires_grad_(true);
+    torch::Tensor ours = cross_entropy(a, targets, smoothing);
+    torch::Tensor theirs = torch::nn::functional::cross_entropy(
+        b, targets, torch::nn::functional::CrossEntropyFuncOptions().label_smoothing(smoothing));
+    EXPECT_NEAR(ours.item<double>(), theirs.item<double>(), 1e-6);
+    ours.backward();
+    theirs.backward();
+    EXPECT_TRUE(torch::allclose(a.grad(), b.grad(), 0, 1e-7));
+  }
+  // bf16 logits (autocast's output) are computed in fp32.
+  torch::Tensor logits = torch::randn({33, 7});
+  EXPECT_NEAR(cross_entropy(logits.to(torch::kBFloat16), targets, 0.1).item<double>(),
+              cross_entropy(logits.to(torch::kBFloat16).to(torch::kFloat), targets, 0.1).item<double>(),
+              1e-6);
 }
 
 }  // namespace

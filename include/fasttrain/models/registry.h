@@ -34,6 +34,9 @@ struct ModelOptions {
   FT_ARG(std::vector<int64_t>, hidden) = std::vector<int64_t>{128};
   // cnn: BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it).
   FT_ARG(bool, batchnorm) = false;
+  // cnn: keep the conv bias before BatchNorm anyway, as a PyTorch model built with
+  // Conv2d(bias=True) has it (to load its weights); wasted work otherwise.
+  FT_ARG(bool, bias_before_norm) = false;
   // cnn: max-pool straight after each conv, then [BatchNorm +] ReLU: max-pool and ReLU commute, and
   // normalising the pooled map is 4x less work than normalising the full one.
   FT_ARG(bool, pool_first) = false;

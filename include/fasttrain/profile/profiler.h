@@ -17,11 +17,13 @@
 //   profile.json         the phases, the operator table and what was recorded.
 // `fasttrain report RUN_DIR` draws the timeline and the phases.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fasttrain/config/config.h"
 #include "fasttrain/profile/phases.h"
+#include "fasttrain/train/run.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -31,6 +33,8 @@ struct ProfileOptions {
   FT_ARG(int64_t, warmup_steps) = 5;
   // Operators listed in the table (by total self time).
   FT_ARG(int64_t, top_operators) = 15;
+  // Print what was built (device, data, model) to stderr.
+  FT_ARG(bool, announce) = true;
 };
 
 struct OperatorStat {
@@ -42,7 +46,11 @@ struct OperatorStat {
 struct ProfileResult {
   int64_t steps = 0;
   int64_t samples = 0;
-  StepPhases phases;                    // of the recorded steps
+  StepPhases phases;         // of the recorded steps
+  double samples_per_s = 0;  // samples / the recorded steps' time
+  // Operators that copy a value to the host (item(), nonzero's size): device synchronisations.
+  int64_t host_reads = 0;
+  int64_t allocations = 0;              // allocator calls during the recorded steps
   std::vector<OperatorStat> operators;  // by self time, the first top_operators
   int64_t trace_events = 0;
   int64_t memory_samples = 0;
@@ -54,8 +62,14 @@ struct ProfileResult {
   nlohmann::json to_json() const;
 };
 
+// `callbacks` join the profiled fit (the doctor's tests plant problems through them).
 ProfileResult profile_run(const Config& config, const std::string& out_dir,
-                          const ProfileOptions& options = ProfileOptions());
+                          const ProfileOptions& options = ProfileOptions(),
+                          const std::vector<std::shared_ptr<Callback>>& callbacks = {});
+// The same on an Experiment already built (its config's batch size resolved).
+ProfileResult profile_experiment(Experiment& experiment, const std::string& out_dir,
+                                 const ProfileOptions& options = ProfileOptions(),
+                                 const std::vector<std::shared_ptr<Callback>>& callbacks = {});
 
 // Operator totals of a Chrome trace written by LibTorch's profiler: complete events ("ph": "X")
 // by name, self time = duration minus the durations of the events nested directly inside.

@@ -32,6 +32,9 @@ struct TrainOptions {
   FT_ARG(bool, tf32) = true;
   // Deterministic algorithms only (an error for ops that have none); turns cudnn_benchmark off.
   FT_ARG(bool, deterministic) = false;
+  // Autograd anomaly detection (a debugging aid: every backward op checks for NaN and keeps the
+  // forward's stack trace; much slower).
+  FT_ARG(bool, detect_anomaly) = false;
   // "auto" | "cpu" | "cuda" | "cuda:N".
   FT_ARG(std::string, device) = "auto";
   // Evaluate on the test set every N optimizer steps (0 = only at the end of each epoch).

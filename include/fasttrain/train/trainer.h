@@ -131,6 +131,8 @@ class Callback {
   virtual void on_fit_start(Trainer& trainer, int64_t total_steps) { (void)trainer, (void)total_steps; }
   // After each micro-batch's backward (progress() says where in the window); no host sync.
   virtual void on_micro_batch(Trainer& trainer) { (void)trainer; }
+  // After each optimizer step (step() counts it); no host sync.
+  virtual void on_step(Trainer& trainer) { (void)trainer; }
   virtual void on_log(Trainer& trainer, const StepRecord& record) { (void)trainer, (void)record; }
   virtual void on_evaluate(Trainer& trainer, const EvalRecord& record) { (void)trainer, (void)record; }
   virtual void on_checkpoint(Trainer& trainer, const std::string& dir) { (void)trainer, (void)dir; }
@@ -201,6 +203,8 @@ class Trainer {
   // The time the step functions spent in forward, backward and optimizer so far; fit()'s records
   // and summary add data wait, host-to-device copies and "other" from the loader and its clock.
   const StepPhases& phases() const { return phases_; }
+  // This fit()'s training time by phase, all six, as of the last optimizer step.
+  const StepPhases& fit_phases() const { return fit_phases_; }
 
  private:
   torch::Tensor loss_of(const Batch& batch);
@@ -225,6 +229,7 @@ class Trainer {
 
   TrainProgress progress_;
   StepPhases phases_;
+  StepPhases fit_phases_;
   torch::Tensor window_loss_;                    // 0-dim: the current window's loss so far
   std::vector<torch::Tensor> unchecked_losses_;  // window losses of steps not yet checked finite
   std::optional<RunCheckpointOptions> checkpoints_;

@@ -1,0 +1,293 @@
+#include "fasttrain/profile/doctor.h"
+
+#include <ATen/record_function.h>
+#include <torch/csrc/autograd/anomaly_mode.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <fstream>
+#include <thread>
+
+#include "fasttrain/memory/stats.h"
+#include "fasttrain/profile/profiler.h"
+#include "fasttrain/train/batch_finder.h"
+#include "fasttrain/train/run.h"
+#include "fasttrain/util/check.h"
+#include "fasttrain/util/device.h"
+
+namespace fasttrain {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Thresholds: a finding needs a measured gain past the run-to-run noise of this kind of machine
+// (single runs vary by 10-15% in throughput).
+// ---------------------------------------------------------------------------------------------
+constexpr double kDataBound = 0.10;        // share of step time waiting for data
+constexpr double kBatchSpeedup = 1.5;      // samples/s at 4x the batch over the current batch
+constexpr double kSwitchSpeedup = 1.15;    // samples/s with a switch flipped (bf16, channels_last)
+constexpr double kHostReadsPerStep = 0.5;  // device-to-host reads per optimizer step
+
+std::string percent(double fraction) {
+  return fmt::format("{:.1f}%", 100 * fraction);
+}
+
+int severity_rank(const std::string& severity) {
+  return severity == "high" ? 0 : severity == "medium" ? 1 : 2;
+}
+
+// This CPU runs bfloat16 matmuls and convolutions natively (oneDNN uses AVX512-BF16 or AMX).
+bool cpu_has_bf16() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0)
+      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+  }
+  return false;
+}
+
+// Convolutions with a bias directly followed (max-pool in between commutes) by a BatchNorm.
+int64_t conv_biases_before_batchnorm(torch::nn::Module& model) {
+  int64_t count = 0;
+  for (const auto& module : model.modules(/*include_self=*/true)) {
+    auto* sequential = dynamic_cast<torch::nn::SequentialImpl*>(module.get());
+    if (!sequential) continue;
+    bool biased_conv = false;
+    for (const auto& child : *sequential) {
+      const auto* conv = child.ptr()->as<torch::nn::Conv2d>();
+      if (conv) {
+        biased_conv = conv->options.bias();
+      } else if (child.ptr()->as<torch::nn::BatchNorm2d>()) {
+        count += biased_conv ? 1 : 0;
+        biased_conv = false;
+      } else if (!child.ptr()->as<torch::nn::MaxPool2d>()) {
+        biased_conv = false;
+      }
+    }
+  }
+  return count;
+}
+
+bool has_convolutions(torch::nn::Module& model) {
+  for (const auto& parameter : model.parameters()) {
+    if (parameter.dim() == 4) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+DoctorReport diagnose(const Config& requested, const std::string& out_dir, const DoctorOptions& options,
+                      const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  DoctorReport report;
+  auto add = [&](Finding finding) { report.findings.push_back(std::move(finding)); };
+  const bool profiler_was_on = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
+
+  // ---- the run as configured: a short profile ----
+  Config config = resolve_batch_size(requested);
+  const ProfileOptions profile_options =
+      ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
+  config.train.max_steps(0).epochs(std::max<int64_t>(config.train.epochs(), 1000));  // room for the steps
+  Experiment experiment = Experiment::build(config, /*announce=*/false);
+  const torch::Device device = experiment.device;
+  const bool cuda = device.is_cuda();
+  const int64_t conv_biases = conv_biases_before_batchnorm(*experiment.model);
+  const bool conv_net = has_convolutions(*experiment.model);
+  const int64_t train_size = experiment.train_loader->dataset().size();
+  const int workers = experiment.train_loader->workers();
+  const int threads = experiment.threads, cores = physical_cores();
+  const ProfileResult base =
+      profile_experiment(experiment, out_dir + "/doctor/as-configured", profile_options, callbacks);
+  report.measurements["as_configured"] = base.to_json();
+  auto measure = [&](const std::string& name, Config changed) {
+    ProfileResult result = profile_run(changed, out_dir + "/doctor/" + name, profile_options);
+    report.measurements[name] = result.to_json();
+    return result;
+  };
+  const double step_s = base.phases.total() / std::max<int64_t>(base.steps, 1);
+  const int64_t batch = config.data.batch_size();
+
+  // ---- data: waiting for batches, or workers fighting the compute threads ----
+  const double wait = base.phases.seconds(Phase::kDataWait) / std::max(base.phases.total(), 1e-12);
+  if (wait >= kDataBound) {
+    add({"data_bound",
+         workers == 0
+             ? "Build batches in loader workers: set data.workers (now 0: the step builds them itself)"
+             : fmt::format("Add loader workers: data.workers = {} cannot keep up", workers),
+         fmt::format("{} of step time is spent waiting for the next batch ({:.2f} of {:.2f} ms per step; {} "
+                     "workers, {} compute threads, {} cores)",
+                     percent(wait), 1000 * base.phases.seconds(Phase::kDataWait) / base.steps, 1000 * step_s,
+                     workers, threads, cores),
+         fmt::format("up to {} of step time", percent(wait)), wait >= 0.3 ? "high" : "medium", wait});
+  } else if (workers > 1 && workers + threads > cores && wait < 0.01) {
+    add({"too_many_workers",
+         fmt::format("Use fewer loader workers: {} workers share {} cores with {} compute threads", workers,
+                     cores, threads),
+         fmt::format("the step waits for data only {} of the time", percent(wait)), "fewer context switches",
+         "low", 0});
+  }
+
+  // ---- throughput vs batch ----
+  if (batch * 4 <= train_size) {
+    Config larger = config;
+    larger.data.batch_size(batch * 4);
+    const ProfileResult result = measure("batch_x4", larger);
+    const double speedup = result.samples_per_s / std::max(base.samples_per_s, 1e-9);
+    if (speedup >= kBatchSpeedup) {
+      add({"small_batch",
+           fmt::format("Raise data.batch_size: {} leaves the hardware idle (scale the LR with it, or run "
+                       "fasttrain find-batch)",
+                       batch),
+           fmt::format("{:.0f} samples/s at batch {} vs {:.0f} at batch {} ({:.2f}x)", base.samples_per_s,
+                       batch, result.samples_per_s, batch * 4, speedup),
+           fmt::format("{:.2f}x samples/s", speedup), speedup >= 2 ? "high" : "medium", 1 - 1 / speedup});
+    }
+  }
+
+  // ---- switches that may pay here, measured flipped ----
+  auto try_switch = [&](const std::string& rule, const std::string& title, Config changed,
+                        const std::string& what) {
+    const ProfileResult result = measure(rule, std::move(changed));
+    const double speedup = result.samples_per_s / std::max(base.samples_per_s, 1e-9);
+    if (speedup < kSwitchSpeedup) return;
+    add({rule, title,
+         fmt::format("{:.0f} samples/s {} vs {:.0f} as configured ({:.2f}x)", result.samples_per_s, what,
+                     base.samples_per_s, speedup),
+         fmt::format("{:.2f}x samples/s", speedup), "medium", 1 - 1 / speedup});
+  };
+  if (config.train.precision() == "fp32" && (cuda || cpu_has_bf16())) {
+    Config bf16 = config;
+    bf16.train.precision("bf16");
+    try_switch("mixed_precision",
+               cuda ? "Use mixed precision: train.precision = \"bf16\" (or \"fp16\")"
+                    : "Use bf16 autocast: train.precision = \"bf16\" (this CPU has native bfloat16)",
+               bf16, "with bf16 autocast");
+  }
+  if (conv_net && !config.train.channels_last()) {
+    Config nhwc = config;
+    nhwc.train.channels_last(true);
+    try_switch("channels_last", "Use channels_last for this conv net: train.channels_last = true", nhwc,
+               "in channels_last");
+  }
+
+  // ---- debugging aids left on ----
+  if (config.train.detect_anomaly() || torch::autograd::AnomalyMode::is_enabled()) {
+    Config off = config;
+    off.train.detect_anomaly(false);
+    const ProfileResult result = measure("anomaly_off", off);
+    const double speedup = result.samples_per_s / std::max(base.samples_per_s, 1e-9);
+    add({"anomaly_detection",
+         "Turn autograd anomaly detection off (train.detect_anomaly = false): it is a debugging aid",
+         fmt::format("{:.0f} samples/s with it vs {:.0f} without ({:.2f}x)", base.samples_per_s,
+                     result.samples_per_s, speedup),
+         fmt::format("{:.2f}x samples/s", speedup), "high", std::max(0.0, 1 - 1 / speedup)});
+  }
+  if (profiler_was_on) {
+    add({"profiler_on",
+         "Stop the profiler or RecordFunction callbacks that were active before the doctor ran",
+         "at::hasCallbacks() was true outside fasttrain's own measurement",
+         "the profiler's per-operator overhead", "medium", 0});
+  }
+
+  // ---- the step loop: host reads, allocator ----
+  const double reads_per_step = static_cast<double>(base.host_reads) / std::max<int64_t>(base.steps, 1);
+  if (reads_per_step >= kHostReadsPerStep) {
+    add({"host_sync",
+         "Stop reading tensors on the host every step (.item(), nonzero, printing a loss): keep values on "
+         "the "
+         "device and read them at log steps",
+         fmt::format("{} device-to-host reads in {} steps ({:.1f} per step; aten::_local_scalar_dense and "
+                     "aten::nonzero in the profile)",
+                     base.host_reads, base.steps, reads_per_step),
+         cuda ? "each read stalls the GPU queue" : "small on CPU; on a GPU each read stalls the queue",
+         cuda ? "high" : "medium", 0});
+  }
+  if (cuda) {
+    const int64_t retries = memory_stats(device).alloc_retries;
+    if (retries > 0) {
+      add({"allocator_churn",
+           "The caching allocator had to free its cache to allocate: lower the batch, set memory.warmup, or "
+           "memory.expandable_segments",
+           fmt::format("{} allocation retries in {} steps", retries, base.steps),
+           "fewer cudaMalloc/free stalls", "medium", 0});
+    }
+  }
+
+  // ---- the model and the config ----
+  if (conv_biases > 0) {
+    add({"conv_bias_before_batchnorm",
+         "Drop the conv biases before BatchNorm (model.bias_before_norm = false): BatchNorm subtracts the "
+         "mean, so "
+         "the bias does nothing but cost an add and its gradient",
+         fmt::format("{} convolution(s) with a bias feed a BatchNorm", conv_biases),
+         "a bias add and its gradient per conv", "low", 0});
+  }
+  if (config.schedule.name() == "constant") {
+    add({"constant_lr",
+         "Schedule the learning rate: run fasttrain find-lr, then schedule.name = \"one-cycle\" with its "
+         "suggestion",
+         "schedule.name = \"constant\"",
+         "in the default config one-cycle reached 91% where a constant LR did not (BENCHMARKS ablation)",
+         "low", 0});
+  }
+  if (cuda) {
+    if (conv_net && !config.train.cudnn_benchmark() && !config.train.deterministic()) {
+      add({"cudnn_benchmark",
+           "Let cuDNN pick the fastest convolution algorithms: train.cudnn_benchmark = true",
+           "the shapes are fixed and cudnn_benchmark is off", "often 10-30% on conv nets", "medium", 0});
+    }
+    std::vector<std::string> odd;
+    if (batch % 8 != 0) odd.push_back(fmt::format("data.batch_size {}", batch));
+    for (int64_t width : config.model.widths())
+      if (width % 8 != 0) odd.push_back(fmt::format("model.widths {}", width));
+    for (int64_t hidden : config.model.hidden())
+      if (hidden % 8 != 0) odd.push_back(fmt::format("model.hidden {}", hidden));
+    if (!odd.empty()) {
+      add({"tensor_core_sizes", "Use multiples of 8 for sizes that become matrix dimensions (tensor cores)",
+           fmt::format("not multiples of 8: {}", fmt::join(odd, ", ")),
+           "tensor-core kernels instead of fallbacks", "low", 0});
+    }
+    if (!config.data.drop_last() && train_size % batch != 0 && !config.memory.warmup()) {
+      add({"variable_shapes",
+           "Set memory.warmup = true (or data.drop_last = true): the last batch of each epoch has "
+           "another shape",
+           fmt::format("{} samples in batches of {} leave a last batch of {}", train_size, batch,
+                       train_size % batch),
+           "no allocator growth at epoch ends", "low", 0});
+    }
+  }
+
+  std::stable_sort(report.findings.begin(), report.findings.end(), [](const Finding& a, const Finding& b) {
+    if (severity_rank(a.severity) != severity_rank(b.severity))
+      return severity_rank(a.severity) < severity_rank(b.severity);
+    return a.gain > b.gain;
+  });
+  return report;
+}
+
+nlohmann::json DoctorReport::to_json() const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& f : findings) {
+    list.push_back({{"rule", f.rule},
+                    {"title", f.title},
+                    {"evidence", f.evidence},
+                    {"estimated_gain", f.estimated_gain},
+                    {"severity", f.severity}});
+  }
+  return {{"findings", list}, {"measurements", measurements}};
+}
+
+std::string DoctorReport::text() const {
+  if (findings.empty())
+    return "fasttrain doctor: nothing to fix: no rule found a measured gain for this config\n";
+  std::string out = fmt::format("fasttrain doctor: {} finding(s), most valuable first\n", findings.size());
+  int index = 1;
+  for (const auto& f : findings) {
+    out += fmt::format("{}. [{}] {}\n   evidence: {}\n   estimated gain: {}\n", index++, f.severity, f.title,
+                       f.evidence, f.estimated_gain);
+  }
+  return out;
+}
+
+}  // namespace fasttrain

@@ -1,0 +1,86 @@
+#include "fasttrain/profile/doctor.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <set>
+
+#include "fasttrain/util/check.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+std::set<std::string> rules(const DoctorReport& report) {
+  std::set<std::string> names;
+  for (const auto& finding : report.findings) names.insert(finding.rule);
+  return names;
+}
+
+// A small conv net on part of Fashion-MNIST, one thread, a one-cycle schedule: nothing planted.
+Config clean_config() {
+  Config config;
+  config.data.train_limit(8192).batch_size(128);
+  config.model.name("cnn").widths({8, 16}).hidden({32}).batchnorm(true);
+  config.schedule.name("one-cycle");
+  config.train.threads(1).precision("bf16").channels_last(true);
+  return config;
+}
+
+// Reads a weight on the host after every micro-batch: a synchronisation a careless callback (or a
+// print of the loss) puts in the hot loop.
+class SyncEveryStep : public Callback {
+ public:
+  void on_micro_batch(Trainer& trainer) override {
+    total += trainer.model().parameters()[0].sum().item<double>();
+  }
+  double total = 0;
+};
+
+TEST(Doctor, NamesEachPlantedProblem) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  const auto options = DoctorOptions().steps(10).warmup_steps(3);
+
+  // No loader workers with heavy augmentation, on a model small enough for the data to matter.
+  Config starved = clean_config();
+  starved.model.name("mlp").hidden({16});
+  starved.data.workers(0).crop_padding(4).hflip(0.5).batch_size(512);
+  DoctorReport data = diagnose(starved, dir.path(), options);
+  EXPECT_TRUE(rules(data).count("data_bound")) << data.text();
+
+  // Conv bias before BatchNorm, anomaly detection left on, a tiny batch, a constant LR.
+  Config careless = clean_config();
+  careless.model.bias_before_norm(true);
+  careless.train.detect_anomaly(true);
+  careless.data.batch_size(8);
+  careless.schedule.name("constant");
+  DoctorReport debug = diagnose(careless, dir.path(), options);
+  for (const char* rule : {"conv_bias_before_batchnorm", "anomaly_detection", "small_batch", "constant_lr"}) {
+    EXPECT_TRUE(rules(debug).count(rule)) << rule << "\n" << debug.text();
+  }
+  EXPECT_EQ(debug.findings.front().severity, "high") << "ranked: the costly findings first\n" << debug.text();
+
+  // A host read per step from a callback, on an otherwise clean run.
+  DoctorReport synced = diagnose(clean_config(), dir.path(), options, {std::make_shared<SyncEveryStep>()});
+  EXPECT_TRUE(rules(synced).count("host_sync")) << synced.text();
+
+  // What the report draws: doctor.json's shape.
+  const nlohmann::json json = debug.to_json();
+  for (const auto& finding : json.at("findings")) {
+    for (const char* key : {"rule", "title", "evidence", "estimated_gain", "severity"})
+      EXPECT_TRUE(finding.contains(key)) << key;
+  }
+  EXPECT_TRUE(json.at("measurements").contains("as_configured"));
+}
+
+TEST(Doctor, StaysQuietOnATunedConfig) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  DoctorReport report = diagnose(clean_config(), dir.path(), DoctorOptions().steps(10).warmup_steps(3));
+  EXPECT_TRUE(report.findings.empty()) << report.text();
+  EXPECT_NE(report.text().find("nothing to fix"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace fasttrain
