@@ -119,6 +119,19 @@ int run(int argc, char** argv) {
   doctor->add_option("--run-dir", doctor_dir,
                      "Where doctor.json and the measurements' profiles go (default: <run.root>/<run.name>)");
 
+  // ---- tune ----
+  ConfigArgs tune_args;
+  fasttrain::TuneOptions tune_options;
+  std::string tune_dir;
+  auto* tune = app.add_subcommand(
+      "tune", "Try the switches that apply here, keep what is faster, write the tuned config and the table");
+  add_config_args(*tune, tune_args, true);
+  tune->add_option("--steps", tune_options.steps(), "Steps timed per trial")->capture_default_str();
+  tune->add_option("--min-gain", tune_options.min_gain(), "Speedup needed to keep a change")
+      ->capture_default_str();
+  tune->add_flag("--batch", tune_options.batch(), "Also try 2x and 4x the batch (the LR scaled with it)");
+  tune->add_option("--run-dir", tune_dir, "Where tuned.toml and tune.md go (default: <run.root>/<run.name>)");
+
   // ---- config ----
   ConfigArgs show_args;
   bool reference = false;
@@ -171,6 +184,11 @@ int run(int argc, char** argv) {
     fasttrain::Config cfg = build_config(profile_args);
     if (profile_dir.empty()) profile_dir = cfg.run.root() + "/" + cfg.run.name();
     std::cout << fasttrain::profile_run(cfg, profile_dir, profile_options).table();
+  } else if (*tune) {
+    fasttrain::Config cfg = build_config(tune_args);
+    if (tune_dir.empty()) tune_dir = cfg.run.root() + "/" + cfg.run.name();
+    fasttrain::TuneResult result = fasttrain::tune(cfg, tune_dir, tune_options);
+    std::cout << result.table() << "written: " << tune_dir << "/tuned.toml, " << tune_dir << "/tune.md\n";
   } else if (*doctor) {
     fasttrain::Config cfg = build_config(doctor_args);
     if (doctor_dir.empty()) doctor_dir = cfg.run.root() + "/" + cfg.run.name();

@@ -22,6 +22,7 @@
 #include "fasttrain/profile/phases.h"
 #include "fasttrain/profile/profiler.h"
 #include "fasttrain/profile/report.h"
+#include "fasttrain/profile/tuner.h"
 #include "fasttrain/state/checkpoint_dir.h"
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/state/optimizer_state.h"

@@ -36,17 +36,6 @@ int severity_rank(const std::string& severity) {
   return severity == "high" ? 0 : severity == "medium" ? 1 : 2;
 }
 
-// This CPU runs bfloat16 matmuls and convolutions natively (oneDNN uses AVX512-BF16 or AMX).
-bool cpu_has_bf16() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) == 0)
-      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
-  }
-  return false;
-}
-
 // Convolutions with a bias directly followed (max-pool in between commutes) by a BatchNorm.
 int64_t conv_biases_before_batchnorm(torch::nn::Module& model) {
   int64_t count = 0;
@@ -156,7 +145,7 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
                      base.samples_per_s, speedup),
          fmt::format("{:.2f}x samples/s", speedup), "medium", 1 - 1 / speedup});
   };
-  if (config.train.precision() == "fp32" && (cuda || cpu_has_bf16())) {
+  if (config.train.precision() == "fp32" && (cuda || cpu_has_native_bf16())) {
     Config bf16 = config;
     bf16.train.precision("bf16");
     try_switch("mixed_precision",

@@ -15,6 +15,9 @@ torch::Device parse_device(const std::string& spec);
 // Physical cores of this machine (hyper-threads counted once); at least 1.
 int physical_cores();
 
+// This CPU runs bfloat16 matmuls and convolutions natively (AVX512-BF16 or AMX, which oneDNN uses).
+bool cpu_has_native_bf16();
+
 // Sets LibTorch's intra-op threads: `threads` > 0 as given, 0 = physical_cores(). Returns the count set.
 int set_intra_op_threads(int threads);
 

@@ -1,0 +1,51 @@
+#pragma once
+// `fasttrain tune`: tries the switches that apply to a config on this machine, a bounded number of
+// steps each, keeps what helps, and writes the tuned config with the table of what it measured.
+//
+//   fasttrain::TuneResult result = fasttrain::tune(config, "runs/default");
+//   std::cout << result.table();                   // every trial: the change, samples/s, kept or why not
+//   fasttrain::to_toml(result.tuned);              // also written to RUN_DIR/tuned.toml
+//
+// Greedy, one switch at a time in this order, each trial measured against the best so far (a
+// short profile: `warmup_steps`, then `steps` timed): train.threads (1 .. physical cores),
+// data.workers (0, 1, 2), train.precision (bf16 where this CPU or a GPU has it), train.channels_last
+// (conv nets), train.cudnn_benchmark (CUDA), data.batch_size (x2, x4; the learning rate scaled
+// with it). A change is kept when it is at least `min_gain` faster and its losses stay finite
+// (the trainer's own check: a diverging trial fails and is reported, not kept).
+#include <string>
+#include <vector>
+
+#include "fasttrain/config/config.h"
+#include "fasttrain/util/arg.h"
+
+namespace fasttrain {
+
+struct TuneOptions {
+  FT_ARG(int64_t, steps) = 20;
+  FT_ARG(int64_t, warmup_steps) = 5;
+  // Required speedup over the best so far to keep a change (run-to-run noise is ~10% here).
+  FT_ARG(double, min_gain) = 1.05;
+  // Also try larger batches (changes the optimisation, so off unless asked).
+  FT_ARG(bool, batch) = false;
+};
+
+struct TuneTrial {
+  std::string change;  // "train.threads = 1"
+  double samples_per_s = 0;
+  double speedup = 0;  // over the best config when it was tried
+  bool kept = false;
+  std::string note;  // why not kept, or the error of a failed trial
+};
+
+struct TuneResult {
+  Config tuned;
+  double baseline_samples_per_s = 0;
+  double tuned_samples_per_s = 0;
+  std::vector<TuneTrial> trials;
+  std::string table() const;  // Markdown
+};
+
+// Writes RUN_DIR/tuned.toml and RUN_DIR/tune.md (the table) as well.
+TuneResult tune(const Config& config, const std::string& run_dir, const TuneOptions& options = TuneOptions());
+
+}  // namespace fasttrain

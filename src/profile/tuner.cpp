@@ -1,0 +1,118 @@
+#include "fasttrain/profile/tuner.h"
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <functional>
+
+#include "fasttrain/log/metrics.h"
+#include "fasttrain/profile/profiler.h"
+#include "fasttrain/train/batch_finder.h"
+#include "fasttrain/util/check.h"
+#include "fasttrain/util/device.h"
+
+namespace fasttrain {
+
+namespace {
+
+// One candidate: what it changes, and the change.
+struct Candidate {
+  std::string change;
+  std::function<void(Config&)> apply;
+};
+
+}  // namespace
+
+TuneResult tune(const Config& requested, const std::string& run_dir, const TuneOptions& options) {
+  FT_CONFIG_CHECK(options.min_gain() >= 1, "tune --min-gain must be >= 1, got {}", options.min_gain());
+  TuneResult result;
+  Config best = resolve_batch_size(requested);
+  const ProfileOptions profile =
+      ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
+  auto measure = [&](Config config, const std::string& name) {
+    config.train.max_steps(0).epochs(std::max<int64_t>(config.train.epochs(), 1000));
+    return profile_run(config, run_dir + "/tune/" + name, profile).samples_per_s;
+  };
+  double best_speed = measure(best, "baseline");
+  result.baseline_samples_per_s = best_speed;
+
+  const torch::Device device = parse_device(best.train.device());
+  auto try_candidates = [&](const std::vector<Candidate>& candidates) {
+    for (const auto& candidate : candidates) {
+      Config changed = best;
+      candidate.apply(changed);
+      if (to_toml(changed) == to_toml(best)) continue;  // already so
+      TuneTrial trial;
+      trial.change = candidate.change;
+      try {
+        trial.samples_per_s = measure(changed, "trial-" + std::to_string(result.trials.size()));
+        trial.speedup = trial.samples_per_s / std::max(best_speed, 1e-9);
+        trial.kept = trial.speedup >= options.min_gain();
+        if (!trial.kept) trial.note = fmt::format("less than {:.2f}x", options.min_gain());
+      } catch (const Error& error) {
+        trial.note = std::string("failed: ") + error.what();
+      }
+      if (trial.kept) {
+        best = changed;
+        best_speed = trial.samples_per_s;
+      }
+      result.trials.push_back(trial);
+    }
+  };
+
+  std::vector<Candidate> threads;
+  for (int count = 1; count <= physical_cores(); ++count)
+    threads.push_back(
+        {fmt::format("train.threads = {}", count), [count](Config& c) { c.train.threads(count); }});
+  try_candidates(threads);
+  std::vector<Candidate> workers;
+  for (int count : {0, 1, 2})
+    workers.push_back(
+        {fmt::format("data.workers = {}", count), [count](Config& c) { c.data.workers(count); }});
+  try_candidates(workers);
+  if (device.is_cuda() || cpu_has_native_bf16()) {
+    try_candidates({{"train.precision = \"bf16\"", [](Config& c) { c.train.precision("bf16"); }}});
+  }
+  if (best.model.name() != "mlp") {
+    try_candidates({{"train.channels_last = true", [](Config& c) { c.train.channels_last(true); }}});
+  }
+  if (device.is_cuda()) {
+    try_candidates({{"train.cudnn_benchmark = true", [](Config& c) { c.train.cudnn_benchmark(true); }}});
+  }
+  if (options.batch()) {
+    std::vector<Candidate> batches;
+    for (int64_t factor : {2, 4}) {
+      batches.push_back(
+          {fmt::format("data.batch_size x{} (optim.lr x{})", factor, factor), [factor](Config& c) {
+             c.data.batch_size(c.data.batch_size() * factor);
+             c.optim.lr(c.optim.lr() * static_cast<double>(factor));
+           }});
+    }
+    try_candidates(batches);
+  }
+
+  result.tuned = best;
+  result.tuned_samples_per_s = best_speed;
+  write_text_file(run_dir + "/tuned.toml",
+                  "# fasttrain tune: " +
+                      fmt::format("{:.0f} -> {:.0f} samples/s\n", result.baseline_samples_per_s, best_speed) +
+                      to_toml(best));
+  write_text_file(run_dir + "/tune.md", result.table());
+  return result;
+}
+
+std::string TuneResult::table() const {
+  std::string out = "| change | samples/s | vs best so far | kept |\n| --- | --- | --- | --- |\n";
+  out += fmt::format("| (as configured) | {:.0f} | | |\n", baseline_samples_per_s);
+  for (const auto& trial : trials) {
+    out += fmt::format("| {} | {} | {} | {} |\n", trial.change,
+                       trial.samples_per_s > 0 ? fmt::format("{:.0f}", trial.samples_per_s) : "-",
+                       trial.speedup > 0 ? fmt::format("{:.2f}x", trial.speedup) : "-",
+                       trial.kept ? "yes" : "no: " + trial.note);
+  }
+  out += fmt::format("\ntuned: {:.0f} samples/s ({:.2f}x the config as given)\n", tuned_samples_per_s,
+                     tuned_samples_per_s / std::max(baseline_samples_per_s, 1e-9));
+  return out;
+}
+
+}  // namespace fasttrain

@@ -1,0 +1,49 @@
+#include "fasttrain/profile/tuner.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "fasttrain/util/check.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  Config config;
+  config.data.train_limit(300).batch_size(128);
+  config.model.name("cnn").widths({8, 16}).hidden({32});
+  config.train.threads(1);
+  TuneResult result = tune(config, dir.path(), TuneOptions().steps(6).warmup_steps(2).batch(true));
+
+  ASSERT_FALSE(result.trials.empty());
+  bool failed_reported = false;
+  for (const auto& trial : result.trials) {
+    if (trial.kept) EXPECT_GE(trial.speedup, 1.05) << trial.change;
+    if (trial.change.rfind("data.batch_size x4", 0) == 0) {
+      // 4 x 128 exceeds the 300 samples: the trial fails, is reported and changes nothing.
+      EXPECT_FALSE(trial.kept);
+      EXPECT_NE(trial.note.find("failed: "), std::string::npos) << trial.note;
+      failed_reported = true;
+    }
+  }
+  EXPECT_TRUE(failed_reported) << result.table();
+  EXPECT_GE(result.tuned_samples_per_s, result.baseline_samples_per_s);
+  // The tuned config is the given one with exactly the kept changes applied.
+  int kept = 0;
+  for (const auto& trial : result.trials) kept += trial.kept ? 1 : 0;
+  EXPECT_EQ(kept == 0, to_toml(result.tuned) == to_toml(config)) << result.table();
+  // tuned.toml is the tuned config, loadable as it is; tune.md the table.
+  EXPECT_EQ(to_toml(load_config(dir.file("tuned.toml"))), to_toml(result.tuned));
+  EXPECT_EQ(testing::read_text(dir.file("tune.md")), result.table());
+  // Every applicable switch was tried; the value already configured (1 thread) was not.
+  EXPECT_EQ(result.table().find("| train.threads = 1 |"), std::string::npos) << result.table();
+  for (const char* tried : {"| data.workers = 0 |", "| train.channels_last = true |", "| data.batch_size x2"}) {
+    EXPECT_NE(result.table().find(tried), std::string::npos) << tried << "\n" << result.table();
+  }
+}
+
+}  // namespace
+}  // namespace fasttrain
