@@ -5,8 +5,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <fstream>
-#include <thread>
 
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/profile/profiler.h"

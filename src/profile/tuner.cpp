@@ -2,7 +2,6 @@
 
 #include <torch/torch.h>
 
-#include <fstream>
 #include <functional>
 
 #include "fasttrain/log/metrics.h"
