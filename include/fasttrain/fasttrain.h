@@ -42,3 +42,4 @@
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/json.h"
 #include "fasttrain/util/rng.h"
+#include "fasttrain/util/tensor_guard.h"

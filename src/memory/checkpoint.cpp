@@ -10,6 +10,7 @@
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/rng.h"
+#include "fasttrain/util/tensor_guard.h"
 
 namespace fasttrain {
 
@@ -91,25 +92,22 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     torch::Tensor detached = input.detach();
     detached.requires_grad_(input.requires_grad());
 
-    // The recompute updates the buffers a second time (BatchNorm's running statistics with the same
-    // batch): keep forward's values and put them back.
-    std::vector<torch::Tensor> forward_buffers;
-    for (const torch::Tensor& buffer : recompute->buffers) forward_buffers.push_back(buffer.clone());
     torch::Tensor output;
     {
-      RngReplay rng(*recompute);
-      AutocastStateGuard autocast(recompute->autocast);
-      torch::AutoGradMode grad_mode(true);
-      output = recompute->block(detached);
-    }
-    // Reentrant backward through the recomputed graph: accumulates into the parameters' .grad and
-    // into detached.grad.
-    if (output.requires_grad()) torch::autograd::backward({output}, {grad_outputs[0]});
-    {
-      // After the backward: the recomputed graph saved the buffers (batch_norm's backward checks
-      // their version), though training-mode gradients do not depend on their values.
-      torch::NoGradGuard no_grad;
-      for (size_t i = 0; i < forward_buffers.size(); ++i) recompute->buffers[i].copy_(forward_buffers[i]);
+      // The recompute updates the buffers a second time (BatchNorm's running statistics with the
+      // same batch): forward's values are put back when this scope ends, after the backward below,
+      // since the recomputed graph saved the buffers (batch_norm's backward checks their version;
+      // training-mode gradients do not depend on their values).
+      TensorValuesGuard keep_buffers(recompute->buffers);
+      {
+        RngReplay rng(*recompute);
+        AutocastStateGuard autocast(recompute->autocast);
+        torch::AutoGradMode grad_mode(true);
+        output = recompute->block(detached);
+      }
+      // Reentrant backward through the recomputed graph: accumulates into the parameters' .grad and
+      // into detached.grad.
+      if (output.requires_grad()) torch::autograd::backward({output}, {grad_outputs[0]});
     }
 
     // One gradient per forward argument: none for the block and the buffers, the input's, none for

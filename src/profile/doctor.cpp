@@ -72,10 +72,9 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
   const bool profiler_was_on = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
 
   // ---- the run as configured: a short profile ----
-  Config config = resolve_batch_size(requested);
+  const Config config = with_room_to_profile(resolve_batch_size(requested));
   const ProfileOptions profile_options =
       ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
-  config.train.max_steps(0).epochs(std::max<int64_t>(config.train.epochs(), 1000));  // room for the steps
   Experiment experiment = Experiment::build(config, /*announce=*/false);
   const torch::Device device = experiment.device;
   const bool cuda = device.is_cuda();

@@ -149,6 +149,11 @@ std::vector<OperatorStat> operator_stats(const nlohmann::json& trace) {
   return stats;
 }
 
+Config with_room_to_profile(Config config) {
+  config.train.max_steps(0).epochs(std::max<int64_t>(config.train.epochs(), 1000));
+  return config;
+}
+
 ProfileResult profile_run(const Config& requested, const std::string& out_dir, const ProfileOptions& options,
                           const std::vector<std::shared_ptr<Callback>>& callbacks) {
   Config config = resolve_batch_size(requested);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "fasttrain/log/metrics.h"
+#include "fasttrain/state/file_io.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/json.h"
@@ -105,18 +106,9 @@ bool ends_with(const std::string& text, const std::string& suffix) {
          text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string read_text_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  FT_CHECK(in.good(), "cannot open '{}' for reading", path.string());
-  std::ostringstream text;
-  text << in.rdbuf();
-  FT_CHECK(!in.bad(), "reading '{}' failed", path.string());
-  return text.str();
-}
-
 json read_json_file(const fs::path& path) {
   try {
-    return json::parse(read_text_file(path));
+    return json::parse(read_text_file(path.string()));
   } catch (const json::parse_error& error) {
     FT_FAIL("'{}' is not valid JSON at byte {}: the file is corrupt or was cut off", path.string(),
             error.byte);
@@ -470,7 +462,8 @@ std::string doctor_section(const fs::path& path) {
 std::string config_section(const fs::path& path) {
   std::string html = "<section id=\"config\">\n<h2>Effective config</h2>\n";
   if (!fs::exists(path)) return html + not_recorded(kNoConfig) + "</section>\n";
-  return html + "<pre class=\"config\">" + escape_html(read_text_file(path)) + "</pre>\n</section>\n";
+  return html + "<pre class=\"config\">" + escape_html(read_text_file(path.string())) +
+         "</pre>\n</section>\n";
 }
 
 // ---------------------------------------------------------------------------------------------

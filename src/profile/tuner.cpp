@@ -29,8 +29,8 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   const ProfileOptions profile =
       ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
   auto measure = [&](Config config, const std::string& name) {
-    config.train.max_steps(0).epochs(std::max<int64_t>(config.train.epochs(), 1000));
-    return profile_run(config, run_dir + "/tune/" + name, profile).samples_per_s;
+    return profile_run(with_room_to_profile(std::move(config)), run_dir + "/tune/" + name, profile)
+        .samples_per_s;
   };
   double best_speed = measure(best, "baseline");
   result.baseline_samples_per_s = best_speed;

@@ -157,11 +157,17 @@ std::optional<std::string> resume_target(const std::string& resume, const std::s
           kCheckpointManifestName);
 }
 
-// The checkpoint's config against this run's: the keys that would change the trajectory.
-void check_same_training(const std::string& checkpoint, const Config& config) {
+// The effective config a checkpoint recorded (none in checkpoints written without one: the
+// fingerprint check in load_checkpoint still applies).
+std::optional<Config> saved_config(const std::string& checkpoint) {
   const std::string saved_path = checkpoint + "/config.toml";
-  if (!fs::exists(saved_path)) return;  // the fingerprint check in load_checkpoint still applies
-  std::vector<std::string> differences = training_differences(load_config(saved_path), config);
+  if (!fs::exists(saved_path)) return std::nullopt;
+  return load_config(saved_path);
+}
+
+// The checkpoint's config against this run's: the keys that would change the trajectory.
+void check_same_training(const std::string& checkpoint, const Config& saved, const Config& config) {
+  std::vector<std::string> differences = training_differences(saved, config);
   FT_CONFIG_CHECK(
       differences.empty(),
       "cannot resume from '{}': it was trained with another config; differing keys (checkpoint vs "
@@ -312,12 +318,10 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
     checkpoint = resume_target(options.resume(), run_dir);
     if (!checkpoint) {
       fmt::print(stderr, "fasttrain: no checkpoint in {}/checkpoints: starting fresh\n", run_dir);
-    } else {
+    } else if (const std::optional<Config> saved = saved_config(*checkpoint)) {
       // "auto" resumes with the size the run was searched to, not a new search.
-      const std::string saved = *checkpoint + "/config.toml";
-      if (config.data.batch_size() == 0 && fs::exists(saved))
-        config.data.batch_size(load_config(saved).data.batch_size());
-      check_same_training(*checkpoint, config);
+      if (config.data.batch_size() == 0) config.data.batch_size(saved->data.batch_size());
+      check_same_training(*checkpoint, *saved, config);
     }
   }
   if (!checkpoint) clear_run_outputs(run_dir, options.fresh());

@@ -15,6 +15,7 @@
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 #include "fasttrain/util/rng.h"
+#include "fasttrain/util/tensor_guard.h"
 
 namespace fasttrain {
 
@@ -135,17 +136,10 @@ void Trainer::warm_up(const Batch& batch) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
   }
-  RngStateGuard keep_random_streams;  // dropout draws
-  std::vector<torch::Tensor> buffers;
-  {
-    torch::NoGradGuard no_grad;
-    for (const auto& buffer : model_->buffers()) buffers.push_back(buffer.clone());
-  }
+  RngStateGuard keep_random_streams;                  // dropout draws
+  TensorValuesGuard keep_buffers(model_->buffers());  // BatchNorm statistics
   backward_micro_batch(batch, 1);
   compat::zero_grad_to_none(*optimizer_);
-  torch::NoGradGuard no_grad;
-  auto current = model_->buffers();
-  for (size_t i = 0; i < buffers.size(); ++i) current[i].copy_(buffers[i]);
 }
 
 bool Trainer::stop_requested() const {
@@ -317,9 +311,8 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         record.samples_per_s = interval_samples / interval_s;
         record.data_wait_fraction = (train.wait_seconds() - interval_wait_start) / interval_s;
         record.elapsed_s = now;
-        const StepPhases phases_now = session_phases();
-        record.phases = phases_now - interval_phases_start;
-        interval_phases_start = phases_now;
+        record.phases = fit_phases_ - interval_phases_start;  // as of this step's end
+        interval_phases_start = fit_phases_;
         for (auto& callback : callbacks_) callback->on_log(*this, record);
         interval_loss.zero_();
         interval_steps = interval_samples = 0;

@@ -71,6 +71,11 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
                                  const ProfileOptions& options = ProfileOptions(),
                                  const std::vector<std::shared_ptr<Callback>>& callbacks = {});
 
+// `config` with room for any number of profiled steps (train.max_steps off, at least 1000 epochs):
+// for measurements that must not be cut short by the run's own length (doctor, tune). The schedule
+// is then planned over the longer run.
+Config with_room_to_profile(Config config);
+
 // Operator totals of a Chrome trace written by LibTorch's profiler: complete events ("ph": "X")
 // by name, self time = duration minus the durations of the events nested directly inside.
 std::vector<OperatorStat> operator_stats(const nlohmann::json& trace);
