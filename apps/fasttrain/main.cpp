@@ -146,6 +146,20 @@ int run(int argc, char** argv) {
   report->add_option("run_dir", report_dir, "Run directory (holds metrics.jsonl)")->required();
   report->add_option("--out", report_out, "Where to write the page (default: RUN_DIR/report.html)");
 
+  // ---- launch ----
+  fasttrain::LaunchOptions launch_options(1);
+  std::vector<std::string> launch_command;
+  auto* launch = app.add_subcommand(
+      "launch",
+      "Run a command as N ranks of one distributed job on this machine (like torchrun --nproc-per-node N "
+      "--no-python): fasttrain launch --nproc 2 -- fasttrain train cfg.toml");
+  launch->add_option("--nproc", launch_options.nproc(), "Ranks to start")->required();
+  launch->add_option("--master-addr", launch_options.master_addr(), "Rendezvous host (MASTER_ADDR)");
+  launch->add_option("--master-port", launch_options.master_port(), "Rendezvous port (default: a free one)");
+  launch->add_option("--grace-s", launch_options.grace_s(),
+                     "After a rank fails, seconds the others get to exit before SIGKILL");
+  launch->add_option("command", launch_command, "The command each rank runs, after --")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
@@ -168,6 +182,8 @@ int run(int argc, char** argv) {
       return 128 + (signal != 0 ? signal : SIGINT);
     }
     std::cerr << "fasttrain: run written to " << run_dir << "\n";
+  } else if (*launch) {
+    return fasttrain::launch(launch_options, launch_command);
   } else if (*eval) {
     fasttrain::EvalResult result = fasttrain::eval_run(build_config(eval_args), weights);
     std::cout << nlohmann::json{{"test_accuracy", result.accuracy},

@@ -423,6 +423,31 @@ const std::vector<Field>& schema() {
           "memory", "expandable_segments", [](Config& c) -> bool& { return c.memory.expandable_segments(); },
           "CUDA: the caching allocator grows segments in place instead of caching many sizes (LibTorch "
           ">= 2.1)"),
+      // [dist]
+      field<S>(
+          "dist", "backend", [](Config& c) -> S& { return c.dist.backend(); },
+          "Collectives of a distributed run (torchrun, srun or fasttrain launch): auto (gloo on CPU), gloo "
+          "or "
+          "nccl",
+          one_of({"auto", "gloo", "nccl"})),
+      field<double>(
+          "dist", "timeout_s", [](Config& c) -> double& { return c.dist.timeout_s(); },
+          "Longest wait of the rendezvous or any collective: a rank that died or hangs fails the others "
+          "after it",
+          above(0.0)),
+      field<double>(
+          "dist", "bucket_cap_mb", [](Config& c) -> double& { return c.dist.bucket_cap_mb(); },
+          "DDP gradient buckets, MiB: each is all-reduced as soon as backward has filled it", above(0.0)),
+      field<int>(
+          "dist", "zero", [](Config& c) -> int& { return c.dist.zero(); },
+          "0 = DDP; 1 = ZeRO-1 (optimizer state sharded across ranks); 2 = ZeRO-2 (and gradients, "
+          "reduce-scattered)",
+          Check<int>([](const std::string& key, const int& value) {
+            FT_CONFIG_CHECK(value >= 0 && value <= 2, "{} must be 0, 1 or 2, got {}", key, value);
+          })),
+      field<bool>(
+          "dist", "broadcast_buffers", [](Config& c) -> bool& { return c.dist.broadcast_buffers(); },
+          "Before each forward, rank 0's buffers (BatchNorm statistics) replace the other ranks' (as DDP)"),
       // [log]
       field<S>(
           "log", "progress", [](Config& c) -> S& { return c.log.progress(); },
@@ -571,14 +596,15 @@ namespace {
 
 // Keys that change how fast or how visibly a run trains, never what it computes: a resume may
 // change them (more workers on a bigger machine, another log cadence). [memory] too: checkpointed
-// blocks recompute the same values, and the warm-up puts back everything it touches.
+// blocks recompute the same values, and the warm-up puts back everything it touches. [dist] too: a
+// checkpoint records its world size and dist.zero, and load_checkpoint checks them itself.
 bool shapes_training(const Field& field) {
   static const std::vector<std::string> neutral = {
       "data.eval_batch_size",  "data.workers",         "data.prefetch",          "data.pin_memory",
       "train.threads",         "train.device",         "train.eval_every_steps", "train.eval_from_step",
       "train.target_accuracy", "train.stop_at_target", "train.init_from",        "train.detect_anomaly"};
   if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
-      field.section == "memory")
+      field.section == "memory" || field.section == "dist")
     return false;
   return std::find(neutral.begin(), neutral.end(), field.section + "." + field.key) == neutral.end();
 }

@@ -72,11 +72,15 @@ DataLoader::DataLoader(ImageDataset dataset, TransformPipeline pipeline, LoaderO
       "DataLoader needs one label per image: {} images, {} labels", dataset_.size(),
       dataset_.labels.defined() ? dataset_.labels.size(0) : 0);
   FT_CHECK(dataset_.size() > 0, "DataLoader: the dataset is empty");
-  FT_CONFIG_CHECK(
-      !options_.drop_last() || options_.batch_size() <= dataset_.size(),
-      "data.batch_size {} is larger than the dataset ({} samples): with drop_last every epoch would "
-      "be empty; use at most {}",
-      options_.batch_size(), dataset_.size(), dataset_.size());
+  FT_CHECK(options_.world_size() >= 1 && options_.rank() >= 0 && options_.rank() < options_.world_size(),
+           "DataLoader: rank {} is not in [0, world_size {})", options_.rank(), options_.world_size());
+  FT_CONFIG_CHECK(!options_.drop_last() || options_.batch_size() <= samples_per_epoch(),
+                  "data.batch_size {} is larger than the {} samples of {}: with drop_last every epoch would "
+                  "be empty; use at most {}",
+                  options_.batch_size(), samples_per_epoch(),
+                  options_.world_size() > 1 ? fmt::format("rank {}'s shard", options_.rank())
+                                            : std::string("the dataset"),
+                  samples_per_epoch());
   pipeline_.check_channels(dataset_.channels());
   // Workers read raw pointers: make the storage contiguous, CPU, and of the types they assume.
   dataset_.images = dataset_.images.to(torch::kCPU).contiguous();
@@ -109,8 +113,15 @@ void DataLoader::shutdown() {
   impl_->threads.clear();
 }
 
+int64_t DataLoader::samples_per_epoch() const {
+  const int64_t n = dataset_.size(), world = options_.world_size();
+  if (world == 1) return n;
+  if (options_.even_shards()) return (n + world - 1) / world;
+  return (n - options_.rank() + world - 1) / world;
+}
+
 int64_t DataLoader::batches_per_epoch() const {
-  const int64_t n = dataset_.size();
+  const int64_t n = samples_per_epoch();
   const int64_t b = options_.batch_size();
   return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
@@ -123,7 +134,14 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
     SampleRng rng(options_.seed(), static_cast<uint64_t>(epoch), ~uint64_t{0});
     for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
   }
-  return order;
+  const int64_t world = options_.world_size();
+  if (world == 1) return order;
+  const int64_t n = static_cast<int64_t>(order.size());
+  const int64_t dealt = options_.even_shards() ? samples_per_epoch() * world : n;
+  std::vector<int64_t> shard;
+  shard.reserve(static_cast<size_t>(samples_per_epoch()));
+  for (int64_t i = options_.rank(); i < dealt; i += world) shard.push_back(order[static_cast<size_t>(i % n)]);
+  return shard;
 }
 
 void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
@@ -152,7 +170,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
 Batch DataLoader::build_batch(int64_t epoch, int64_t index, const std::vector<int64_t>& order,
                               uint64_t generation) const {
   const int64_t start = index * options_.batch_size();
-  const int64_t count = std::min(options_.batch_size(), dataset_.size() - start);
+  const int64_t count = std::min(options_.batch_size(), static_cast<int64_t>(order.size()) - start);
   const SampleShape shape{dataset_.channels(), dataset_.height(), dataset_.width()};
   const int64_t numel = shape.numel();
 

@@ -97,6 +97,33 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
                                                static_cast<const torch::optim::AdamWOptions&>(*defaults));
 }
 
+std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(
+    const torch::optim::Optimizer& prototype,
+    const std::vector<std::vector<torch::Tensor>>& group_parameters) {
+  FT_CHECK(group_parameters.size() == prototype.param_groups().size(),
+           "rebuild_optimizer: {} parameter lists for {} groups", group_parameters.size(),
+           prototype.param_groups().size());
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  for (size_t i = 0; i < group_parameters.size(); ++i) {
+    groups.emplace_back(group_parameters[i], prototype.param_groups()[i].options().clone());
+  }
+  const torch::optim::OptimizerOptions& defaults = prototype.defaults();
+  if (dynamic_cast<const torch::optim::SGD*>(&prototype)) {
+    return std::make_unique<torch::optim::SGD>(groups,
+                                               static_cast<const torch::optim::SGDOptions&>(defaults));
+  }
+  if (dynamic_cast<const torch::optim::AdamW*>(&prototype)) {
+    return std::make_unique<torch::optim::AdamW>(groups,
+                                                 static_cast<const torch::optim::AdamWOptions&>(defaults));
+  }
+  if (dynamic_cast<const torch::optim::Adam*>(&prototype)) {
+    return std::make_unique<torch::optim::Adam>(groups,
+                                                static_cast<const torch::optim::AdamOptions&>(defaults));
+  }
+  FT_FAIL("rebuild_optimizer: the optimizer is not SGD, Adam or AdamW (those made by make_optimizer: {})",
+          fmt::join(optimizer_names(), ", "));
+}
+
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
   optimizer.defaults().set_lr(lr);  // so groups added later start at the current LR

@@ -164,6 +164,9 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
   OptimizerState& state = per_optimizer_[&optimizer];
 
+  if (found_inf_reducer_) {
+    for (auto& [device, flag] : state.found_inf) found_inf_reducer_(flag);
+  }
   // The one host read of a step: whether to step at all.
   double found = 0;
   for (auto& [device, flag] : state.found_inf) found += flag.item<double>();

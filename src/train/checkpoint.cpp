@@ -128,22 +128,43 @@ std::string Trainer::save_checkpoint() {
         bad.item<int64_t>(), step_);
   }
 
-  CheckpointWriter writer(checkpoints_->root(), step_);
+  // ---- rank 0 stages the directory; each rank adds the files only it holds ----
+  const bool rank0 = rank() == 0;
+  std::optional<CheckpointWriter> writer;
+  if (rank0) writer.emplace(checkpoints_->root(), step_);
+  const std::string staging = parallel_
+                                  ? parallel_->group().broadcast_string(rank0 ? writer->staging_dir() : "")
+                                  : writer->staging_dir();
+  auto file = [&](const std::string& name) { return staging + "/" + name; };
+  if (rank0 || sharded_optimizer()) {
+    OptimizerStateTensors optimizer = optimizer_state(*optimizer_, optimizer_parameters());
+    save_safetensors(file(optimizer_file_name()), optimizer.tensors, optimizer.metadata);
+  }
+  save_safetensors(file(rng_file_name()), generator_states());
+  if (parallel_) parallel_->group().barrier();  // every rank's files are written
+  if (!rank0) {
+    const std::string dir = parallel_->group().broadcast_string("");  // after rank 0's commit
+    last_checkpoint_step_ = step_;
+    last_checkpoint_ = dir;
+    last_checkpoint_seconds_ =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
+    return dir;
+  }
+
+  // ---- rank 0: the replicated state, then the commit ----
   const auto named_parameters = model_->named_parameters();
-  save_safetensors(writer.file("model.safetensors"), module_state(*model_));
-  OptimizerStateTensors optimizer = optimizer_state(*optimizer_, named_parameters);
-  save_safetensors(writer.file("optimizer.safetensors"), optimizer.tensors, optimizer.metadata);
-  if (ema_) save_safetensors(writer.file("ema.safetensors"), named(state_names(*model_), ema_->shadow()));
-  save_safetensors(writer.file("rng.safetensors"), generator_states());
+  save_safetensors(writer->file("model.safetensors"), module_state(*model_));
+  if (ema_) save_safetensors(writer->file("ema.safetensors"), named(state_names(*model_), ema_->shadow()));
   if (progress_.window_done > 0) {
     NamedTensors window{{"loss", window_loss_}};
     for (const auto& item : named_parameters) {
       if (item.value().grad().defined()) window.emplace_back("grad." + item.key(), item.value().grad());
     }
-    save_safetensors(writer.file("window.safetensors"), window);
+    save_safetensors(writer->file("window.safetensors"), window);
   }
   if (!checkpoints_->config_toml().empty())
-    write_text_file(writer.file("config.toml"), checkpoints_->config_toml());
+    write_text_file(writer->file("config.toml"), checkpoints_->config_toml());
   nlohmann::json state = {
       {"format", kStateFormat},
       {"version", kStateVersion},
@@ -154,15 +175,31 @@ std::string Trainer::save_checkpoint() {
        ema_ ? nlohmann::json{{"calls", ema_->calls()}, {"updates", ema_->updates()}} : nlohmann::json()},
       {"config_fingerprint", checkpoints_->fingerprint()},
       {"libtorch", compat::torch_version()},
+      {"world_size", world_size()},
+      {"zero", parallel_ ? parallel_->zero() : 0},
   };
-  write_json_file(writer.file("state.json"), state);
-  std::string dir = writer.commit();
+  write_json_file(writer->file("state.json"), state);
+  std::string dir = writer->commit();
   prune_checkpoints(checkpoints_->root(), checkpoints_->keep());
+  if (parallel_) parallel_->group().broadcast_string(dir);
   last_checkpoint_step_ = step_;
   last_checkpoint_ = dir;
   last_checkpoint_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
   return dir;
+}
+
+bool Trainer::sharded_optimizer() const {
+  return parallel_ && parallel_->zero() > 0;
+}
+
+// One optimizer state (rank 0's) unless ZeRO shards it; one random state per rank when distributed.
+std::string Trainer::optimizer_file_name() const {
+  return sharded_optimizer() ? fmt::format("optimizer-rank{}.safetensors", rank()) : "optimizer.safetensors";
+}
+
+std::string Trainer::rng_file_name() const {
+  return parallel_ ? fmt::format("rng-rank{}.safetensors", rank()) : "rng.safetensors";
 }
 
 void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
@@ -207,10 +244,19 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
            ema_state.is_null() ? "without" : "with", ema_ ? "on" : "off");
   GradScalerState scaler_state =
       GradScalerState::from_json(json_field<nlohmann::json>(state, "scaler", what));
+  // Written before data parallel runs existed: one process.
+  const int saved_world = state.contains("world_size") ? json_field<int>(state, "world_size", what) : 1;
+  const int saved_zero = state.contains("zero") ? json_field<int>(state, "zero", what) : 0;
+  const int zero = parallel_ ? parallel_->zero() : 0;
+  FT_CONFIG_CHECK(saved_world == world_size() && saved_zero == zero,
+                  "checkpoint '{}' was written by {} rank(s) with dist.zero = {}, but this run has {} with "
+                  "dist.zero = {}: resume with the same number of ranks and dist.zero (resharding is not "
+                  "supported)",
+                  dir, saved_world, saved_zero, world_size(), zero);
 
   // ---- tensors: each file parsed and checked before anything is changed ----
-  SafetensorsFile optimizer_file = load_safetensors(dir + "/optimizer.safetensors");
-  SafetensorsFile rng_file = load_safetensors(dir + "/rng.safetensors");
+  SafetensorsFile optimizer_file = load_safetensors(dir + "/" + optimizer_file_name());
+  SafetensorsFile rng_file = load_safetensors(dir + "/" + rng_file_name());
   std::optional<SafetensorsFile> window_file;
   if (progress.window_done > 0) {
     FT_CHECK(has("window.safetensors"),
@@ -226,7 +272,7 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   }
 
   load_module_safetensors(*model_, dir + "/model.safetensors");
-  load_optimizer_state(*optimizer_, model_->named_parameters(), optimizer_file);
+  load_optimizer_state(*optimizer_, optimizer_parameters(), optimizer_file);
   if (ema_)
     ema_->load_state(ema_shadow, json_field<int64_t>(ema_state, "calls", what),
                      json_field<int64_t>(ema_state, "updates", what));

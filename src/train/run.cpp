@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "fasttrain/log/metrics.h"
@@ -222,6 +223,10 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   Experiment experiment;
   experiment.config = config;
   experiment.device = parse_device(config.train.device());
+  experiment.group = default_process_group(config.dist);
+  const int64_t rank = experiment.group ? experiment.group->rank() : 0;
+  const int64_t world_size = experiment.group ? experiment.group->size() : 1;
+  announce = announce && rank == 0;
   // From the start, so that peak_memory_bytes counts the dataset and the model too.
   if (experiment.device.is_cpu()) track_cpu_allocations();
   experiment.threads = set_intra_op_threads(config.train.threads());
@@ -249,7 +254,9 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
         .seed(static_cast<uint64_t>(config.train.seed()))
         .device(experiment.device)
         .pin_memory(data.pin_memory())
-        .channels_last(config.train.channels_last());
+        .channels_last(config.train.channels_last())
+        .rank(rank)
+        .world_size(world_size);
   };
   const auto stats = normalisation(data, train);
   experiment.train_loader = std::make_unique<DataLoader>(
@@ -259,7 +266,8 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
       experiment.data.test, make_pipeline(data, stats, /*augment=*/false),
       loader_options(std::min(data.eval_batch_size(), experiment.data.test.size()))
           .shuffle(false)
-          .drop_last(false));
+          .drop_last(false)
+          .even_shards(false));  // every test sample counted once
 
   // ---- model ----
   ModelOptions model_options = config.model;
@@ -275,6 +283,12 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   if (announce) {
     fmt::print(stderr, "fasttrain: device {}, {} intra-op threads, {} loader workers\n",
                experiment.device.str(), experiment.threads, experiment.train_loader->workers());
+    if (experiment.group) {
+      fmt::print(stderr, "fasttrain: {} ranks ({}), {}, batch {} per rank = {} global\n", world_size,
+                 experiment.group->backend(),
+                 config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
+                 data.batch_size(), data.batch_size() * world_size);
+    }
     fmt::print(stderr, "fasttrain: {} train / {} test samples of {}x{}x{}, {} batches of {} per epoch\n",
                train.size(), experiment.data.test.size(), train.channels(), train.height(), train.width(),
                experiment.train_loader->batches_per_epoch(), data.batch_size());
@@ -294,6 +308,7 @@ std::unique_ptr<Trainer> Experiment::make_trainer() const {
     trainer->enable_ema(EmaOptions(config.ema.decay()).warmup(config.ema.warmup()).every(config.ema.every()));
   }
   trainer->set_log_every(config.log.every_steps());
+  if (group) trainer->enable_data_parallel(group, config.dist);
   return trainer;
 }
 
@@ -311,11 +326,24 @@ Batch Experiment::largest_batch() const {
 }
 
 FitSummary train_run(const Config& requested, const std::string& run_dir, const RunOptions& options) {
+  // ---- distributed: rank 0 alone decides about and writes the run directory ----
+  std::shared_ptr<ProcessGroup> group = default_process_group(requested.dist);
+  const bool rank0 = !group || group->rank() == 0;
+  FT_CONFIG_CHECK(!group || requested.data.batch_size() > 0,
+                  "data.batch_size = \"auto\" is not supported in a distributed run: find it in one process "
+                  "(fasttrain find-batch) and set the per-rank size");
+  auto on_rank0 = [&](const std::function<std::string()>& decide) {
+    std::string result = rank0 ? decide() : "";
+    return group ? group->broadcast_string(result) : result;
+  };
+
   // ---- where the run starts: a checkpoint, or new ----
   Config config = requested;
   std::optional<std::string> checkpoint;
   if (!options.resume().empty()) {
-    checkpoint = resume_target(options.resume(), run_dir);
+    const std::string target =
+        on_rank0([&] { return resume_target(options.resume(), run_dir).value_or(""); });
+    if (!target.empty()) checkpoint = target;
     if (!checkpoint) {
       fmt::print(stderr, "fasttrain: no checkpoint in {}/checkpoints: starting fresh\n", run_dir);
     } else if (const std::optional<Config> saved = saved_config(*checkpoint)) {
@@ -324,12 +352,25 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
       check_same_training(*checkpoint, *saved, config);
     }
   }
-  if (!checkpoint) clear_run_outputs(run_dir, options.fresh());
+  if (!checkpoint) {
+    // Every rank learns of a refusal (an earlier run without --fresh) and stops with the same error.
+    const std::string refusal = on_rank0([&] {
+      try {
+        clear_run_outputs(run_dir, options.fresh());
+      } catch (const Error& error) {
+        return std::string(error.what());
+      }
+      return std::string();
+    });
+    FT_CHECK(refusal.empty(), "{}", refusal);
+  }
   config = resolve_batch_size(config);
 
   Experiment experiment = Experiment::build(config, /*announce=*/true);
-  fs::create_directories(run_dir + "/final");
-  write_text_file(run_dir + "/config.toml", to_toml(experiment.config));
+  if (rank0) {
+    fs::create_directories(run_dir + "/final");
+    write_text_file(run_dir + "/config.toml", to_toml(experiment.config));
+  }
   auto trainer = experiment.make_trainer();
   trainer->enable_checkpoints(RunCheckpointOptions(run_dir + "/checkpoints")
                                   .every_steps(config.checkpoint.every_steps())
@@ -339,10 +380,13 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
   if (checkpoint) {
     trainer->load_checkpoint(*checkpoint, experiment.train_loader->batches_per_epoch());
     const int64_t step = trainer->step();
-    remove_later_checkpoints(run_dir + "/checkpoints", *checkpoint, step);
-    truncate_metrics(run_dir + "/metrics.jsonl", step);
-    fmt::print(stderr, "fasttrain: resuming from {} (step {}, epoch {}, batch {} of the epoch)\n",
-               *checkpoint, step, trainer->progress().epoch, trainer->progress().batch_in_epoch);
+    if (rank0) {
+      remove_later_checkpoints(run_dir + "/checkpoints", *checkpoint, step);
+      truncate_metrics(run_dir + "/metrics.jsonl", step);
+    }
+    if (rank0)
+      fmt::print(stderr, "fasttrain: resuming from {} (step {}, epoch {}, batch {} of the epoch)\n",
+                 *checkpoint, step, trainer->progress().epoch, trainer->progress().batch_in_epoch);
   } else if (!config.train.init_from().empty()) {
     load_module_safetensors(*experiment.model, config.train.init_from());
     fmt::print(stderr, "fasttrain: initial weights from {}\n", config.train.init_from());
@@ -350,9 +394,11 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
 
   // ---- train ----
   if (config.memory.warmup()) trainer->warm_up(experiment.largest_batch());
-  trainer->add_callback(std::make_shared<RunLogger>(run_dir, Progress::parse_mode(config.log.progress())));
+  if (rank0) {
+    trainer->add_callback(std::make_shared<RunLogger>(run_dir, Progress::parse_mode(config.log.progress())));
+  }
   FitSummary summary = trainer->fit(*experiment.train_loader, experiment.test_loader.get());
-  if (summary.interrupted) return summary;
+  if (summary.interrupted || !rank0) return summary;
 
   // ---- outputs: final weights (and their EMA) in safetensors, the summary ----
   save_module_safetensors(*experiment.model, run_dir + "/final/model.safetensors");

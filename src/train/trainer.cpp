@@ -64,7 +64,8 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::unique_ptr<torch::optim::Opt
       device_(device),
       precision_(parse_precision(options_.precision(), device)),
       scaler_(GradScalerOptions().enabled(precision_ == torch::kHalf)),
-      parameters_(model_->parameters()) {
+      parameters_(model_->parameters()),
+      clip_parameters_(parameters_) {
   FT_CONFIG_CHECK(options_.accumulation() >= 1, "train.accumulation must be >= 1, got {}",
                   options_.accumulation());
   FT_CONFIG_CHECK(options_.clip_norm() >= 0, "train.clip_norm must be >= 0, got {}", options_.clip_norm());
@@ -72,6 +73,17 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::unique_ptr<torch::optim::Opt
 
 void Trainer::enable_ema(const EmaOptions& options) {
   ema_ = std::make_unique<Ema>(*model_, options);
+}
+
+void Trainer::enable_data_parallel(std::shared_ptr<ProcessGroup> group, const DistOptions& options) {
+  FT_CHECK(!parallel_, "enable_data_parallel was already called");
+  FT_CHECK(step_ == 0 && optimizer_->state().empty(),
+           "enable_data_parallel must come before any optimizer step or checkpoint load");
+  parallel_ = std::make_unique<DataParallel>(std::move(group), model_, options);
+  optimizer_ = parallel_->shard_optimizer(std::move(optimizer_));
+  clip_parameters_.clear();
+  for (const auto& item : parallel_->optimizer_parameters()) clip_parameters_.push_back(item.value());
+  scaler_.set_found_inf_reducer(parallel_->found_inf_reducer());
 }
 
 void Trainer::add_callback(std::shared_ptr<Callback> callback) {
@@ -93,21 +105,27 @@ torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, doubl
   FT_CHECK(!micro_batches.empty(), "train_step needs at least one micro-batch");
   const auto window = static_cast<int64_t>(micro_batches.size());
   torch::Tensor window_loss = torch::zeros({}, torch::TensorOptions().device(device_));
-  for (const Batch& batch : micro_batches) window_loss += backward_micro_batch(batch, window);
+  for (size_t i = 0; i < micro_batches.size(); ++i) {
+    window_loss += backward_micro_batch(micro_batches[i], window, i + 1 == micro_batches.size());
+  }
   optimizer_step(lr);
   return window_loss;
 }
 
-torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_size) {
+torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window) {
   // Each micro-batch loss is divided by the window size, so the summed gradients are those of
   // the mean loss over the whole window: N micro-batches of B equal one batch of N x B.
   torch::Tensor loss;
   {
     PhaseScope forward(phases_, Phase::kForward);
+    if (parallel_) parallel_->before_forward(ends_window);
     loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim fp32
   }
   PhaseScope backward(phases_, Phase::kBackward);
-  scaler_.scale(loss).backward();
+  torch::Tensor scaled = scaler_.scale(loss);
+  if (parallel_) parallel_->before_backward(scaled, ends_window);
+  scaled.backward();  // DDP: buckets all-reduced while backward runs
+  if (parallel_ && ends_window) parallel_->after_backward();
   return loss.detach();
 }
 
@@ -120,11 +138,13 @@ void Trainer::optimizer_step(double lr) {
   // ---- unscale, clip, step (skipped on inf/NaN gradients), update the scale, gradients to None ----
   if (options_.clip_norm() > 0) {
     scaler_.unscale_(*optimizer_);  // clip the true gradients, not the scaled ones
-    last_grad_norm_ = clip_grad_norm(parameters_, options_.clip_norm());
+    last_grad_norm_ = clip_grad_norm(clip_parameters_, options_.clip_norm(),
+                                     parallel_ ? parallel_->grad_norm_reducer() : nullptr);
   }
   scaler_.step(*optimizer_);
   scaler_.update();
   compat::zero_grad_to_none(*optimizer_);
+  if (parallel_) parallel_->after_optimizer_step();  // ZeRO: every rank's updated part to all
   ++step_;
 
   // ---- EMA of the weights ----
@@ -136,10 +156,21 @@ void Trainer::warm_up(const Batch& batch) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
   }
-  RngStateGuard keep_random_streams;                  // dropout draws
-  TensorValuesGuard keep_buffers(model_->buffers());  // BatchNorm statistics
-  backward_micro_batch(batch, 1);
+  RngStateGuard keep_random_streams;                      // dropout draws
+  TensorValuesGuard keep_buffers(model_->buffers());      // BatchNorm statistics
+  backward_micro_batch(batch, 1, /*ends_window=*/false);  // nothing communicated
   compat::zero_grad_to_none(*optimizer_);
+}
+
+double Trainer::mean_over_ranks(double value) {
+  if (!parallel_) return value;
+  torch::Tensor total = torch::full({1}, value, torch::kDouble);
+  parallel_->all_reduce_sum(total);
+  return total.item<double>() / world_size();
+}
+
+torch::OrderedDict<std::string, torch::Tensor> Trainer::optimizer_parameters() const {
+  return parallel_ ? parallel_->optimizer_parameters() : model_->named_parameters();
 }
 
 bool Trainer::stop_requested() const {
@@ -172,7 +203,7 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
   auto options = torch::TensorOptions().device(device_);
   torch::Tensor loss_sum = torch::zeros({}, options.dtype(torch::kDouble));
   torch::Tensor correct = torch::zeros({}, options.dtype(torch::kLong));
-  int64_t samples = 0;
+  double samples = 0;
   loader.start_epoch(0);
   AutocastGuard autocast(device_, precision_);
   while (auto batch = loader.next()) {
@@ -182,8 +213,14 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
     correct += logits.argmax(1).eq(batch->targets).sum();
     samples += batch->targets.size(0);
   }
-  FT_CHECK(samples > 0, "evaluation set is empty");
-  return {loss_sum.item<double>() / samples, static_cast<double>(correct.item<int64_t>()) / samples, samples};
+  // [loss sum, correct, samples]: summed over the ranks' shards of the evaluation set.
+  torch::Tensor totals =
+      torch::stack({loss_sum, correct.to(torch::kDouble), torch::full({}, samples, loss_sum.options())})
+          .cpu();
+  if (parallel_) parallel_->all_reduce_sum(totals);
+  const auto total_samples = static_cast<int64_t>(totals[2].item<double>());
+  FT_CHECK(total_samples > 0, "evaluation set is empty");
+  return {totals[0].item<double>() / total_samples, totals[1].item<double>() / total_samples, total_samples};
 }
 
 EvalRecord Trainer::evaluate_and_record(DataLoader& test, int64_t epoch, double elapsed_s) {
@@ -274,11 +311,12 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         FT_CHECK(batch.has_value(), "the training loader ended at batch {} of {} in epoch {}",
                  at.batch_in_epoch, batches_per_epoch, at.epoch);
         const int64_t samples = batch->targets.size(0);
-        window_loss_ += backward_micro_batch(*batch, window_size);
+        window_loss_ += backward_micro_batch(*batch, window_size, at.window_done + 1 == window_size);
         ++at.window_done, ++at.batch_in_epoch;
         at.samples_seen += samples, interval_samples += samples;
         for (auto& callback : callbacks_) callback->on_micro_batch(*this);
-        if (stop_requested() && at.window_done < window_size) break;  // checkpoint inside the window
+        // One process may checkpoint inside the window; ranks stop together at a step boundary.
+        if (!parallel_ && stop_requested() && at.window_done < window_size) break;
       }
       if (at.window_done < window_size) {
         summary.interrupted = true;
@@ -304,11 +342,11 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         StepRecord record;
         record.step = step_;
         record.epoch = at.epoch;
-        record.loss = interval_loss.item<double>() / interval_steps;
+        record.loss = mean_over_ranks(interval_loss.item<double>()) / interval_steps;
         record.lr = lr;
         record.grad_norm = last_grad_norm_.defined() ? last_grad_norm_.item<double>() : 0.0;
         const double interval_s = std::max(now - interval_start, 1e-9);
-        record.samples_per_s = interval_samples / interval_s;
+        record.samples_per_s = interval_samples * world_size() / interval_s;  // every rank's
         record.data_wait_fraction = (train.wait_seconds() - interval_wait_start) / interval_s;
         record.elapsed_s = now;
         record.phases = fit_phases_ - interval_phases_start;  // as of this step's end
@@ -326,7 +364,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
       // ---- run state: periodic checkpoint, or a requested stop ----
       const bool checkpoint_due =
           checkpoints_ && checkpoints_->every_steps() > 0 && step_ % checkpoints_->every_steps() == 0;
-      if (stop_requested()) summary.interrupted = true;
+      if (parallel_ ? parallel_->any(stop_requested()) : stop_requested()) summary.interrupted = true;
       if (checkpoints_ && (checkpoint_due || summary.interrupted)) save();
       if (summary.interrupted || at.target_stop) break;
     }
@@ -349,7 +387,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   summary.steps = step_;
   summary.skipped_steps = scaler_.skipped_steps();
   // Throughput over the whole run, data wait over this session (the loader's clock is per process).
-  summary.train_samples_per_s = at.samples_seen / std::max(at.elapsed_s - at.eval_s, 1e-9);
+  summary.train_samples_per_s = at.samples_seen * world_size() / std::max(at.elapsed_s - at.eval_s, 1e-9);
   const double session_train_s = seconds_since(start) - (at.eval_s - eval_s_before);
   summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / std::max(session_train_s, 1e-9);
   summary.step_phases = session_phases();

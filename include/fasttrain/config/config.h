@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "fasttrain/dist/process_group.h"
 #include "fasttrain/memory/checkpoint.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/optim/optimizer.h"
@@ -103,6 +104,7 @@ struct Config {
   TrainOptions train;
   EmaConfig ema;
   MemoryConfig memory;
+  DistOptions dist;
   LogConfig log;
   CheckpointConfig checkpoint;
   RunConfig run;

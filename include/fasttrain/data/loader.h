@@ -44,6 +44,14 @@ struct LoaderOptions {
   // Where batches are delivered; on CUDA they are staged in pinned memory when pin_memory is set.
   FT_ARG(torch::Device, device) = torch::kCPU;
   FT_ARG(bool, pin_memory) = true;
+  // Data parallel sharding, as PyTorch's DistributedSampler: the epoch's order (the same on every
+  // rank) is dealt out so that rank r takes its samples r, r + world_size, r + 2 world_size, ...
+  // With even_shards (training: ranks must step together) the order is first padded by repeating
+  // its start to a multiple of world_size; without (evaluation) every sample is seen exactly once
+  // and the shards differ by at most one.
+  FT_ARG(int64_t, rank) = 0;
+  FT_ARG(int64_t, world_size) = 1;
+  FT_ARG(bool, even_shards) = true;
   // Deliver inputs in channels_last (NHWC) layout, written so by the workers, for conv models
   // whose kernels run faster on it (mkldnn on CPU, tensor cores on GPU).
   FT_ARG(bool, channels_last) = false;
@@ -75,6 +83,8 @@ class DataLoader {
   std::optional<Batch> next();
 
   int64_t batches_per_epoch() const;
+  // Samples this loader delivers per epoch: the dataset, or this rank's shard of it.
+  int64_t samples_per_epoch() const;
   const ImageDataset& dataset() const { return dataset_; }
   const LoaderOptions& options() const { return options_; }
   int workers() const { return workers_; }
@@ -83,7 +93,8 @@ class DataLoader {
   // Seconds next() spent issuing the copies to a non-CPU device (asynchronous from pinned memory).
   double copy_seconds() const { return copy_seconds_; }
 
-  // The sample order of `epoch` (a permutation when shuffling): a pure function of (seed, epoch).
+  // The sample order of `epoch` (a permutation when shuffling), then this rank's shard of it: a
+  // pure function of (seed, epoch, rank, world_size).
   std::vector<int64_t> epoch_order(int64_t epoch) const;
 
  private:

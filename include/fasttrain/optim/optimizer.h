@@ -41,6 +41,13 @@ void validate(const OptimizerOptions& options);
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options);
 
+// An optimizer of `prototype`'s type (SGD, Adam or AdamW), defaults and per-group options over other
+// tensors: `group_parameters[i]` replaces group i's parameters. Its state starts empty. ZeRO uses it
+// to step only this rank's part of each group.
+std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(
+    const torch::optim::Optimizer& prototype,
+    const std::vector<std::vector<torch::Tensor>>& group_parameters);
+
 // Sets lr on every parameter group.
 void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
 double learning_rate(const torch::optim::Optimizer& optimizer);

@@ -21,6 +21,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 #include <utility>
@@ -91,6 +92,12 @@ class GradScaler {
   // Optimizer steps step() skipped because of inf/NaN gradients.
   int64_t skipped_steps() const { return skipped_steps_; }
 
+  // Data parallel runs whose ranks hold different gradients (ZeRO): combines each found-inf flag
+  // (0-dim) over the ranks (a max) before step() reads it, so every rank skips the same steps.
+  void set_found_inf_reducer(std::function<void(torch::Tensor&)> reducer) {
+    found_inf_reducer_ = std::move(reducer);
+  }
+
   // Save and restore for checkpoints. load_state() on a disabled scaler does nothing; loading the
   // state of a disabled scaler into an enabled one is an error.
   GradScalerState state() const;
@@ -112,6 +119,7 @@ class GradScaler {
   int64_t skipped_steps_ = 0;
   int64_t initial_growth_tracker_ = 0;  // from load_state() before the first scale()
   std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+  std::function<void(torch::Tensor&)> found_inf_reducer_;
 };
 
 }  // namespace fasttrain

@@ -30,11 +30,14 @@ struct Experiment {
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> test_loader;
   std::shared_ptr<Model> model;
+  // The distributed job this process is a rank of (default_process_group), or null: one process.
+  std::shared_ptr<ProcessGroup> group;
 
   // `data`: the loaded dataset to use instead of reading it again (find_batch_size's trials).
   // data.batch_size must be resolved (not "auto": resolve_batch_size).
   static Experiment build(const Config& config, bool announce, const ImageSplits* data = nullptr);
-  // Optimizer, schedule (planned over the run) and options: a Trainer ready to fit().
+  // Optimizer, schedule (planned over the run) and options: a Trainer ready to fit() (data parallel
+  // over `group` when there is one).
   std::unique_ptr<Trainer> make_trainer() const;
   // A training batch of the largest shape the run sees (zeros; the loader's layout and device): what
   // Trainer::warm_up runs on.
@@ -54,7 +57,9 @@ struct RunOptions {
 
 // Trains and writes the run directory (data.batch_size = "auto" is resolved first, or taken from
 // the checkpoint when resuming); returns the summary also written to summary.json (not
-// written, nor the final weights, when the run was interrupted).
+// written, nor the final weights, when the run was interrupted). Started as one rank of a
+// distributed job (torchrun, srun, fasttrain launch), every rank trains on its shard and rank 0
+// alone writes the run directory; data.batch_size is then per rank.
 FitSummary train_run(const Config& config, const std::string& run_dir,
                      const RunOptions& options = RunOptions());
 

@@ -22,6 +22,13 @@
 // needs to continue bit-exactly: weights, optimizer moments, EMA, scaler, RNG, the loader position
 // (epoch, batch of the epoch's permutation), the window, counters. Before a checkpoint is written
 // the losses since the last check and the weights must be finite: a diverged state is never saved.
+//
+// Data parallel (enable_data_parallel): each rank runs fit() on its shard of the data (the
+// loaders' rank and world_size) and the step calls DataParallel around forward, backward and the
+// optimizer. The ranks agree on everything that decides control flow: a stop request takes effect
+// at the next optimizer step on every rank (one tiny all-reduce per step), evaluation sums are
+// all-reduced, and the logged loss and throughput are those of all ranks together. Checkpoints are
+// written by rank 0 (with every rank's ZeRO shard and random state) into one step-N directory.
 #include <torch/optim/optimizer.h>
 
 #include <atomic>
@@ -31,6 +38,7 @@
 #include <vector>
 
 #include "fasttrain/data/loader.h"
+#include "fasttrain/dist/data_parallel.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/optim/ema.h"
 #include "fasttrain/optim/schedule.h"
@@ -148,6 +156,12 @@ class Trainer {
           std::unique_ptr<Schedule> schedule, TrainOptions options, torch::Device device);
 
   void enable_ema(const EmaOptions& options);
+  // Trains as one rank of `group` (see the top of this file). Before fit(), load_checkpoint() and
+  // any step: under ZeRO the optimizer is rebuilt over this rank's part of the parameters.
+  void enable_data_parallel(std::shared_ptr<ProcessGroup> group, const DistOptions& options);
+  DataParallel* data_parallel() { return parallel_.get(); }  // null without enable_data_parallel
+  int world_size() const { return parallel_ ? parallel_->world_size() : 1; }
+  int rank() const { return parallel_ ? parallel_->rank() : 0; }
   void add_callback(std::shared_ptr<Callback> callback);
   // The log interval of on_log callbacks, in optimizer steps.
   void set_log_every(int64_t steps);
@@ -183,8 +197,9 @@ class Trainer {
   // The two halves, for loops that stop inside a window, are backward_micro_batch and optimizer_step.
   torch::Tensor train_step(const std::vector<Batch>& micro_batches, double lr);
   // Forward, loss / window_size, scaled backward (gradients accumulate). Returns the loss divided
-  // by window_size (0-dim, detached, no sync).
-  torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size);
+  // by window_size (0-dim, detached, no sync). `ends_window`: data parallel runs communicate the
+  // gradients in this backward (the others of the window accumulate locally, DDP's no_sync).
+  torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window = true);
   // Unscale, clip, step (skipped on inf/NaN), update the scale, gradients to None, EMA; step() + 1.
   void optimizer_step(double lr);
   // Allocator warm-up (memory.warmup): one forward and backward on `batch`, the largest shape the run
@@ -208,10 +223,19 @@ class Trainer {
 
  private:
   torch::Tensor loss_of(const Batch& batch);
+  // `value` averaged over the ranks (one all-reduce; `value` itself in one process).
+  double mean_over_ranks(double value);
+  // The tensors the optimizer steps, by the names its checkpoint uses: the model's parameters, or
+  // under ZeRO this rank's parts.
+  torch::OrderedDict<std::string, torch::Tensor> optimizer_parameters() const;
   EvalRecord evaluate_and_record(DataLoader& test, int64_t epoch, double elapsed_s);
   // Host check of the losses since the last one (one sync): an error naming the first non-finite
   // step. With fp16 a GradScaler skips such steps instead.
   void check_losses_finite();
+  // Checkpoint files that differ between ranks.
+  bool sharded_optimizer() const;
+  std::string optimizer_file_name() const;
+  std::string rng_file_name() const;
 
   std::shared_ptr<Model> model_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
@@ -223,6 +247,8 @@ class Trainer {
   std::unique_ptr<Ema> ema_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<torch::Tensor> parameters_;
+  std::unique_ptr<DataParallel> parallel_;
+  std::vector<torch::Tensor> clip_parameters_;  // what the optimizer steps: parameters_, or ZeRO's part
   torch::Tensor last_grad_norm_;
   int64_t log_every_ = 50;
   int64_t step_ = 0;

@@ -1,0 +1,97 @@
+#pragma once
+// Data parallelism: every rank trains a replica of the model on its shard of each global batch,
+// and the replicas stay identical because every rank applies the same averaged gradients.
+//
+//   auto group = fasttrain::default_process_group(options);
+//   fasttrain::DataParallel parallel(group, model, options);   // broadcasts rank 0's weights
+//   optimizer = parallel.shard_optimizer(std::move(optimizer));  // ZeRO: this rank's part only
+//   // per micro-batch, `sync` true on the last of the accumulation window:
+//   parallel.before_forward(sync);  loss = ...;  parallel.before_backward(loss, sync);
+//   loss.backward();  if (sync) parallel.after_backward();
+//   optimizer->step();  parallel.after_optimizer_step();
+//
+// dist.zero = 0 (DDP): c10d::Reducer, the engine of PyTorch's DistributedDataParallel. Gradients
+// go into buckets of dist.bucket_cap_mb in the order backward produces them, and each bucket is
+// all-reduced (averaged) as soon as it is full, while backward goes on computing the rest. Inside
+// an accumulation window nothing is communicated (DDP's no_sync): the gradients accumulate locally
+// and the window's last backward all-reduces the sum.
+//
+// dist.zero = 1 / 2 (ZeRO, as DeepSpeed stages 1 and 2): the parameters of each optimizer group
+// are laid out in one flat buffer (the model's parameters become views into it) padded to a
+// multiple of the world size, and rank r owns the r-th contiguous part. The optimizer is rebuilt
+// over these parts, so its state (Adam's two moments) is 1/N of DDP's per rank. After the window's
+// backward the gradients are flattened and the model's gradients freed; ZeRO-1 all-reduces the
+// flat gradients and keeps its part, ZeRO-2 reduce-scatters them so that each rank receives only
+// its part (half the bytes of an all-reduce). After the optimizer step each rank's updated part
+// is all-gathered into everyone's flat buffer. The collectives run after backward, not overlapped
+// with it. Element-wise optimizers (sgd, adam, adamw) give the same updates as DDP.
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <memory>
+#include <vector>
+
+#include "fasttrain/dist/process_group.h"
+
+namespace c10d {
+class Reducer;
+}
+
+namespace fasttrain {
+
+class DataParallel {
+ public:
+  // Copies rank 0's parameters and buffers to every rank. Checks dist.zero and bucket_cap_mb.
+  DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn::Module> model,
+               DistOptions options);
+  ~DataParallel();
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  // DDP: `optimizer` as it is. ZeRO: an optimizer of the same type and group options over this
+  // rank's parts of each group's flat buffer (its state starts empty: call before any step).
+  std::unique_ptr<torch::optim::Optimizer> shard_optimizer(
+      std::unique_ptr<torch::optim::Optimizer> optimizer);
+  // What the sharded optimizer steps, named for its checkpoint ("zero.group0", ...); the model's
+  // named parameters under DDP.
+  torch::OrderedDict<std::string, torch::Tensor> optimizer_parameters() const;
+
+  // ---- the training step ----
+  // `sync`: this micro-batch ends the accumulation window, so its backward communicates.
+  void before_forward(bool sync);
+  void before_backward(const torch::Tensor& loss, bool sync);
+  // After the window's last backward: the averaged gradients are where the optimizer reads them.
+  void after_backward();
+  // ZeRO: all-gathers the updated parts into every rank's parameters.
+  void after_optimizer_step();
+
+  // ---- values every rank must agree on ----
+  // Sums `tensor` over ranks in place.
+  void all_reduce_sum(torch::Tensor& tensor) { group_->all_reduce(tensor, ReduceOp::kSum); }
+  // The gradient norm's square summed over the ranks' parts (ZeRO); identity under DDP, where
+  // every rank already holds every averaged gradient. For clip_grad_norm.
+  std::function<void(torch::Tensor&)> grad_norm_reducer();
+  // Any rank's inf/NaN makes every rank skip the step (GradScaler::set_found_inf_reducer).
+  std::function<void(torch::Tensor&)> found_inf_reducer();
+  bool any(bool flag) { return group_->any(flag); }
+
+  ProcessGroup& group() { return *group_; }
+  int rank() const { return group_->rank(); }
+  int world_size() const { return group_->size(); }
+  int zero() const { return options_.zero(); }
+  // Bytes of optimizer state this rank holds (after the first step: moments, step counters).
+  int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) const;
+
+ private:
+  struct FlatGroup;  // ZeRO: one optimizer group's flat parameter buffer and this rank's part
+
+  std::shared_ptr<ProcessGroup> group_;
+  std::shared_ptr<torch::nn::Module> model_;
+  DistOptions options_;
+  std::vector<torch::Tensor> parameters_;
+  std::vector<torch::Tensor> buffers_;
+  std::shared_ptr<c10d::Reducer> reducer_;  // DDP
+  std::vector<FlatGroup> flat_groups_;      // ZeRO
+};
+
+}  // namespace fasttrain

@@ -1,0 +1,123 @@
+#pragma once
+// The process group of a distributed run: PyTorch's c10d (Gloo on CPU) set up from the environment
+// that torchrun, Slurm's srun or `fasttrain launch` give each process.
+//
+//   // torchrun --nproc-per-node 2 --no-python fasttrain train cfg.toml   (or: fasttrain launch --nproc 2 --
+//   ...) if (std::optional<fasttrain::DistEnv> env = fasttrain::DistEnv::from_environment()) {
+//     auto group = fasttrain::ProcessGroup::create(*env, fasttrain::DistOptions().timeout_s(60));
+//     torch::Tensor loss_sum = ...;
+//     group->all_reduce(loss_sum);   // summed over ranks, in place
+//   }
+//
+// Every collective waits at most dist.timeout_s: a rank that died or hangs makes the others fail
+// with an Error naming the collective, the rank and the timeout instead of waiting forever.
+#include <c10/util/intrusive_ptr.h>
+#include <torch/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fasttrain/util/arg.h"
+
+namespace c10d {
+class ProcessGroup;
+}
+
+namespace fasttrain {
+
+// [dist]: how ranks talk and what they shard.
+struct DistOptions {
+  // "auto" (gloo on CPU), "gloo" or "nccl" (needs a LibTorch built with NCCL).
+  FT_ARG(std::string, backend) = "auto";
+  // Longest wait of any collective or rendezvous before the run fails (PyTorch's default is 1800).
+  FT_ARG(double, timeout_s) = 300;
+  // DDP gradient buckets (all-reduced as soon as each is ready in backward), MiB.
+  FT_ARG(double, bucket_cap_mb) = 25;
+  // 0 = DDP (every rank holds the optimizer state); 1 = ZeRO-1 (optimizer state sharded);
+  // 2 = ZeRO-2 (optimizer state and gradients sharded).
+  FT_ARG(int, zero) = 0;
+  // Before each forward, rank 0's buffers (BatchNorm statistics) replace the others', as DDP does.
+  FT_ARG(bool, broadcast_buffers) = true;
+};
+
+// Where this process sits in the job, read from the environment.
+struct DistEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
+  std::string source;  // "torchrun" (RANK/WORLD_SIZE, also fasttrain launch) or "slurm"
+
+  // torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) when RANK is set;
+  // else Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR and MASTER_PORT, default
+  // 29500, from the job script) when SLURM_PROCID and SLURM_NTASKS are; else nullopt: one process.
+  // A missing or malformed variable is an Error naming it and its value.
+  static std::optional<DistEnv> from_environment();
+};
+
+// Reduction of all_reduce.
+enum class ReduceOp { kSum, kMax };
+
+class ProcessGroup {
+ public:
+  // Rendezvous at master_addr:master_port (rank 0 serves the TCP store) and connect every rank.
+  // Fails after options.timeout_s with the ranks that did not arrive.
+  static std::shared_ptr<ProcessGroup> create(const DistEnv& env, const DistOptions& options);
+  ~ProcessGroup();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& backend() const { return backend_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // In place, on every rank.
+  void all_reduce(torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  // `tensors` of rank `root` copied into everyone's, in few messages (c10d::broadcast_coalesced).
+  void broadcast(std::vector<torch::Tensor>& tensors, int root = 0);
+  // `outputs[r]` = rank r's `input` (all the same shape); outputs may be views into one buffer.
+  void all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input);
+  // Reduce-scatter by sum: `input` is [size() x chunk]; returns this rank's chunk summed over ranks.
+  // (Gloo in LibTorch 1.13 has no reduce_scatter: an all-to-all and a local sum, the same bytes.)
+  torch::Tensor reduce_scatter(const torch::Tensor& input);
+  void barrier();
+  // Rank `root`'s `text` on every rank (through the TCP store).
+  std::string broadcast_string(const std::string& text, int root = 0);
+  // True on every rank when `flag` is true on any (stop requests, errors).
+  bool any(bool flag);
+
+  // The c10d group, for c10d::Reducer.
+  const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group() const;
+
+  // Bytes this rank sent into collectives so far (algorithmic: what a ring or pairwise exchange
+  // moves per rank), for the benchmarks.
+  int64_t bytes_sent() const { return bytes_sent_; }
+  void add_bytes_sent(int64_t bytes) { bytes_sent_ += bytes; }
+
+ private:
+  struct Impl;
+  ProcessGroup() = default;
+  // Waits for `what` with the group's timeout; a c10 error becomes an Error that says which rank
+  // failed in which collective and what to look at.
+  void wait(const char* what, const std::function<void()>& work);
+
+  std::unique_ptr<Impl> impl_;
+  int rank_ = 0;
+  int size_ = 1;
+  std::string backend_;
+  std::chrono::milliseconds timeout_{0};
+  int64_t strings_ = 0;
+  int64_t bytes_sent_ = 0;
+};
+
+// The process group of this process, created from the environment on the first call (nullptr when
+// the environment names no distributed job) and kept for the life of the process, like
+// torch.distributed's default group.
+std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options);
+
+}  // namespace fasttrain

@@ -1,0 +1,194 @@
+#include "fasttrain/dist/data_parallel.h"
+
+#include <torch/torch.h>
+
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include "fasttrain/optim/optimizer.h"
+#include "fasttrain/state/optimizer_state.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+namespace {
+
+// PyTorch's DDP: a small first bucket so that communication starts early in backward.
+constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
+
+}  // namespace
+
+// ZeRO: one optimizer group's parameters in one flat buffer, and this rank's part of it.
+struct DataParallel::FlatGroup {
+  std::vector<torch::Tensor> parameters;  // the model's, views into `flat` since construction
+  std::vector<int64_t> offsets;           // element offset of each parameter in `flat`
+  torch::Tensor flat;                     // [world x part]: parameters, then zero padding
+  int64_t part = 0;
+  torch::Tensor shard;  // flat[rank * part, (rank + 1) * part): what the sharded optimizer steps
+};
+
+DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn::Module> model,
+                           DistOptions options)
+    : group_(std::move(group)), model_(std::move(model)), options_(std::move(options)) {
+  FT_CHECK(group_ != nullptr, "DataParallel needs a process group");
+  FT_CONFIG_CHECK(options_.zero() >= 0 && options_.zero() <= 2, "dist.zero must be 0, 1 or 2, got {}",
+                  options_.zero());
+  FT_CONFIG_CHECK(options_.bucket_cap_mb() > 0, "dist.bucket_cap_mb must be > 0, got {}",
+                  options_.bucket_cap_mb());
+  for (const auto& parameter : model_->parameters()) {
+    if (parameter.requires_grad()) parameters_.push_back(parameter);
+  }
+  buffers_ = model_->buffers();
+
+  // ---- every replica starts from rank 0's weights ----
+  {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> state = parameters_;
+    state.insert(state.end(), buffers_.begin(), buffers_.end());
+    group_->broadcast(state, 0);
+  }
+  if (options_.zero() > 0) return;  // shard_optimizer lays out the flat buffers
+
+  // ---- DDP: c10d::Reducer with PyTorch DDP's bucket order (reverse of registration) ----
+  const auto bucket_bytes = static_cast<int64_t>(options_.bucket_cap_mb() * (1 << 20));
+  std::vector<bool> sparse(parameters_.size(), false);
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+      parameters_, {static_cast<size_t>(kFirstBucketBytes), static_cast<size_t>(bucket_bytes)}, sparse);
+  std::reverse(buckets.begin(), buckets.end());
+  std::reverse(limits.begin(), limits.end());
+  std::unordered_map<size_t, std::string> names;
+  size_t index = 0;
+  for (const auto& item : model_->named_parameters()) {
+    if (item.value().requires_grad()) names[index++] = item.key();
+  }
+  reducer_ = std::make_shared<c10d::Reducer>(parameters_, buckets, limits, group_->c10d_group(), sparse,
+                                             bucket_bytes, /*find_unused_parameters=*/false,
+                                             /*gradient_as_bucket_view=*/false, names, kFirstBucketBytes);
+}
+
+DataParallel::~DataParallel() = default;
+
+std::unique_ptr<torch::optim::Optimizer> DataParallel::shard_optimizer(
+    std::unique_ptr<torch::optim::Optimizer> optimizer) {
+  if (options_.zero() == 0) return optimizer;
+  FT_CHECK(flat_groups_.empty(), "shard_optimizer was already called");
+  torch::NoGradGuard no_grad;
+  const int64_t world = world_size();
+  std::vector<std::vector<torch::Tensor>> shards;
+  for (const auto& param_group : optimizer->param_groups()) {
+    FlatGroup flat_group;
+    int64_t total = 0;
+    for (const auto& parameter : param_group.params()) {
+      FT_CHECK(parameter.is_non_overlapping_and_dense(),
+               "ZeRO needs dense parameters; one of shape {} has strides {}", parameter.sizes(),
+               parameter.strides());
+      flat_group.parameters.push_back(parameter);
+      flat_group.offsets.push_back(total);
+      total += parameter.numel();
+    }
+    flat_group.part = (total + world - 1) / world;
+    const auto& first = flat_group.parameters.front();
+    flat_group.flat = torch::zeros({flat_group.part * world}, first.options().requires_grad(false));
+    for (size_t i = 0; i < flat_group.parameters.size(); ++i) {
+      torch::Tensor& parameter = flat_group.parameters[i];
+      // The same memory layout (channels_last kernels stay so), now inside the flat buffer.
+      torch::Tensor view =
+          flat_group.flat.as_strided(parameter.sizes(), parameter.strides(), flat_group.offsets[i]);
+      view.copy_(parameter);
+      parameter.set_data(view);
+    }
+    flat_group.shard = flat_group.flat.narrow(0, rank() * flat_group.part, flat_group.part);
+    shards.push_back({flat_group.shard});
+    flat_groups_.push_back(std::move(flat_group));
+  }
+  return rebuild_optimizer(*optimizer, shards);
+}
+
+torch::OrderedDict<std::string, torch::Tensor> DataParallel::optimizer_parameters() const {
+  if (options_.zero() == 0) {
+    torch::OrderedDict<std::string, torch::Tensor> named;
+    for (const auto& item : model_->named_parameters()) {
+      if (item.value().requires_grad()) named.insert(item.key(), item.value());
+    }
+    return named;
+  }
+  torch::OrderedDict<std::string, torch::Tensor> named;
+  for (size_t g = 0; g < flat_groups_.size(); ++g)
+    named.insert("zero.group" + std::to_string(g), flat_groups_[g].shard);
+  return named;
+}
+
+void DataParallel::before_forward(bool sync) {
+  if (options_.broadcast_buffers() && !buffers_.empty()) {
+    torch::NoGradGuard no_grad;
+    group_->broadcast(buffers_, 0);
+  }
+  if (!reducer_) return;
+  if (sync) reducer_->prepare_for_forward();
+  // After the first synchronised backward, once: buckets in the order gradients actually arrived.
+  reducer_->rebuild_buckets();
+}
+
+void DataParallel::before_backward(const torch::Tensor& loss, bool sync) {
+  // Without this call the Reducer's hooks stay quiet: gradients accumulate locally (no_sync).
+  if (reducer_ && sync) reducer_->prepare_for_backward({loss});
+}
+
+void DataParallel::after_backward() {
+  if (reducer_) return;  // the Reducer finished (averaged into .grad) at the end of backward
+  torch::NoGradGuard no_grad;
+  const int64_t world = world_size();
+  for (FlatGroup& flat_group : flat_groups_) {
+    // [world x part]: the local gradients in the flat layout; the model's copies are freed.
+    torch::Tensor grads = torch::zeros_like(flat_group.flat);
+    for (size_t i = 0; i < flat_group.parameters.size(); ++i) {
+      torch::Tensor& parameter = flat_group.parameters[i];
+      if (!parameter.grad().defined()) continue;
+      grads.as_strided(parameter.sizes(), parameter.strides(), flat_group.offsets[i]).copy_(parameter.grad());
+      parameter.mutable_grad() = torch::Tensor();
+    }
+    grads.mul_(1.0 / static_cast<double>(world));  // as the Reducer: scale, then sum
+    if (options_.zero() == 1) {
+      group_->all_reduce(grads);  // every rank holds every gradient; the optimizer reads its part
+      flat_group.shard.mutable_grad() = grads.narrow(0, rank() * flat_group.part, flat_group.part);
+    } else {
+      flat_group.shard.mutable_grad() = group_->reduce_scatter(grads.view({world, flat_group.part}));
+    }
+  }
+}
+
+void DataParallel::after_optimizer_step() {
+  if (reducer_) return;
+  torch::NoGradGuard no_grad;
+  for (FlatGroup& flat_group : flat_groups_) {
+    std::vector<torch::Tensor> parts;
+    for (int r = 0; r < world_size(); ++r)
+      parts.push_back(flat_group.flat.narrow(0, r * flat_group.part, flat_group.part));
+    group_->all_gather(parts, flat_group.shard);
+  }
+}
+
+std::function<void(torch::Tensor&)> DataParallel::grad_norm_reducer() {
+  if (options_.zero() == 0) return nullptr;
+  return [this](torch::Tensor& squared) {
+    torch::Tensor flat = squared.reshape({1});  // a view: reduced in place
+    group_->all_reduce(flat, ReduceOp::kSum);
+  };
+}
+
+std::function<void(torch::Tensor&)> DataParallel::found_inf_reducer() {
+  if (options_.zero() == 0) return nullptr;
+  return [this](torch::Tensor& flag) {
+    torch::Tensor flat = flag.reshape({1});
+    group_->all_reduce(flat, ReduceOp::kMax);
+  };
+}
+
+int64_t DataParallel::optimizer_state_bytes(const torch::optim::Optimizer& optimizer) const {
+  int64_t bytes = 0;
+  for (const auto& [name, tensor] : optimizer_state(optimizer, optimizer_parameters()).tensors) {
+    bytes += tensor.numel() * static_cast<int64_t>(tensor.element_size());
+  }
+  return bytes;
+}
+
+}  // namespace fasttrain

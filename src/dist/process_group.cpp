@@ -1,0 +1,230 @@
+// c10d's Gloo process group behind fasttrain's small collective interface.
+#define USE_C10D_GLOO  // ProcessGroupGloo.hpp declares the class only under it
+#include "fasttrain/dist/process_group.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
+
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+namespace {
+
+std::optional<std::string> env_text(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+int env_int(const char* name, int min_value, std::optional<int> fallback = std::nullopt) {
+  std::optional<std::string> text = env_text(name);
+  if (!text) {
+    FT_CHECK(fallback.has_value(), "environment variable {} is not set (a distributed launcher sets it)",
+             name);
+    return *fallback;
+  }
+  size_t used = 0;
+  long value = 0;
+  try {
+    value = std::stol(*text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FT_CHECK(used == text->size() && value >= min_value && value <= 1 << 30,
+           "environment variable {}='{}' is not an integer >= {}", name, *text, min_value);
+  return static_cast<int>(value);
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// The local network device Gloo connects through: GLOO_SOCKET_IFNAME names it (as in PyTorch); a
+// loopback master means every rank is on this machine; else the interface the hostname resolves to.
+std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master_addr) {
+  if (auto interface = env_text("GLOO_SOCKET_IFNAME"))
+    return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
+  if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+int64_t bytes_of(const torch::Tensor& tensor) {
+  return tensor.numel() * static_cast<int64_t>(tensor.element_size());
+}
+
+}  // namespace
+
+std::optional<DistEnv> DistEnv::from_environment() {
+  DistEnv env;
+  if (env_text("RANK")) {
+    env.source = "torchrun";
+    env.rank = env_int("RANK", 0);
+    env.world_size = env_int("WORLD_SIZE", 1);
+    env.local_rank = env_int("LOCAL_RANK", 0, 0);
+    env.master_port = env_int("MASTER_PORT", 1);
+  } else if (env_text("SLURM_PROCID") && env_text("SLURM_NTASKS")) {
+    env.source = "slurm";
+    env.rank = env_int("SLURM_PROCID", 0);
+    env.world_size = env_int("SLURM_NTASKS", 1);
+    env.local_rank = env_int("SLURM_LOCALID", 0, 0);
+    env.master_port = env_int("MASTER_PORT", 1, 29500);
+  } else {
+    return std::nullopt;
+  }
+  std::optional<std::string> addr = env_text("MASTER_ADDR");
+  FT_CHECK(addr.has_value(),
+           "MASTER_ADDR is not set: the host of rank 0 (under Slurm: export MASTER_ADDR=$(scontrol show "
+           "hostnames \"$SLURM_JOB_NODELIST\" | head -n 1))");
+  env.master_addr = *addr;
+  FT_CHECK(env.master_port <= 65535, "MASTER_PORT={} is not a TCP port (1-65535)", env.master_port);
+  FT_CHECK(env.rank < env.world_size, "rank {} ({}) is not below the world size {}", env.rank,
+           env.source == "slurm" ? "SLURM_PROCID" : "RANK", env.world_size);
+  return env;
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const DistOptions& options) {
+  const std::string backend = options.backend() == "auto" ? "gloo" : options.backend();
+  FT_CONFIG_CHECK(
+      backend == "gloo",
+      "dist.backend = \"{}\": this fasttrain is built against LibTorch without NCCL; use \"gloo\" "
+      "(or \"auto\")",
+      options.backend());
+  FT_CONFIG_CHECK(options.timeout_s() > 0, "dist.timeout_s must be > 0, got {}", options.timeout_s());
+  std::shared_ptr<ProcessGroup> result(new ProcessGroup());
+  result->impl_ = std::make_unique<Impl>();
+  result->rank_ = env.rank;
+  result->size_ = env.world_size;
+  result->backend_ = backend;
+  result->timeout_ = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s() * 1000));
+
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<uint16_t>(env.master_port);
+  store_options.isServer = env.rank == 0;
+  store_options.numWorkers = static_cast<size_t>(env.world_size);
+  store_options.waitWorkers = true;
+  store_options.timeout = result->timeout_;
+  try {
+    result->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    auto gloo_options = c10d::ProcessGroupGloo::Options::create(result->timeout_);
+    gloo_options->devices.push_back(gloo_device(env.master_addr));
+    result->impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(result->impl_->store, env.rank,
+                                                                       env.world_size, gloo_options);
+  } catch (const std::exception& error) {
+    std::string message = error.what();
+    message = message.substr(0, message.find("\nException raised from"));
+    FT_FAIL(
+        "rank {} of {}: the rendezvous at {}:{} ({}) failed within dist.timeout_s = {}: {}. Check that every "
+        "rank started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE and that rank 0 can listen on the "
+        "port",
+        env.rank, env.world_size, env.master_addr, env.master_port, env.source, options.timeout_s(), message);
+  }
+  return result;
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+const c10::intrusive_ptr<c10d::ProcessGroup>& ProcessGroup::c10d_group() const {
+  return impl_->group;
+}
+
+void ProcessGroup::wait(const char* what, const std::function<void()>& work) {
+  try {
+    work();
+  } catch (const std::exception& error) {
+    std::string message = error.what();
+    message = message.substr(0, message.find("\nException raised from"));
+    FT_FAIL(
+        "rank {} of {}: {} failed: {}. Another rank probably exited or hung (see its log; the launcher "
+        "stops the others); collectives wait at most dist.timeout_s = {} s",
+        rank_, size_, what, message, timeout_.count() / 1000.0);
+  }
+}
+
+void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
+  c10d::AllreduceOptions options;
+  options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  options.timeout = timeout_;
+  std::vector<at::Tensor> tensors{tensor};
+  wait("all-reduce", [&] { impl_->group->allreduce(tensors, options)->wait(); });
+  bytes_sent_ += 2 * bytes_of(tensor) * (size_ - 1) / size_;
+}
+
+void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
+  if (tensors.empty()) return;
+  int64_t bytes = 0;
+  for (const auto& tensor : tensors) bytes += bytes_of(tensor);
+  wait("broadcast", [&] { c10d::broadcast_coalesced(impl_->group, tensors, size_t{256} << 20, root); });
+  if (rank_ == root) bytes_sent_ += bytes;
+}
+
+void ProcessGroup::all_gather(std::vector<torch::Tensor>& outputs, const torch::Tensor& input) {
+  FT_CHECK(static_cast<int>(outputs.size()) == size_, "all_gather needs {} outputs, got {}", size_,
+           outputs.size());
+  std::vector<std::vector<at::Tensor>> output_lists{outputs};
+  std::vector<at::Tensor> inputs{input};
+  c10d::AllgatherOptions options;
+  options.timeout = timeout_;
+  wait("all-gather", [&] { impl_->group->allgather(output_lists, inputs, options)->wait(); });
+  bytes_sent_ += bytes_of(input) * (size_ - 1);
+}
+
+torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input) {
+  FT_CHECK(input.dim() >= 1 && input.size(0) == size_, "reduce_scatter needs [{} x chunk], got {}", size_,
+           input.sizes());
+  torch::Tensor received = torch::empty_like(input);  // [size x chunk]: every rank's copy of my chunk
+  std::vector<int64_t> even_split;
+  c10d::AllToAllOptions options;
+  options.timeout = timeout_;
+  wait("reduce-scatter", [&] {
+    impl_->group->alltoall_base(received, const_cast<torch::Tensor&>(input), even_split, even_split, options)
+        ->wait();
+  });
+  bytes_sent_ += bytes_of(input) * (size_ - 1) / size_;
+  return received.sum(0);  // in rank order: the same on every run
+}
+
+void ProcessGroup::barrier() {
+  c10d::BarrierOptions options;
+  options.timeout = timeout_;
+  wait("barrier", [&] { impl_->group->barrier(options)->wait(); });
+}
+
+std::string ProcessGroup::broadcast_string(const std::string& text, int root) {
+  const std::string key = "fasttrain/string/" + std::to_string(strings_++);
+  std::string result;
+  wait("broadcast of a string", [&] {
+    if (rank_ == root) impl_->store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
+    std::vector<uint8_t> bytes = impl_->store->get(key);  // waits up to the store's timeout
+    result.assign(bytes.begin(), bytes.end());
+  });
+  return result;
+}
+
+bool ProcessGroup::any(bool flag) {
+  torch::Tensor value = torch::full({1}, flag ? 1 : 0, torch::kInt);
+  all_reduce(value, ReduceOp::kMax);
+  return value.item<int>() != 0;
+}
+
+std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options) {
+  static std::mutex mutex;
+  static std::shared_ptr<ProcessGroup> group;
+  static bool created = false;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!created) {
+    if (std::optional<DistEnv> env = DistEnv::from_environment()) group = ProcessGroup::create(*env, options);
+    created = true;
+  }
+  return group;
+}
+
+}  // namespace fasttrain
