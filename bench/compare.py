@@ -7,10 +7,12 @@
   /usr/bin/python3 bench/compare.py checkpoint [--repeats 3] # checkpoint save time vs torch.save
   /usr/bin/python3 bench/compare.py activations              # memory.checkpoint on a deep ResNet
   /usr/bin/python3 bench/compare.py find-batch               # batch finder vs the true largest batch
+  /usr/bin/python3 bench/compare.py dist [--steps 300] [--repeats 1]  # 2 ranks x 1 thread vs 1 x 2: DDP, ZeRO
   /usr/bin/python3 bench/compare.py all
 
 Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
-Each run's raw JSON goes to bench/out/. Both sides use 2 intra-op threads.
+Each run's raw JSON goes to bench/out/. Both sides use 2 intra-op threads (dist: 2 ranks x 1 thread
+against 1 process x 2 threads). --repeats defaults to 3, to 1 for dist.
 """
 import argparse
 import json
@@ -265,20 +267,169 @@ def find_batch(opts):
     return row, {"peaks": peaks}
 
 
+DIST_WARMUP_STEPS = 5  # left out of the steady-state throughput, on both sides
+DIST_LAYOUTS = [  # (key, label, ranks, threads per rank, zero)
+    ("1x2", "1 process x 2 threads, batch 128", 1, 2, None),
+    ("2x1-ddp", "2 ranks x 1 thread, DDP, batch 64 per rank", 2, 1, 0),
+    ("2x1-zero1", "2 ranks x 1 thread, ZeRO-1, batch 64 per rank", 2, 1, 1),
+    ("2x1-zero2", "2 ranks x 1 thread, ZeRO-2, batch 64 per rank", 2, 1, 2),
+]
+PEER_ZERO2_NOTE = "PyTorch's ZeroRedundancyOptimizer has only stage 1: no peer run"
+
+
+def fasttrain_steady_samples_per_s(run_dir, global_batch, warmup):
+    """Steady-state global samples/s from metrics.jsonl's train records (log.every_steps = warmup):
+    the records whose interval starts at or after step `warmup`. Each record's interval time is its
+    samples over its samples_per_s (evaluations are already taken out of the interval by the
+    trainer). Assumes full batches (true while the run stays inside the first epoch's full batches)."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = sorted((r for r in map(json.loads, f) if r["kind"] == "train"), key=lambda r: r["step"])
+    samples = seconds = 0.0
+    previous = 0
+    for r in records:
+        if previous >= warmup:
+            n = (r["step"] - previous) * global_batch
+            samples += n
+            seconds += n / r["samples_per_s"]
+        previous = r["step"]
+    return samples / seconds if seconds else None
+
+
+def dist_bench(opts):
+    """Data-parallel training on one machine (c10d Gloo): the classic config (Adam 1e-3, constant LR)
+    for --steps optimizer steps at a global batch of 128, as 1 process x 2 intra-op threads (batch
+    128) and as 2 ranks x 1 thread (batch 64 per rank) with DDP, ZeRO-1 and ZeRO-2; the peer
+    (bench/peer_classic.py: torch DDP, ZeroRedundancyOptimizer) the same ways, both launched by
+    `fasttrain launch --nproc 2`. samples/s: global, over the steps after the first 5 (fasttrain: its
+    metrics records at log.every_steps = 5; the peer: its own clock), and over every step (fasttrain:
+    summary.json's train_samples_per_s, which also holds the final checkpoint save). Overlap: DDP's
+    avg_backward_compute_comm_overlap_time / avg_backward_comm_time (c10d::Logger on both sides, sampled
+    iterations). Bytes sent per step: fasttrain's count; the peer's ring all-reduce analytic figure
+    2 (N-1)/N x gradient bytes. Optimizer state: rank 0's bytes, and their ratio to DDP's."""
+    fasttrain_bin = os.path.join(opts.build, "bin", "fasttrain")
+    launch = [fasttrain_bin, "launch", "--nproc", "2", "--"]
+    global_batch = 128
+    epochs = opts.steps * global_batch // 60000 + 2  # enough epochs for --steps; train.max_steps stops it
+    ours = {key: [] for key, *_ in DIST_LAYOUTS}
+    theirs = {key: [] for key, *_ in DIST_LAYOUTS}
+    for i in range(opts.repeats):
+        for key, _, ranks, threads, zero in DIST_LAYOUTS:
+            batch = global_batch // ranks
+            run_dir = os.path.join(OUT, f"dist-{key}-{i}")
+            cmd = [fasttrain_bin, "train", "configs/classic.toml", "--run-dir", run_dir, "--fresh"]
+            for o in ["log.progress=none", f"log.every_steps={DIST_WARMUP_STEPS}", f"train.threads={threads}",
+                      f"data.batch_size={batch}", f"train.max_steps={opts.steps}", f"train.epochs={epochs}",
+                      f"train.seed={i}"] + (
+                          [f"dist.zero={zero}"] if zero is not None else []):
+                cmd += ["--set", o]
+            run(launch + cmd if ranks > 1 else cmd)
+            with open(os.path.join(run_dir, "summary.json")) as f:
+                summary = json.load(f)
+            summary["steady_samples_per_s"] = fasttrain_steady_samples_per_s(run_dir, global_batch,
+                                                                             DIST_WARMUP_STEPS)
+            ours[key].append(summary)
+            if zero == 2:
+                continue
+            peer_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "peer_classic.py"), "--json",
+                        "--threads", str(threads), "--batch-size", str(batch), "--max-steps", str(opts.steps),
+                        "--warmup-steps", str(DIST_WARMUP_STEPS), "--epochs", str(epochs),
+                        "--target-accuracy", "1.1", "--seed", str(i)] + (["--zero", str(zero)] if zero else [])
+            out = run(launch + peer_cmd if ranks > 1 else peer_cmd)
+            theirs[key].append(json.loads([line for line in out.splitlines() if line.startswith("{")][-1]))
+
+    def med(runs, get):
+        values = [get(r) for r in runs]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def ratio(a, b, digits=3):
+        return round(a / b, digits) if a is not None and b else None
+
+    def rounded(v, digits=1):
+        return None if v is None else round(v, digits)
+
+    rows = []
+
+    def row(metric, ft, pr, compare=True, **extra):
+        r = {"metric": metric, "fasttrain": ft, "peer": pr}
+        if compare:
+            r["fasttrain_over_peer"] = ratio(ft, pr)
+        r.update(extra)
+        rows.append(r)
+
+    steady, whole = {}, {}
+    for key, label, ranks, threads, zero in DIST_LAYOUTS:
+        steady[key] = (med(ours[key], lambda r: r["steady_samples_per_s"]),
+                       med(theirs[key], lambda r: r["train_samples_per_s"]))
+        whole[key] = (med(ours[key], lambda r: r["train_samples_per_s"]),
+                      med(theirs[key], lambda r: r["train_samples_per_s_all_steps"]))
+    for key, label, *_ in DIST_LAYOUTS:
+        ft, pr = steady[key]
+        row(f"samples/s after {DIST_WARMUP_STEPS} warm-up steps: {label}", rounded(ft), rounded(pr),
+            **({"note": PEER_ZERO2_NOTE} if key == "2x1-zero2" else {}))
+    for key, label, *_ in DIST_LAYOUTS:
+        ft, pr = whole[key]
+        row(f"samples/s over every step: {label}", rounded(ft), rounded(pr),
+            **({"note": PEER_ZERO2_NOTE} if key == "2x1-zero2" else {}))
+    for key in ("2x1-ddp", "2x1-zero1", "2x1-zero2"):
+        row(f"scaling {key} over 1x2 (samples/s after warm-up)", ratio(steady[key][0], steady["1x2"][0]),
+            ratio(steady[key][1], steady["1x2"][1]), compare=False)
+
+    def overlap(timings):
+        return ratio(timings.get("avg_backward_compute_comm_overlap_time"), timings.get("avg_backward_comm_time"))
+
+    ft_timings = {k: med(ours["2x1-ddp"], lambda r: r["dist"]["ddp_timings_ns"].get(k))
+                  for k in ours["2x1-ddp"][0]["dist"]["ddp_timings_ns"]}
+    pr_timings = {k: med(theirs["2x1-ddp"], lambda r: r["ddp_logging"].get(k))
+                  for k in theirs["2x1-ddp"][0]["ddp_logging"]}
+    row("share of all-reduce hidden behind backward, DDP (overlap / comm time)", overlap(ft_timings),
+        overlap(pr_timings), compare=False,
+        detail_ns={"fasttrain": ft_timings, "peer": pr_timings})
+
+    grad_bytes = med(theirs["2x1-ddp"], lambda r: r["gradient_bytes"])
+    analytic = 2 * (2 - 1) / 2 * grad_bytes
+    for key, label, *_ in DIST_LAYOUTS[1:]:
+        ddp = key == "2x1-ddp"
+        row(f"bytes sent per step, rank 0, {key}" + (" (peer: ring all-reduce, 2(N-1)/N x gradient bytes)" if ddp
+                                                      else " (peer: not measured)"),
+            med(ours[key], lambda r: r["dist"]["bytes_sent_per_step"]),
+            int(analytic) if ddp else None, compare=ddp, **({"gradient_bytes": grad_bytes} if ddp else {}))
+
+    state = {key: (med(ours[key], lambda r: r["dist"]["optimizer_state_bytes"]),
+                   med(theirs[key], lambda r: r["optimizer_state_bytes"]))
+             for key, *_ in DIST_LAYOUTS[1:]}
+    for key, label, *_ in DIST_LAYOUTS[1:]:
+        per_rank = theirs[key][0]["optimizer_state_bytes_per_rank"] if theirs[key] else None
+        row(f"optimizer state bytes, rank 0, {key}", state[key][0], state[key][1], compare=False,
+            **({"peer_per_rank": per_rank} if per_rank else {}))
+    for key in ("2x1-zero1", "2x1-zero2"):
+        peer_max = (max(theirs[key][0]["optimizer_state_bytes_per_rank"]) if theirs[key] else None)
+        row(f"optimizer state {key} / DDP, rank 0 (target 1/N = 0.5)", ratio(state[key][0], state["2x1-ddp"][0]),
+            ratio(state[key][1], state["2x1-ddp"][1]), compare=False,
+            peer_largest_rank_over_ddp=ratio(peer_max, state["2x1-ddp"][1]))
+    bench = {"benchmark": f"data parallel, classic CNN, {opts.steps} steps, global batch 128: 2 ranks x 1 thread "
+                          f"(Gloo) vs 1 process x 2 threads; DDP, ZeRO-1, ZeRO-2 (median of {opts.repeats})",
+             "rows": rows}
+    return bench, {"fasttrain": ours, "peer": theirs}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
-                                     "all"])
+                                     "dist", "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3; dist: 1)")
+    p.add_argument("--steps", type=int, default=300, help="dist: optimizer steps per run")
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     opts = p.parse_args()
     os.makedirs(OUT, exist_ok=True)
     benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
-               "activations": activations, "find-batch": find_batch}
+               "activations": activations, "find-batch": find_batch, "dist": dist_bench}
     chosen = list(benches) if opts.which == "all" else [opts.which]
+    repeats = opts.repeats
     for name in chosen:
+        opts.repeats = repeats if repeats is not None else (1 if name == "dist" else 3)
         row, raw = benches[name](opts)
         row["machine"] = machine()
         with open(os.path.join(OUT, f"{name}.json"), "w") as f:

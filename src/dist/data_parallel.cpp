@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "fasttrain/optim/optimizer.h"
@@ -35,7 +36,9 @@ DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<
   FT_CONFIG_CHECK(options_.bucket_cap_mb() > 0, "dist.bucket_cap_mb must be > 0, got {}",
                   options_.bucket_cap_mb());
   for (const auto& parameter : model_->parameters()) {
-    if (parameter.requires_grad()) parameters_.push_back(parameter);
+    if (!parameter.requires_grad()) continue;
+    parameters_.push_back(parameter);
+    gradient_bytes_ += parameter.numel() * static_cast<int64_t>(parameter.element_size());
   }
   buffers_ = model_->buffers();
 
@@ -63,6 +66,8 @@ DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<
   reducer_ = std::make_shared<c10d::Reducer>(parameters_, buckets, limits, group_->c10d_group(), sparse,
                                              bucket_bytes, /*find_unused_parameters=*/false,
                                              /*gradient_as_bucket_view=*/false, names, kFirstBucketBytes);
+  logger_ = std::make_shared<c10d::Logger>(reducer_);
+  reducer_->set_logger(logger_);
 }
 
 DataParallel::~DataParallel() = default;
@@ -123,18 +128,32 @@ void DataParallel::before_forward(bool sync) {
     group_->broadcast(buffers_, 0);
   }
   if (!reducer_) return;
-  if (sync) reducer_->prepare_for_forward();
+  if (sync) {
+    logger_->set_runtime_stats_and_log();  // the previous synchronised iteration's timings
+    reducer_->prepare_for_forward();
+  }
   // After the first synchronised backward, once: buckets in the order gradients actually arrived.
   reducer_->rebuild_buckets();
 }
 
-void DataParallel::before_backward(const torch::Tensor& loss, bool sync) {
-  // Without this call the Reducer's hooks stay quiet: gradients accumulate locally (no_sync).
-  if (reducer_ && sync) reducer_->prepare_for_backward({loss});
+void DataParallel::backward(const torch::Tensor& loss, bool sync) {
+  if (!sync) {
+    loss.backward();  // the Reducer's hooks stay quiet: gradients accumulate locally (no_sync)
+    return;
+  }
+  if (reducer_) {
+    reducer_->prepare_for_backward({loss});
+    group_->guard("the DDP gradient all-reduce in backward", [&] { loss.backward(); });
+    // The Reducer finished (averaged into .grad) at the end of backward; a ring all-reduce sends
+    // 2 (N - 1) / N of the gradient bytes per rank.
+    group_->add_bytes_sent(2 * gradient_bytes_ * (world_size() - 1) / world_size());
+    return;
+  }
+  loss.backward();
+  reduce_flat_gradients();
 }
 
-void DataParallel::after_backward() {
-  if (reducer_) return;  // the Reducer finished (averaged into .grad) at the end of backward
+void DataParallel::reduce_flat_gradients() {
   torch::NoGradGuard no_grad;
   const int64_t world = world_size();
   for (FlatGroup& flat_group : flat_groups_) {
@@ -180,6 +199,27 @@ std::function<void(torch::Tensor&)> DataParallel::found_inf_reducer() {
   return [this](torch::Tensor& flag) {
     torch::Tensor flat = flag.reshape({1});
     group_->all_reduce(flat, ReduceOp::kMax);
+  };
+}
+
+std::map<std::string, int64_t> DataParallel::ddp_timings() const {
+  std::map<std::string, int64_t> timings;
+  if (!logger_) return timings;
+  for (const auto& [key, value] : logger_->get_ddp_logging_data().ints_map) {
+    if (key.rfind("avg_", 0) == 0) timings[key] = value;
+  }
+  return timings;
+}
+
+nlohmann::json DataParallel::describe(const torch::optim::Optimizer& optimizer, int64_t steps,
+                                      int64_t bytes_before) const {
+  return {
+      {"world_size", world_size()},
+      {"backend", group_->backend()},
+      {"zero", options_.zero()},
+      {"bytes_sent_per_step", steps > 0 ? (group_->bytes_sent() - bytes_before) / steps : 0},
+      {"optimizer_state_bytes", optimizer_state_bytes(optimizer)},
+      {"ddp_timings_ns", ddp_timings()},
   };
 }
 

@@ -114,6 +114,7 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& command
       fmt::print(stderr, "fasttrain launch: cannot run '{}': {}\n", command[0], std::strerror(errno));
       _exit(127);
     }
+    setpgid(pid, pid);  // also here: a signal sent before the child ran setpgid must not be lost
     children.push_back(pid);
   }
   if (options.verbose()) {
@@ -128,9 +129,10 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& command
   std::optional<std::chrono::steady_clock::time_point> kill_at;
   int last_forwarded = 0;
   int stop_signal = 0;  // the last signal forwarded
+  // Each rank leads its own process group: its own children (a shell's, say) get the signal too.
   auto signal_all = [&](int signal) {
     for (size_t i = 0; i < children.size(); ++i) {
-      if (running[i]) kill(children[i], signal);
+      if (running[i]) kill(-children[i], signal);
     }
   };
   auto start_stopping = [&](int signal) {
@@ -182,6 +184,8 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& command
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // Whatever a rank left behind in its process group (a shell's background job) goes with it.
+  for (const pid_t child : children) kill(-child, SIGKILL);
   return first_failure;
 }
 

@@ -136,7 +136,7 @@ const c10::intrusive_ptr<c10d::ProcessGroup>& ProcessGroup::c10d_group() const {
   return impl_->group;
 }
 
-void ProcessGroup::wait(const char* what, const std::function<void()>& work) {
+void ProcessGroup::guard(const char* what, const std::function<void()>& work) {
   try {
     work();
   } catch (const std::exception& error) {
@@ -154,7 +154,7 @@ void ProcessGroup::all_reduce(torch::Tensor& tensor, ReduceOp op) {
   options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
   options.timeout = timeout_;
   std::vector<at::Tensor> tensors{tensor};
-  wait("all-reduce", [&] { impl_->group->allreduce(tensors, options)->wait(); });
+  guard("all-reduce", [&] { impl_->group->allreduce(tensors, options)->wait(); });
   bytes_sent_ += 2 * bytes_of(tensor) * (size_ - 1) / size_;
 }
 
@@ -162,7 +162,7 @@ void ProcessGroup::broadcast(std::vector<torch::Tensor>& tensors, int root) {
   if (tensors.empty()) return;
   int64_t bytes = 0;
   for (const auto& tensor : tensors) bytes += bytes_of(tensor);
-  wait("broadcast", [&] { c10d::broadcast_coalesced(impl_->group, tensors, size_t{256} << 20, root); });
+  guard("broadcast", [&] { c10d::broadcast_coalesced(impl_->group, tensors, size_t{256} << 20, root); });
   if (rank_ == root) bytes_sent_ += bytes;
 }
 
@@ -173,7 +173,7 @@ void ProcessGroup::all_gather(std::vector<torch::Tensor>& outputs, const torch::
   std::vector<at::Tensor> inputs{input};
   c10d::AllgatherOptions options;
   options.timeout = timeout_;
-  wait("all-gather", [&] { impl_->group->allgather(output_lists, inputs, options)->wait(); });
+  guard("all-gather", [&] { impl_->group->allgather(output_lists, inputs, options)->wait(); });
   bytes_sent_ += bytes_of(input) * (size_ - 1);
 }
 
@@ -184,7 +184,7 @@ torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input) {
   std::vector<int64_t> even_split;
   c10d::AllToAllOptions options;
   options.timeout = timeout_;
-  wait("reduce-scatter", [&] {
+  guard("reduce-scatter", [&] {
     impl_->group->alltoall_base(received, const_cast<torch::Tensor&>(input), even_split, even_split, options)
         ->wait();
   });
@@ -195,13 +195,13 @@ torch::Tensor ProcessGroup::reduce_scatter(const torch::Tensor& input) {
 void ProcessGroup::barrier() {
   c10d::BarrierOptions options;
   options.timeout = timeout_;
-  wait("barrier", [&] { impl_->group->barrier(options)->wait(); });
+  guard("barrier", [&] { impl_->group->barrier(options)->wait(); });
 }
 
 std::string ProcessGroup::broadcast_string(const std::string& text, int root) {
   const std::string key = "fasttrain/string/" + std::to_string(strings_++);
   std::string result;
-  wait("broadcast of a string", [&] {
+  guard("broadcast of a string", [&] {
     if (rank_ == root) impl_->store->set(key, std::vector<uint8_t>(text.begin(), text.end()));
     std::vector<uint8_t> bytes = impl_->store->get(key);  // waits up to the store's timeout
     result.assign(bytes.begin(), bytes.end());

@@ -47,6 +47,7 @@ nlohmann::json FitSummary::to_json() const {
       {"alloc_retries", alloc_retries},
       {"interrupted", interrupted},
       {"checkpoint", checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(checkpoint)},
+      {"dist", dist},
   };
 }
 
@@ -122,10 +123,11 @@ torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_s
     loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim fp32
   }
   PhaseScope backward(phases_, Phase::kBackward);
-  torch::Tensor scaled = scaler_.scale(loss);
-  if (parallel_) parallel_->before_backward(scaled, ends_window);
-  scaled.backward();  // DDP: buckets all-reduced while backward runs
-  if (parallel_ && ends_window) parallel_->after_backward();
+  if (parallel_) {
+    parallel_->backward(scaler_.scale(loss), ends_window);  // DDP: buckets all-reduced during backward
+  } else {
+    scaler_.scale(loss).backward();
+  }
   return loss.detach();
 }
 
@@ -254,6 +256,8 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   // ---- step phases: the step functions time forward, backward and optimizer; the loader's
   // clocks give data wait and copies; "other" is the rest of the training time ----
   const StepPhases phases_at_start = phases_;
+  const int64_t step_at_start = step_;
+  const int64_t bytes_at_start = parallel_ ? parallel_->group().bytes_sent() : 0;
   const double copy_at_start = train.copy_seconds();
   auto session_phases = [&] {
     StepPhases session = phases_ - phases_at_start;
@@ -387,7 +391,9 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   summary.steps = step_;
   summary.skipped_steps = scaler_.skipped_steps();
   // Throughput over the whole run, data wait over this session (the loader's clock is per process).
-  summary.train_samples_per_s = at.samples_seen * world_size() / std::max(at.elapsed_s - at.eval_s, 1e-9);
+  // (This session's checkpoint saves are not training time either; earlier sessions' are not known.)
+  summary.train_samples_per_s =
+      at.samples_seen * world_size() / std::max(at.elapsed_s - at.eval_s - checkpoint_s, 1e-9);
   const double session_train_s = seconds_since(start) - (at.eval_s - eval_s_before);
   summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / std::max(session_train_s, 1e-9);
   summary.step_phases = session_phases();
@@ -395,6 +401,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   summary.peak_memory_bytes = memory.peak_allocated_bytes;
   summary.alloc_retries = memory.alloc_retries;
   summary.peak_resident_bytes = fasttrain::peak_resident_bytes();
+  if (parallel_) summary.dist = parallel_->describe(*optimizer_, step_ - step_at_start, bytes_at_start);
   stop_requested_.store(false);
   for (auto& callback : callbacks_) callback->on_fit_end(*this, summary);
   return summary;

@@ -339,6 +339,27 @@ TEST(GradScaler, BacksOffAndSkipsOnInfOrNan) {
   EXPECT_EQ(scaler.scale(), 512.0);
 }
 
+// ZeRO: each rank checks only its part of the gradients; the reducer (an all-reduce max across
+// ranks) stands in here for another rank that saw an inf, so this rank must skip too.
+TEST(GradScaler, FoundInfReducerMakesEveryRankSkipTheSameStep) {
+  Toy toy;
+  GradScaler scaler(GradScalerOptions().init_scale(1024.0));
+  bool other_rank_saw_inf = false;
+  int calls = 0;
+  scaler.set_found_inf_reducer([&](torch::Tensor& flag) {
+    ++calls;
+    if (other_rank_saw_inf) flag.fill_(1.0);
+  });
+  EXPECT_TRUE(toy.step(scaler, torch::ones({3})));
+  torch::Tensor before = toy.weight.detach().clone();
+  other_rank_saw_inf = true;
+  EXPECT_FALSE(toy.step(scaler, torch::ones({3})));  // finite here, skipped as the other rank's
+  EXPECT_TRUE(torch::equal(toy.weight, before));
+  EXPECT_EQ(scaler.scale(), 512.0);
+  EXPECT_EQ(scaler.skipped_steps(), 1);
+  EXPECT_EQ(calls, 2);
+}
+
 TEST(GradScaler, DoesNotGrowPastFloatMax) {
   Toy toy;
   const double big = std::ldexp(1.0, 127);  // 2^127; 2^128 overflows fp32

@@ -6,8 +6,7 @@
 //   fasttrain::DataParallel parallel(group, model, options);   // broadcasts rank 0's weights
 //   optimizer = parallel.shard_optimizer(std::move(optimizer));  // ZeRO: this rank's part only
 //   // per micro-batch, `sync` true on the last of the accumulation window:
-//   parallel.before_forward(sync);  loss = ...;  parallel.before_backward(loss, sync);
-//   loss.backward();  if (sync) parallel.after_backward();
+//   parallel.before_forward(sync);  loss = ...;  parallel.backward(loss, sync);
 //   optimizer->step();  parallel.after_optimizer_step();
 //
 // dist.zero = 0 (DDP): c10d::Reducer, the engine of PyTorch's DistributedDataParallel. Gradients
@@ -28,14 +27,18 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "fasttrain/dist/process_group.h"
 
 namespace c10d {
+class Logger;
 class Reducer;
-}
+}  // namespace c10d
 
 namespace fasttrain {
 
@@ -59,9 +62,9 @@ class DataParallel {
   // ---- the training step ----
   // `sync`: this micro-batch ends the accumulation window, so its backward communicates.
   void before_forward(bool sync);
-  void before_backward(const torch::Tensor& loss, bool sync);
-  // After the window's last backward: the averaged gradients are where the optimizer reads them.
-  void after_backward();
+  // loss.backward(), communicating when `sync`: afterwards the averaged gradients are where the
+  // optimizer reads them. A rank that died makes this an Error naming the collective.
+  void backward(const torch::Tensor& loss, bool sync);
   // ZeRO: all-gathers the updated parts into every rank's parameters.
   void after_optimizer_step();
 
@@ -79,18 +82,30 @@ class DataParallel {
   int rank() const { return group_->rank(); }
   int world_size() const { return group_->size(); }
   int zero() const { return options_.zero(); }
+  // DDP: PyTorch DDP's own runtime statistics of the sampled iterations (c10d::Logger, what
+  // model._get_ddp_logging_data() shows in Python), in ns: avg_backward_compute_time,
+  // avg_backward_comm_time, avg_backward_compute_comm_overlap_time, ... Empty under ZeRO.
+  std::map<std::string, int64_t> ddp_timings() const;
+  // This run's facts for summary.json: world size, zero, bytes sent per step, optimizer state.
+  nlohmann::json describe(const torch::optim::Optimizer& optimizer, int64_t steps,
+                          int64_t bytes_before) const;
+
   // Bytes of optimizer state this rank holds (after the first step: moments, step counters).
   int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) const;
 
  private:
   struct FlatGroup;  // ZeRO: one optimizer group's flat parameter buffer and this rank's part
+  // ZeRO, after the window's backward: the gradients into the flat layout, reduced to the parts.
+  void reduce_flat_gradients();
 
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<torch::nn::Module> model_;
   DistOptions options_;
   std::vector<torch::Tensor> parameters_;
   std::vector<torch::Tensor> buffers_;
+  int64_t gradient_bytes_ = 0;
   std::shared_ptr<c10d::Reducer> reducer_;  // DDP
+  std::shared_ptr<c10d::Logger> logger_;    // DDP: the Reducer's timings
   std::vector<FlatGroup> flat_groups_;      // ZeRO
 };
 

@@ -91,6 +91,10 @@ class ProcessGroup {
   // True on every rank when `flag` is true on any (stop requests, errors).
   bool any(bool flag);
 
+  // Runs `work` (collectives launched elsewhere, such as the Reducer's inside backward); a failure
+  // becomes an Error that says which rank failed in which collective and what to look at.
+  void guard(const char* what, const std::function<void()>& work);
+
   // The c10d group, for c10d::Reducer.
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group() const;
 
@@ -102,9 +106,6 @@ class ProcessGroup {
  private:
   struct Impl;
   ProcessGroup() = default;
-  // Waits for `what` with the group's timeout; a c10 error becomes an Error that says which rank
-  // failed in which collective and what to look at.
-  void wait(const char* what, const std::function<void()>& work);
 
   std::unique_ptr<Impl> impl_;
   int rank_ = 0;

@@ -97,6 +97,10 @@ struct FitSummary {
   bool interrupted = false;
   // The newest checkpoint this fit() wrote ("" = none).
   std::string checkpoint;
+  // Data parallel runs: world_size, backend, zero, bytes_sent_per_step (this rank, this session),
+  // optimizer_state_bytes (this rank), ddp_timings_ns (DDP's sampled backward compute and
+  // communication times and their overlap). Null in one process.
+  nlohmann::json dist;
   nlohmann::json to_json() const;
 };
 

@@ -1,0 +1,380 @@
+// Distributed training: the environment, the sampler, and multi-process runs on 127.0.0.1 through the
+// CLI (fasttrain launch, or ranks started by hand), each bounded in time.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "fasttrain/data/loader.h"
+#include "fasttrain/dist/launcher.h"
+#include "fasttrain/dist/process_group.h"
+#include "fasttrain/state/checkpoint_dir.h"
+#include "fasttrain/state/file_io.h"
+#include "fasttrain/state/safetensors.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_command;
+
+const std::string kCli = FASTTRAIN_CLI;
+// 20 optimizer steps over windows of 2 micro-batches, with clipping, AdamW and one-cycle. An MLP: a
+// BatchNorm model would differ by design (DDP normalises each rank's half of the batch on its own).
+const std::string kRun =
+    " --set model.name=mlp --set model.hidden=[64] --set optim.name=adamw --set optim.lr=2e-3"
+    " --set schedule.name=one-cycle --set train.max_steps=20 --set train.accumulation=2 --set "
+    "train.clip_norm=1.0"
+    " --set data.train_limit=4096 --set train.threads=1 --set data.workers=0 --set log.every_steps=5"
+    " --set log.progress=none --set train.eval_every_steps=0";
+
+std::string launch(int nproc) {
+  return kCli + " launch --nproc " + std::to_string(nproc) + " --grace-s 5 -- " + kCli + " train";
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The largest element difference between two safetensors files with the same tensor names.
+double max_difference(const std::string& a, const std::string& b) {
+  SafetensorsFile first = load_safetensors(a), second = load_safetensors(b);
+  EXPECT_EQ(first.names(), second.names());
+  double worst = 0;
+  for (const auto& name : first.names()) {
+    worst = std::max(worst, (first.at(name) - second.at(name)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+std::string bytes_of(const std::string& path) {
+  std::vector<uint8_t> bytes = read_binary_file(path);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+nlohmann::json summary_of(const std::string& run_dir) {
+  return nlohmann::json::parse(read_text_file(run_dir + "/summary.json"));
+}
+
+// Sets environment variables for one test and puts the previous values back.
+class ScopedEnv {
+ public:
+  ScopedEnv(std::map<std::string, std::string> values) {
+    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
+                             "SLURM_NTASKS", "SLURM_LOCALID"}) {
+      const char* old = std::getenv(name);
+      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+      ::unsetenv(name);
+    }
+    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        ::setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());
+      }
+    }
+  }
+
+ private:
+  std::map<std::string, std::optional<std::string>> saved_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The environment
+// ---------------------------------------------------------------------------------------------
+
+TEST(DistEnv, NoVariablesMeanOneProcess) {
+  ScopedEnv env({});
+  EXPECT_FALSE(DistEnv::from_environment().has_value());
+}
+
+TEST(DistEnv, ReadsTorchrunsVariables) {
+  ScopedEnv env({{"RANK", "3"},
+                 {"WORLD_SIZE", "4"},
+                 {"LOCAL_RANK", "1"},
+                 {"MASTER_ADDR", "node0"},
+                 {"MASTER_PORT", "29400"}});
+  auto read = DistEnv::from_environment();
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->rank, 3);
+  EXPECT_EQ(read->world_size, 4);
+  EXPECT_EQ(read->local_rank, 1);
+  EXPECT_EQ(read->master_addr, "node0");
+  EXPECT_EQ(read->master_port, 29400);
+  EXPECT_EQ(read->source, "torchrun");
+}
+
+TEST(DistEnv, ReadsSlurmsVariablesWithTheDefaultPort) {
+  ScopedEnv env(
+      {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n1"}});
+  auto read = DistEnv::from_environment();
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->rank, 5);
+  EXPECT_EQ(read->world_size, 8);
+  EXPECT_EQ(read->local_rank, 1);
+  EXPECT_EQ(read->master_port, 29500);
+  EXPECT_EQ(read->source, "slurm");
+}
+
+TEST(DistEnv, ABadVariableIsAnErrorNamingIt) {
+  {
+    ScopedEnv env({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+    EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
+                                      {"RANK='one'", "not an integer"}));
+  }
+  {
+    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}});
+    EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
+                                      {"rank 2", "world size 2"}));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}});
+    EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
+                                      {"MASTER_ADDR is not set"}));
+  }
+  {
+    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}});
+    EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
+                                      {"MASTER_PORT=70000"}));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sampler: DistributedSampler's sharding
+// ---------------------------------------------------------------------------------------------
+
+TEST(DistSampler, DealsTheEpochOrderLikeDistributedSampler) {
+  ImageDataset data = testing::synthetic_images(10);
+  auto loader = [&](bool shuffle, int64_t rank, int64_t world, bool even) {
+    return std::make_unique<DataLoader>(
+        data, TransformPipeline({0.0f}, {1.0f}),
+        LoaderOptions(1).workers(0).shuffle(shuffle).seed(5).rank(rank).world_size(world).even_shards(even));
+  };
+  // Without shuffling, as torch.utils.data.DistributedSampler(range(10), 3, r, shuffle=False):
+  // padded to 12 by repeating the start, then every third.
+  EXPECT_EQ(loader(false, 0, 3, true)->epoch_order(0), (std::vector<int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(loader(false, 1, 3, true)->epoch_order(0), (std::vector<int64_t>{1, 4, 7, 0}));
+  EXPECT_EQ(loader(false, 2, 3, true)->epoch_order(0), (std::vector<int64_t>{2, 5, 8, 1}));
+  EXPECT_EQ(loader(false, 2, 3, true)->batches_per_epoch(), 4);
+  // Evaluation shards: every sample once.
+  EXPECT_EQ(loader(false, 0, 3, false)->epoch_order(0), (std::vector<int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(loader(false, 1, 3, false)->epoch_order(0), (std::vector<int64_t>{1, 4, 7}));
+  EXPECT_EQ(loader(false, 2, 3, false)->samples_per_epoch(), 3);
+
+  // With shuffling every rank deals from the same permutation of (seed, epoch), each epoch anew.
+  for (int64_t epoch : {0, 1}) {
+    const std::vector<int64_t> whole = loader(true, 0, 1, true)->epoch_order(epoch);
+    for (int64_t rank = 0; rank < 2; ++rank) {
+      std::vector<int64_t> expected;
+      for (size_t i = static_cast<size_t>(rank); i < whole.size(); i += 2) expected.push_back(whole[i]);
+      EXPECT_EQ(loader(true, rank, 2, true)->epoch_order(epoch), expected) << "rank " << rank;
+    }
+  }
+  EXPECT_NE(loader(true, 0, 2, true)->epoch_order(0), loader(true, 0, 2, true)->epoch_order(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Multi-process runs
+// ---------------------------------------------------------------------------------------------
+
+class DistRun : public ::testing::Test {
+ protected:
+  void SetUp() override { FT_REQUIRE_FASHION_MNIST(); }
+};
+
+TEST_F(DistRun, TwoRanksEqualOneProcessOnTheGlobalBatchAndZeroEqualsDdp) {
+  testing::TempDir dir;
+  auto single =
+      run_command(kCli + " train" + kRun + " --set data.batch_size=64 --run-dir " + dir.file("single"));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  std::map<int, nlohmann::json> dist;
+  for (int zero : {0, 1, 2}) {
+    const std::string run = dir.file("zero" + std::to_string(zero));
+    auto result =
+        run_command(launch(2) + kRun + " --set data.batch_size=32 --set dist.zero=" + std::to_string(zero) +
+                    " --run-dir " + run);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_LT(
+        max_difference(dir.file("single") + "/final/model.safetensors", run + "/final/model.safetensors"),
+        1e-6)
+        << "dist.zero = " << zero << " against one process";
+    dist[zero] = summary_of(run)["dist"];
+    EXPECT_EQ(dist[zero]["world_size"], 2);
+    EXPECT_EQ(summary_of(run)["steps"], 20);
+  }
+  for (int zero : {1, 2}) {
+    const std::string run = dir.file("zero" + std::to_string(zero));
+    EXPECT_LT(
+        max_difference(dir.file("zero0") + "/final/model.safetensors", run + "/final/model.safetensors"),
+        1e-6)
+        << "ZeRO-" << zero << " against DDP";
+    // Adam's two moments of half the parameters each (plus step counters and padding).
+    const double ratio =
+        dist[zero]["optimizer_state_bytes"].get<double>() / dist[0]["optimizer_state_bytes"].get<double>();
+    EXPECT_GT(ratio, 0.45) << "ZeRO-" << zero;
+    EXPECT_LT(ratio, 0.55) << "ZeRO-" << zero;
+  }
+  // Per step: DDP's all-reduce and ZeRO-2's reduce-scatter + all-gather move the same bytes; ZeRO-1
+  // all-reduces and all-gathers (1.5x).
+  const double ddp_bytes = dist[0]["bytes_sent_per_step"].get<double>();
+  EXPECT_NEAR(dist[2]["bytes_sent_per_step"].get<double>() / ddp_bytes, 1.0, 0.05);
+  EXPECT_NEAR(dist[1]["bytes_sent_per_step"].get<double>() / ddp_bytes, 1.5, 0.05);
+  EXPECT_TRUE(dist[0]["ddp_timings_ns"].contains("avg_backward_comm_time")) << dist[0].dump();
+  // Only rank 0 wrote the run directory: one metrics file with one record per log interval.
+  std::istringstream lines(testing::read_text(dir.file("zero0") + "/metrics.jsonl"));
+  int train_records = 0;
+  for (std::string line; std::getline(lines, line);)
+    train_records += nlohmann::json::parse(line)["kind"] == "train";
+  EXPECT_EQ(train_records, 4);
+}
+
+TEST_F(DistRun, ResumingWithAnotherWorldSizeOrZeroIsAClearError) {
+  testing::TempDir dir;
+  const std::string run = dir.file("ddp");
+  auto trained = run_command(launch(2) + kRun + " --set data.batch_size=32 --run-dir " + run);
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const std::string checkpoint = run + "/checkpoints/step-20";
+  auto one = run_command(kCli + " train" + kRun + " --set data.batch_size=32 --resume " + checkpoint +
+                         " --run-dir " + dir.file("one"));
+  EXPECT_EQ(one.exit_code, 2) << one.output;
+  EXPECT_TRUE(
+      testing::contains_all(one.output, {"written by 2 rank(s) with dist.zero = 0", "this run has 1"}));
+  auto zero = run_command(launch(2) + kRun + " --set data.batch_size=32 --set dist.zero=1 --resume " +
+                          checkpoint + " --run-dir " + dir.file("zero"));
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_TRUE(testing::contains_all(zero.output, {"dist.zero = 0, but this run has 2 with dist.zero = 1"}));
+}
+
+TEST_F(DistRun, SigtermToTheLauncherCheckpointsEveryRankAndTheResumeEndsBitIdentical) {
+  // 600 steps (about 30 epochs of 2 x 32 per rank): long enough to stop in the middle.
+  const std::string long_run = kRun + " --set train.max_steps=600 --set data.batch_size=32";
+  for (int zero : {0, 2}) {
+    SCOPED_TRACE("dist.zero = " + std::to_string(zero));
+    const std::string run_args = long_run + " --set dist.zero=" + std::to_string(zero);
+    testing::TempDir dir;
+    auto straight = run_command(launch(2) + run_args + " --run-dir " + dir.file("straight"));
+    ASSERT_EQ(straight.exit_code, 0) << straight.output;
+
+    const std::string run = dir.file("stopped");
+    const pid_t launcher =
+        testing::spawn_command(launch(2) + run_args + " --run-dir " + run + " >" + dir.file("log") + " 2>&1");
+    ASSERT_TRUE(testing::wait_until(
+        [&] { return testing::read_text(run + "/metrics.jsonl").find("\"step\":50}") != std::string::npos; },
+        60))
+        << testing::read_text(dir.file("log"));
+    ASSERT_EQ(::kill(launcher, SIGTERM), 0);
+    EXPECT_EQ(testing::wait_exit_code(launcher), 143) << testing::read_text(dir.file("log"));
+    auto checkpoints = list_checkpoints(run + "/checkpoints");
+    ASSERT_EQ(checkpoints.size(), 1u) << testing::read_text(dir.file("log"));
+    EXPECT_LT(checkpoints[0].step, 600);
+    for (const char* file : {"rng-rank0.safetensors", "rng-rank1.safetensors"}) {
+      EXPECT_TRUE(fs::exists(checkpoints[0].dir + "/" + file)) << file;
+    }
+    if (zero > 0) EXPECT_TRUE(fs::exists(checkpoints[0].dir + "/optimizer-rank1.safetensors"));
+    std::printf("[          ] ZeRO-%d stopped at step %lld\n", zero,
+                static_cast<long long>(checkpoints[0].step));
+
+    auto resumed = run_command(launch(2) + run_args + " --run-dir " + run + " --resume");
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_TRUE(bytes_of(dir.file("straight") + "/final/model.safetensors") ==
+                bytes_of(run + "/final/model.safetensors"))
+        << "the resumed run's weights differ from the straight run's";
+    EXPECT_EQ(summary_of(run)["steps"], 600);
+  }
+}
+
+// A killed rank closes its connections, so the others notice at once; a stopped (hung) rank keeps
+// them open, and only dist.timeout_s ends the wait. Either way the survivor fails with the rank and
+// the collective named, within the timeout and 5 s.
+TEST_F(DistRun, ADeadOrHungRankMakesTheOthersFailWithinTheTimeout) {
+  for (int signal : {SIGKILL, SIGSTOP}) {
+    SCOPED_TRACE(strsignal(signal));
+    testing::TempDir dir;
+    const int port = free_tcp_port();
+    const double timeout_s = 4;
+    auto start_rank = [&](int rank) {
+      return testing::spawn_command(
+          "env RANK=" + std::to_string(rank) +
+          " WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port) + " " + kCli + " train" +
+          kRun + " --set train.max_steps=1000000 --set data.batch_size=32 --set dist.timeout_s=" +
+          std::to_string(timeout_s) + " --run-dir " + dir.file("run") + " >" +
+          dir.file("log" + std::to_string(rank)) + " 2>&1");
+    };
+    const pid_t rank0 = start_rank(0), rank1 = start_rank(1);
+    ASSERT_TRUE(testing::wait_until(
+        [&] {
+          return testing::read_text(dir.file("run") + "/metrics.jsonl").find("\"step\":20}") !=
+                 std::string::npos;
+        },
+        60))
+        << testing::read_text(dir.file("log0"));
+    ASSERT_EQ(::kill(rank1, signal), 0);
+    const auto signalled_at = std::chrono::steady_clock::now();
+    const int code = testing::wait_exit_code(rank0);
+    const double waited = seconds_since(signalled_at);
+    ::kill(rank1, SIGKILL);
+    testing::wait_exit_code(rank1);
+    const std::string log = testing::read_text(dir.file("log0"));
+    EXPECT_EQ(code, 1) << log;
+    EXPECT_LT(waited, timeout_s + 5) << log;
+    if (signal == SIGSTOP) EXPECT_GT(waited, timeout_s - 1) << "failed before dist.timeout_s: " << log;
+    EXPECT_TRUE(testing::contains_all(log, {"error: rank 0 of 2:", "failed", "dist.timeout_s"})) << log;
+    std::printf("[          ] rank 0 exited %.2f s after rank 1 got %s\n", waited, strsignal(signal));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The launcher
+// ---------------------------------------------------------------------------------------------
+
+TEST(Launch, AFailingRankStopsTheOthersAndItsCodeIsReturned) {
+  // Rank 1 fails; rank 2 ignores SIGTERM (and so does its child), so the grace period ends in SIGKILL
+  // of its whole process group.
+  const auto start = std::chrono::steady_clock::now();
+  auto result =
+      run_command(kCli +
+                  " launch --nproc 3 --grace-s 1 -- sh -c 'if [ \"$RANK\" = 1 ]; then sleep 0.5; exit 3; fi;"
+                  " trap \"\" TERM; sleep 61.25; true'");
+  const double took = seconds_since(start);
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_LT(took, 15) << result.output;
+  EXPECT_TRUE(testing::contains_all(result.output, {"rank 1 exited with code 3", "stopping the other 2"}))
+      << result.output;
+  EXPECT_NE(run_command("pgrep -f 'sleep 61[.]25'").exit_code, 0) << "a rank's child outlived the launcher";
+}
+
+TEST(Launch, SetsTheRendezvousVariablesOfEachRank) {
+  auto result = run_command(kCli +
+                            " launch --nproc 2 -- sh -c 'echo rank=$RANK/$WORLD_SIZE local=$LOCAL_RANK "
+                            "addr=$MASTER_ADDR port=$MASTER_PORT'");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(testing::contains_all(result.output, {"rank=0/2 local=0 addr=127.0.0.1", "rank=1/2 local=1"}))
+      << result.output;
+}
+
+TEST(Launch, BadUsageIsAClearError) {
+  auto no_command = run_command(kCli + " launch --nproc 2");
+  EXPECT_EQ(no_command.exit_code, 2) << no_command.output;
+  auto missing = run_command(kCli + " launch --nproc 2 -- /nonexistent/program");
+  EXPECT_EQ(missing.exit_code, 127) << missing.output;
+  EXPECT_TRUE(testing::contains_all(missing.output, {"cannot run '/nonexistent/program'"})) << missing.output;
+  auto nccl =
+      run_command(kCli + " launch --nproc 1 -- " + kCli + " train" + kRun + " --set dist.backend=nccl");
+  EXPECT_EQ(nccl.exit_code, 2) << nccl.output;
+  EXPECT_TRUE(testing::contains_all(nccl.output, {"dist.backend = \"nccl\"", "without NCCL"})) << nccl.output;
+  auto zero = run_command(kCli + " train" + kRun + " --set dist.zero=3");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_TRUE(testing::contains_all(zero.output, {"dist.zero must be 0, 1 or 2, got 3"})) << zero.output;
+}
+
+}  // namespace
+}  // namespace fasttrain
