@@ -65,12 +65,16 @@ std::optional<DistEnv> DistEnv::from_environment() {
     env.rank = env_int("RANK", 0);
     env.world_size = env_int("WORLD_SIZE", 1);
     env.local_rank = env_int("LOCAL_RANK", 0, 0);
+    env.local_world_size = env_int("LOCAL_WORLD_SIZE", 1, 1);
     env.master_port = env_int("MASTER_PORT", 1);
   } else if (env_text("SLURM_PROCID") && env_text("SLURM_NTASKS")) {
     env.source = "slurm";
     env.rank = env_int("SLURM_PROCID", 0);
     env.world_size = env_int("SLURM_NTASKS", 1);
     env.local_rank = env_int("SLURM_LOCALID", 0, 0);
+    // "4", or "4(x2)" for 2 nodes of 4: the count of this job's first nodes.
+    if (auto per_node = env_text("SLURM_NTASKS_PER_NODE"))
+      env.local_world_size = std::max(1, std::atoi(per_node->c_str()));
     env.master_port = env_int("MASTER_PORT", 1, 29500);
   } else {
     return std::nullopt;
@@ -103,6 +107,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
   result->impl_ = std::make_unique<Impl>();
   result->rank_ = env.rank;
   result->size_ = env.world_size;
+  result->local_size_ = env.local_world_size;
   result->backend_ = backend;
   result->timeout_ = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s() * 1000));
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <functional>
 #include <sstream>
+#include <thread>
 
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/progress.h"
@@ -229,7 +230,9 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   announce = announce && rank == 0;
   // From the start, so that peak_memory_bytes counts the dataset and the model too.
   if (experiment.device.is_cpu()) track_cpu_allocations();
-  experiment.threads = set_intra_op_threads(config.train.threads());
+  // The ranks on this machine share its cores: "auto" threads and workers take a share each.
+  const int local_ranks = experiment.group ? experiment.group->local_size() : 1;
+  experiment.threads = set_intra_op_threads(config.train.threads(), local_ranks);
   compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
                                config.train.deterministic());
   parse_precision(config.train.precision(), experiment.device);  // fp16 on CPU fails here, before any work
@@ -249,7 +252,7 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
                   train.size());
   auto loader_options = [&](int64_t batch_size) {
     return LoaderOptions(batch_size)
-        .workers(data.workers())
+        .workers(data.workers() >= 0 ? data.workers() : auto_worker_count(local_ranks))
         .prefetch(data.prefetch())
         .seed(static_cast<uint64_t>(config.train.seed()))
         .device(experiment.device)
@@ -284,6 +287,14 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
     fmt::print(stderr, "fasttrain: device {}, {} intra-op threads, {} loader workers\n",
                experiment.device.str(), experiment.threads, experiment.train_loader->workers());
     if (experiment.group) {
+      const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+      if (experiment.threads * local_ranks > hardware) {
+        fmt::print(
+            stderr,
+            "fasttrain: warning: {} ranks x {} intra-op threads on {} hardware threads: they will take "
+            "turns; set train.threads = 0 (a share of the cores each) or 1\n",
+            local_ranks, experiment.threads, hardware);
+      }
       fmt::print(stderr, "fasttrain: {} ranks ({}), {}, batch {} per rank = {} global\n", world_size,
                  experiment.group->backend(),
                  config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),

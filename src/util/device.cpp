@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -46,9 +47,9 @@ int physical_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-int set_intra_op_threads(int threads) {
+int set_intra_op_threads(int threads, int processes_sharing) {
   FT_CONFIG_CHECK(threads >= 0, "train.threads must be >= 0 (0 = physical cores), got {}", threads);
-  int count = threads > 0 ? threads : physical_cores();
+  int count = threads > 0 ? threads : std::max(1, physical_cores() / std::max(1, processes_sharing));
   at::set_num_threads(count);
   return count;
 }

@@ -66,8 +66,9 @@ nlohmann::json summary_of(const std::string& run_dir) {
 class ScopedEnv {
  public:
   ScopedEnv(std::map<std::string, std::string> values) {
-    for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID",
-                             "SLURM_NTASKS", "SLURM_LOCALID"}) {
+    for (const char* name :
+         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) {
       const char* old = std::getenv(name);
       saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
       ::unsetenv(name);
@@ -101,6 +102,7 @@ TEST(DistEnv, ReadsTorchrunsVariables) {
   ScopedEnv env({{"RANK", "3"},
                  {"WORLD_SIZE", "4"},
                  {"LOCAL_RANK", "1"},
+                 {"LOCAL_WORLD_SIZE", "2"},
                  {"MASTER_ADDR", "node0"},
                  {"MASTER_PORT", "29400"}});
   auto read = DistEnv::from_environment();
@@ -108,19 +110,24 @@ TEST(DistEnv, ReadsTorchrunsVariables) {
   EXPECT_EQ(read->rank, 3);
   EXPECT_EQ(read->world_size, 4);
   EXPECT_EQ(read->local_rank, 1);
+  EXPECT_EQ(read->local_world_size, 2);
   EXPECT_EQ(read->master_addr, "node0");
   EXPECT_EQ(read->master_port, 29400);
   EXPECT_EQ(read->source, "torchrun");
 }
 
 TEST(DistEnv, ReadsSlurmsVariablesWithTheDefaultPort) {
-  ScopedEnv env(
-      {{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"MASTER_ADDR", "n1"}});
+  ScopedEnv env({{"SLURM_PROCID", "5"},
+                 {"SLURM_NTASKS", "8"},
+                 {"SLURM_LOCALID", "1"},
+                 {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                 {"MASTER_ADDR", "n1"}});
   auto read = DistEnv::from_environment();
   ASSERT_TRUE(read.has_value());
   EXPECT_EQ(read->rank, 5);
   EXPECT_EQ(read->world_size, 8);
   EXPECT_EQ(read->local_rank, 1);
+  EXPECT_EQ(read->local_world_size, 4);
   EXPECT_EQ(read->master_port, 29500);
   EXPECT_EQ(read->source, "slurm");
 }

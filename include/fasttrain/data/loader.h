@@ -57,8 +57,9 @@ struct LoaderOptions {
   FT_ARG(bool, channels_last) = false;
 };
 
-// Workers for `auto`: enough to keep the trainer fed without taking cores from compute.
-int auto_worker_count();
+// Workers for `auto`: enough to keep the trainer fed without taking cores from compute, when
+// `processes_sharing` processes (the ranks of a job on this machine) share the hardware threads.
+int auto_worker_count(int processes_sharing = 1);
 
 struct Batch {
   torch::Tensor inputs;   // [B, C, H, W] float32 on the loader's device

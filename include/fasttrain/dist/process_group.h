@@ -50,13 +50,15 @@ struct DistEnv {
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
+  int local_world_size = 1;  // ranks on this machine
   std::string master_addr;
   int master_port = 0;
   std::string source;  // "torchrun" (RANK/WORLD_SIZE, also fasttrain launch) or "slurm"
 
-  // torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) when RANK is set;
-  // else Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR and MASTER_PORT, default
-  // 29500, from the job script) when SLURM_PROCID and SLURM_NTASKS are; else nullopt: one process.
+  // torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)
+  // when RANK is set; else Slurm's (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+  // SLURM_NTASKS_PER_NODE, with MASTER_ADDR and MASTER_PORT, default 29500, from the job script)
+  // when SLURM_PROCID and SLURM_NTASKS are; else nullopt: one process.
   // A missing or malformed variable is an Error naming it and its value.
   static std::optional<DistEnv> from_environment();
 };
@@ -73,6 +75,8 @@ class ProcessGroup {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Ranks on this machine (they share its cores).
+  int local_size() const { return local_size_; }
   const std::string& backend() const { return backend_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
@@ -110,6 +114,7 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
   int rank_ = 0;
   int size_ = 1;
+  int local_size_ = 1;
   std::string backend_;
   std::chrono::milliseconds timeout_{0};
   int64_t strings_ = 0;
