@@ -53,11 +53,6 @@ double max_difference(const std::string& a, const std::string& b) {
   return worst;
 }
 
-std::string bytes_of(const std::string& path) {
-  std::vector<uint8_t> bytes = read_binary_file(path);
-  return std::string(bytes.begin(), bytes.end());
-}
-
 nlohmann::json summary_of(const std::string& run_dir) {
   return nlohmann::json::parse(read_text_file(run_dir + "/summary.json"));
 }
@@ -292,8 +287,8 @@ TEST_F(DistRun, SigtermToTheLauncherCheckpointsEveryRankAndTheResumeEndsBitIdent
 
     auto resumed = run_command(launch(2) + run_args + " --run-dir " + run + " --resume");
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-    EXPECT_TRUE(bytes_of(dir.file("straight") + "/final/model.safetensors") ==
-                bytes_of(run + "/final/model.safetensors"))
+    EXPECT_TRUE(testing::read_text(dir.file("straight") + "/final/model.safetensors") ==
+                testing::read_text(run + "/final/model.safetensors"))
         << "the resumed run's weights differ from the straight run's";
     EXPECT_EQ(summary_of(run)["steps"], 600);
   }
@@ -357,6 +352,37 @@ TEST(Launch, AFailingRankStopsTheOthersAndItsCodeIsReturned) {
   EXPECT_TRUE(testing::contains_all(result.output, {"rank 1 exited with code 3", "stopping the other 2"}))
       << result.output;
   EXPECT_NE(run_command("pgrep -f 'sleep 61[.]25'").exit_code, 0) << "a rank's child outlived the launcher";
+}
+
+// The case end to end: a training rank killed under the launcher. The survivor fails at once
+// (its connection is reset), the launcher returns non-zero, and no rank is left running.
+TEST_F(DistRun, ATrainingRankKilledUnderTheLauncherEndsTheJob) {
+  testing::TempDir dir;
+  const pid_t launcher = testing::spawn_command(
+      launch(2) + kRun + " --set train.max_steps=1000000 --set data.batch_size=32 --run-dir " +
+      dir.file("run") + " >" + dir.file("log") + " 2>&1");
+  ASSERT_TRUE(testing::wait_until(
+      [&] {
+        return testing::read_text(dir.file("run") + "/metrics.jsonl").find("\"step\":20}") !=
+               std::string::npos;
+      },
+      60))
+      << testing::read_text(dir.file("log"));
+  auto children = run_command("pgrep -P " + std::to_string(launcher));
+  std::istringstream pids(children.output);
+  std::vector<pid_t> ranks;
+  for (pid_t pid; pids >> pid;) ranks.push_back(pid);
+  ASSERT_EQ(ranks.size(), 2u) << children.output;
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(ranks[1], SIGKILL), 0);
+  const int code = testing::wait_exit_code(launcher);
+  const double waited = seconds_since(killed_at);
+  const std::string log = testing::read_text(dir.file("log"));
+  EXPECT_NE(code, 0) << log;
+  EXPECT_LT(waited, 300 + 5) << log;  // dist.timeout_s's default; a reset connection ends it at once
+  EXPECT_TRUE(testing::contains_all(log, {"was killed by signal 9", "error: rank 0 of 2:"})) << log;
+  for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank " << rank << " is still running";
+  std::printf("[          ] the launcher returned %d, %.2f s after the kill\n", code, waited);
 }
 
 TEST(Launch, SetsTheRendezvousVariablesOfEachRank) {
