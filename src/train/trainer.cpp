@@ -161,7 +161,8 @@ void Trainer::warm_up(const Batch& batch) {
   RngStateGuard keep_random_streams;                      // dropout draws
   TensorValuesGuard keep_buffers(model_->buffers());      // BatchNorm statistics
   backward_micro_batch(batch, 1, /*ends_window=*/false);  // nothing communicated
-  compat::zero_grad_to_none(*optimizer_);
+  // The model's gradients, not the optimizer's: under ZeRO the optimizer steps other tensors.
+  for (const auto& parameter : parameters_) parameter.mutable_grad() = torch::Tensor();
 }
 
 double Trainer::mean_over_ranks(double value) {
