@@ -231,7 +231,9 @@ const std::vector<Field>& schema() {
           "Train on the first N samples only (0 = all)", at_least<int64_t>(0)),
       // [model]
       field<S>(
-          "model", "name", [](Config& c) -> S& { return c.model.name(); }, "Model: mlp, cnn or resnet",
+          "model", "name", [](Config& c) -> S& { return c.model.name(); },
+          "Model: mlp, cnn, resnet, or gpt (byte sequences: the text dataset it trains on is not written "
+          "yet)",
           one_of(model_names())),
       field<std::vector<int64_t>>(
           "model", "widths", [](Config& c) -> std::vector<int64_t>& { return c.model.widths(); },
@@ -253,7 +255,20 @@ const std::vector<Field>& schema() {
           "resnet: residual blocks per stage", at_least<int64_t>(1)),
       field<double>(
           "model", "dropout", [](Config& c) -> double& { return c.model.dropout(); },
-          "Dropout before each fully connected layer", in_unit_interval()),
+          "Dropout before each fully connected layer (gpt: on the embeddings and each residual branch)",
+          in_unit_interval()),
+      field<int64_t>(
+          "model", "layers", [](Config& c) -> int64_t& { return c.model.layers(); },
+          "gpt: transformer blocks", at_least<int64_t>(1)),
+      field<int64_t>(
+          "model", "heads", [](Config& c) -> int64_t& { return c.model.heads(); }, "gpt: attention heads",
+          at_least<int64_t>(1)),
+      field<int64_t>(
+          "model", "embed", [](Config& c) -> int64_t& { return c.model.embed(); },
+          "gpt: embedding width (a multiple of heads)", at_least<int64_t>(1)),
+      field<int64_t>(
+          "model", "context", [](Config& c) -> int64_t& { return c.model.context(); },
+          "gpt: longest sequence (positions embedded)", at_least<int64_t>(1)),
       // [optim]
       field<S>(
           "optim", "name", [](Config& c) -> S& { return c.optim.name(); }, "Optimizer: sgd, adam or adamw",

@@ -1,5 +1,7 @@
 // c10d's Gloo process group behind fasttrain's small collective interface.
-#define USE_C10D_GLOO  // ProcessGroupGloo.hpp declares the class only under it
+#ifndef USE_C10D_GLOO  // ProcessGroupGloo.hpp declares the class only under it (Torch's CMake sets it)
+#define USE_C10D_GLOO
+#endif
 #include "fasttrain/dist/process_group.h"
 
 #include <cstdlib>

@@ -13,6 +13,7 @@ namespace fasttrain {
 std::shared_ptr<Model> make_mlp(const ModelOptions& options);
 std::shared_ptr<Model> make_cnn(const ModelOptions& options);
 std::shared_ptr<Model> make_resnet(const ModelOptions& options);
+std::shared_ptr<Model> make_gpt(const ModelOptions& options);
 
 namespace {
 
@@ -23,6 +24,7 @@ const std::map<std::string, Factory>& registry() {
       {"mlp", make_mlp},
       {"cnn", make_cnn},
       {"resnet", make_resnet},
+      {"gpt", make_gpt},
   };
   return factories;
 }

@@ -273,6 +273,11 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
           .even_shards(false));  // every test sample counted once
 
   // ---- model ----
+  FT_CONFIG_CHECK(config.model.name() != "gpt",
+                  "model.name = \"gpt\" takes byte sequences, but data.dataset = \"{}\" holds images: fasttrain's "
+                  "text dataset is not written yet (train the model through the library meanwhile: "
+                  "fasttrain/models/registry.h)",
+                  config.data.dataset());
   ModelOptions model_options = config.model;
   model_options.in_channels(train.channels())
       .height(train.height())

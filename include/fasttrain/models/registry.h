@@ -1,6 +1,7 @@
 #pragma once
 // Models built by name from config: "mlp", "cnn" (the classic conv net), "resnet" (small, with
-// bias-free convs before BatchNorm). Input sizes come from the dataset, the rest from [model].
+// bias-free convs before BatchNorm), "gpt" (a byte-level transformer: tokens [B, T] in, next-token
+// logits [B * T, num_classes] out). Input sizes come from the dataset, the rest from [model].
 //
 //   auto model = fasttrain::make_model(fasttrain::ModelOptions("cnn").widths({32, 64}).hidden({128}));
 //   torch::Tensor logits = model->forward(images);   // [B, C, H, W] -> [B, num_classes]
@@ -42,8 +43,13 @@ struct ModelOptions {
   FT_ARG(bool, pool_first) = false;
   // resnet: residual blocks per stage.
   FT_ARG(int64_t, blocks) = 1;
-  // Dropout before each fully connected layer (0 = none).
+  // Dropout before each fully connected layer (0 = none); gpt: on the embeddings and each residual branch.
   FT_ARG(double, dropout) = 0.0;
+  // gpt: transformer blocks, attention heads, embedding width (a multiple of heads), longest sequence.
+  FT_ARG(int64_t, layers) = 4;
+  FT_ARG(int64_t, heads) = 4;
+  FT_ARG(int64_t, embed) = 128;
+  FT_ARG(int64_t, context) = 128;
 };
 
 // A classifier: images in, logits out.

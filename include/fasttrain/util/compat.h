@@ -198,3 +198,21 @@ inline bool enable_expandable_segments() {
 }
 
 }  // namespace fasttrain::compat
+
+// ---- attention: PyTorch 2.x's fused scaled_dot_product_attention (flash / memory-efficient kernels) ----
+namespace fasttrain::compat {
+
+// Causal attention through ATen's scaled_dot_product_attention where the build has it; `false`
+// (and `out` untouched) on LibTorch 1.13, whose callers use the math path (models/attention.h).
+inline bool fused_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                   torch::Tensor& out) {
+#if FASTTRAIN_HAS_SDPA
+  out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true);
+  return true;
+#else
+  (void)q, (void)k, (void)v, (void)out;
+  return false;
+#endif
+}
+
+}  // namespace fasttrain::compat

@@ -1,0 +1,121 @@
+// gpt: a byte-level decoder-only transformer (GPT-2's layout): token and position embeddings,
+// pre-norm blocks of causal self-attention and a GELU MLP with residual connections, a final
+// LayerNorm, and logits through the token embedding (tied weights).
+#include <torch/nn.h>
+
+#include <cmath>
+
+#include "fasttrain/models/attention.h"
+#include "fasttrain/models/registry.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+namespace {
+
+// x + attention(ln1(x)), then x + mlp(ln2(x)).
+class GptBlockImpl : public torch::nn::Module {
+ public:
+  GptBlockImpl(int64_t embed, int64_t heads, double dropout)
+      : heads_(heads),
+        ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})))),
+        qkv_(register_module("qkv", torch::nn::Linear(embed, 3 * embed))),
+        attn_proj_(register_module("attn_proj", torch::nn::Linear(embed, embed))),
+        ln2_(register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})))),
+        fc_(register_module("fc", torch::nn::Linear(embed, 4 * embed))),
+        mlp_proj_(register_module("mlp_proj", torch::nn::Linear(4 * embed, embed))),
+        dropout_(register_module("dropout", torch::nn::Dropout(dropout))) {}
+
+  torch::Tensor forward(torch::Tensor x) {  // [B, T, C] -> [B, T, C]
+    const int64_t batch = x.size(0), length = x.size(1), embed = x.size(2);
+    // ---- causal self-attention: heads of C / H ----
+    auto qkv = qkv_->forward(ln1_->forward(x)).view({batch, length, 3, heads_, embed / heads_});
+    auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H, T, D]
+    auto k = qkv.select(2, 1).transpose(1, 2);
+    auto v = qkv.select(2, 2).transpose(1, 2);
+    auto attended = causal_attention(q, k, v).transpose(1, 2).reshape({batch, length, embed});  // [B, T, C]
+    x = x + dropout_->forward(attn_proj_->forward(attended));
+    // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
+    auto hidden = gelu_tanh(fc_->forward(ln2_->forward(x)));  // [B, T, 4C]
+    return x + dropout_->forward(mlp_proj_->forward(hidden));
+  }
+
+  // The projections that write into the residual stream (GPT-2 scales their init by 1/sqrt(2 L)).
+  std::vector<torch::Tensor> residual_projections() { return {attn_proj_->weight, mlp_proj_->weight}; }
+
+ private:
+  int64_t heads_;
+  torch::nn::LayerNorm ln1_;
+  torch::nn::Linear qkv_, attn_proj_;
+  torch::nn::LayerNorm ln2_;
+  torch::nn::Linear fc_, mlp_proj_;
+  torch::nn::Dropout dropout_;
+};
+TORCH_MODULE(GptBlock);
+
+class Gpt : public Model {
+ public:
+  explicit Gpt(const ModelOptions& options) : context_(options.context()), vocab_(options.num_classes()) {
+    const int64_t embed = options.embed();
+    token_embedding_ = register_module("token_embedding", torch::nn::Embedding(vocab_, embed));
+    position_embedding_ = register_module("position_embedding", torch::nn::Embedding(context_, embed));
+    dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout()));
+    blocks_ = register_module("blocks", torch::nn::Sequential());
+    for (int64_t i = 0; i < options.layers(); ++i)
+      blocks_->push_back(GptBlock(embed, options.heads(), options.dropout()));
+    final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
+
+    // ---- GPT-2's initialisation: N(0, 0.02), biases 0, residual projections / sqrt(2 L) ----
+    torch::NoGradGuard no_grad;
+    for (auto& item : named_parameters()) {
+      torch::Tensor& p = item.value();
+      const std::string& name = item.key();
+      if (name.find("ln") != std::string::npos || name.find("norm") != std::string::npos) continue;
+      if (p.dim() == 1) {
+        p.zero_();
+      } else {
+        p.normal_(0.0, 0.02);
+      }
+    }
+    for (const auto& child : *blocks_) {
+      for (auto& w : child.ptr<GptBlockImpl>()->residual_projections()) {
+        w.normal_(0.0, 0.02 / std::sqrt(2.0 * static_cast<double>(options.layers())));
+      }
+    }
+  }
+
+  // tokens [B, T] int64 in [0, vocab), T <= context -> logits [B * T, vocab]: row b * T + t predicts
+  // token t + 1 of sequence b (flat, so the trainer's cross-entropy against targets [B * T] is the
+  // next-token loss).
+  torch::Tensor forward(torch::Tensor tokens) override {
+    FT_CHECK(tokens.dim() == 2 && tokens.size(1) <= context_,
+             "gpt takes tokens [B, T] with T <= model.context = {}, got {}", context_, tokens.sizes());
+    const int64_t length = tokens.size(1);
+    auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
+    auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
+    x = final_norm_->forward(run_stage(blocks_, x));               // [B, T, C]
+    auto logits = torch::matmul(x, token_embedding_->weight.t());  // [B, T, vocab], tied
+    return logits.reshape({-1, vocab_});
+  }
+
+ private:
+  int64_t context_;
+  int64_t vocab_;
+  torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
+  torch::nn::Dropout dropout_{nullptr};
+  torch::nn::Sequential blocks_{nullptr};
+  torch::nn::LayerNorm final_norm_{nullptr};
+};
+
+}  // namespace
+
+std::shared_ptr<Model> make_gpt(const ModelOptions& options) {
+  FT_CONFIG_CHECK(options.layers() >= 1, "model.layers must be >= 1, got {}", options.layers());
+  FT_CONFIG_CHECK(options.heads() >= 1 && options.embed() >= 1 && options.embed() % options.heads() == 0,
+                  "model.embed ({}) must be a positive multiple of model.heads ({})", options.embed(),
+                  options.heads());
+  FT_CONFIG_CHECK(options.context() >= 1, "model.context must be >= 1, got {}", options.context());
+  return std::make_shared<Gpt>(options);
+}
+
+}  // namespace fasttrain

@@ -1,0 +1,163 @@
+// The GPT model and its attention and GELU.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "fasttrain/models/attention.h"
+#include "fasttrain/models/registry.h"
+#include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+ModelOptions small_gpt() {
+  return ModelOptions("gpt").num_classes(256).layers(2).heads(2).embed(16).context(12);
+}
+
+// softmax(q k^T / sqrt(D)) v over positions <= t, one (b, h, t) at a time.
+torch::Tensor reference_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+  auto out = torch::zeros_like(q);
+  const int64_t length = q.size(2), dim = q.size(3);
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    for (int64_t h = 0; h < q.size(1); ++h) {
+      for (int64_t t = 0; t < length; ++t) {
+        auto scores = torch::zeros({t + 1}, torch::kDouble);
+        for (int64_t s = 0; s <= t; ++s) {
+          scores[s] =
+              (q[b][h][t].to(torch::kDouble) * k[b][h][s].to(torch::kDouble)).sum() / std::sqrt(double(dim));
+        }
+        auto weights = torch::softmax(scores, 0);
+        for (int64_t s = 0; s <= t; ++s)
+          out[b][h][t] += (weights[s] * v[b][h][s].to(torch::kDouble)).to(q.dtype());
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Attention, MathPathMatchesAReferenceLoop) {
+  torch::manual_seed(0);
+  auto q = torch::randn({2, 3, 5, 4}), k = torch::randn({2, 3, 5, 4}), v = torch::randn({2, 3, 5, 4});
+  EXPECT_TRUE(torch::allclose(causal_attention_math(q, k, v), reference_attention(q, k, v), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(causal_attention(q, k, v), reference_attention(q, k, v), 1e-5, 1e-6));
+}
+
+TEST(Attention, FusedAttentionMatchesTheMathPath) {
+  torch::Tensor unused;
+  if (!compat::fused_causal_attention(torch::zeros({1, 1, 1, 1}), torch::zeros({1, 1, 1, 1}),
+                                      torch::zeros({1, 1, 1, 1}), unused)) {
+    GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no scaled_dot_product_attention";
+  }
+  torch::manual_seed(1);
+  auto q = torch::randn({2, 4, 33, 8}, torch::requires_grad()), k = torch::randn({2, 4, 33, 8}),
+       v = torch::randn({2, 4, 33, 8});
+  torch::Tensor fused;
+  ASSERT_TRUE(compat::fused_causal_attention(q, k, v, fused));
+  auto math = causal_attention_math(q, k, v);
+  EXPECT_TRUE(torch::allclose(fused, math, 1e-5, 1e-5));
+  auto fused_grad = torch::autograd::grad({fused.sum()}, {q})[0];
+  auto math_grad = torch::autograd::grad({math.sum()}, {q})[0];
+  EXPECT_TRUE(torch::allclose(fused_grad, math_grad, 1e-4, 1e-5));
+}
+
+TEST(Attention, FusedGeluMatchesTheFormulaAndItsGradient) {
+  auto x = torch::linspace(-6, 6, 1001, torch::kDouble).requires_grad_(true);
+  auto fused = gelu_tanh(x), unfused = gelu_tanh_unfused(x);
+  EXPECT_TRUE(torch::allclose(fused, unfused, 1e-12, 1e-12));
+  auto fused_grad = torch::autograd::grad({fused.sum()}, {x})[0];
+  auto unfused_grad = torch::autograd::grad({unfused.sum()}, {x})[0];
+  EXPECT_TRUE(torch::allclose(fused_grad, unfused_grad, 1e-10, 1e-10));
+  auto x32 = torch::randn({4096});
+  EXPECT_LT((gelu_tanh(x32) - gelu_tanh_unfused(x32)).abs().max().item<double>(), 1e-6);
+}
+
+TEST(Gpt, PredictsEachPositionFromItsPastOnly) {
+  torch::manual_seed(2);
+  auto model = make_model(small_gpt());
+  model->eval();
+  auto tokens = torch::randint(0, 256, {3, 12}, torch::kLong);
+  auto logits = model->forward(tokens).view({3, 12, 256});
+  EXPECT_EQ(model->forward(tokens).sizes(), (std::vector<int64_t>{36, 256}));
+  auto changed = tokens.clone();
+  changed.slice(1, 7).random_(0, 256);  // positions 7.. differ
+  auto changed_logits = model->forward(changed).view({3, 12, 256});
+  EXPECT_TRUE(torch::allclose(logits.slice(1, 0, 7), changed_logits.slice(1, 0, 7), 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(logits.slice(1, 7), changed_logits.slice(1, 7), 1e-3, 1e-3));
+}
+
+TEST(Gpt, TiesTheOutputToTheTokenEmbedding) {
+  auto model = make_model(small_gpt());
+  // 256 x 16 token + 12 x 16 position embeddings, 2 blocks of (2 LayerNorms, qkv, proj, fc, proj), final
+  // norm.
+  const int64_t block = 2 * 2 * 16 + (16 * 48 + 48) + (16 * 16 + 16) + (16 * 64 + 64) + (64 * 16 + 16);
+  EXPECT_EQ(model->parameter_count(), 256 * 16 + 12 * 16 + 2 * block + 2 * 16);
+  auto tokens = torch::randint(0, 256, {2, 12}, torch::kLong);
+  model->forward(tokens).sum().backward();
+  for (const auto& item : model->named_parameters()) {
+    EXPECT_TRUE(item.value().grad().defined()) << item.key();
+  }
+}
+
+TEST(Gpt, CheckpointedBlocksMatchThePlainGradients) {
+  auto tokens = torch::randint(0, 256, {4, 12}, torch::kLong);
+  auto targets = torch::randint(0, 256, {48}, torch::kLong);
+  auto gradients = [&](const std::string& mode) {
+    torch::manual_seed(4);
+    auto model = make_model(small_gpt().dropout(0.1));
+    model->set_checkpointing(CheckpointPolicy::parse(CheckpointOptions().mode(mode)));
+    torch::manual_seed(5);  // the same dropout masks
+    torch::nn::functional::cross_entropy(model->forward(tokens), targets).backward();
+    std::vector<torch::Tensor> result;
+    for (const auto& p : model->parameters()) result.push_back(p.grad().clone());
+    return result;
+  };
+  auto plain = gradients("none"), checkpointed = gradients("blocks");
+  ASSERT_EQ(plain.size(), checkpointed.size());
+  for (size_t i = 0; i < plain.size(); ++i)
+    EXPECT_TRUE(torch::allclose(plain[i], checkpointed[i], 1e-5, 1e-6)) << i;
+}
+
+TEST(Gpt, LearnsARepeatingSequence) {
+  torch::manual_seed(6);
+  auto model = make_model(small_gpt());
+  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  const std::string text = "abcdefg abcdefg abcdefg abcdefg ";
+  auto stream = torch::tensor(std::vector<int64_t>(text.begin(), text.end()));
+  double first = 0, last = 0;
+  for (int step = 0; step < 60; ++step) {
+    auto starts = torch::randint(0, static_cast<int64_t>(text.size()) - 13, {8}, torch::kLong);
+    std::vector<torch::Tensor> inputs, targets;
+    for (int64_t i = 0; i < 8; ++i) {
+      const int64_t s = starts[i].item<int64_t>();
+      inputs.push_back(stream.slice(0, s, s + 12));
+      targets.push_back(stream.slice(0, s + 1, s + 13));
+    }
+    auto loss =
+        torch::nn::functional::cross_entropy(model->forward(torch::stack(inputs)), torch::cat(targets));
+    optimizer.zero_grad();
+    loss.backward();
+    optimizer.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_GT(first, 4.0);  // about ln 256 = 5.5 at the start
+  EXPECT_LT(last, 0.5) << "the next byte of a period-8 text is predictable from the last few";
+}
+
+TEST(Gpt, BadSizesAreConfigErrors) {
+  EXPECT_TRUE(
+      testing::contains_all(testing::error_message([] { make_model(small_gpt().embed(18).heads(4)); }),
+                            {"model.embed (18)", "model.heads (4)"}));
+  EXPECT_TRUE(testing::contains_all(testing::error_message([] { make_model(small_gpt().layers(0)); }),
+                                    {"model.layers must be >= 1"}));
+  auto model = make_model(small_gpt());
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] {
+                                      model->forward(torch::zeros({1, 13}, torch::kLong));
+                                    }),
+                                    {"model.context = 12", "[1, 13]"}));
+}
+
+}  // namespace
+}  // namespace fasttrain
