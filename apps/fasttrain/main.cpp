@@ -169,17 +169,22 @@ int run(int argc, char** argv) {
   if (*train) {
     fasttrain::Config cfg = build_config(train_args);
     if (run_dir.empty()) run_dir = cfg.run.root() + "/" + cfg.run.name();
-    std::cerr << "fasttrain: effective config\n" << fasttrain::to_toml(cfg) << "\n";
+    // A distributed job prints once, from rank 0 (the other ranks run the same config).
+    const std::optional<fasttrain::DistEnv> env = fasttrain::DistEnv::from_environment();
+    const bool rank0 = !env || env->rank == 0;
+    if (rank0) std::cerr << "fasttrain: effective config\n" << fasttrain::to_toml(cfg) << "\n";
     // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
     fasttrain::StopSignals stop_signals;
     fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir, run_options);
+    const int signal = fasttrain::StopSignals::received();
+    const int stopped_code = 128 + (signal != 0 ? signal : SIGINT);  // a stop agreed with the other ranks
+    if (!rank0) return summary.interrupted ? stopped_code : 0;
     std::cout << summary.to_json().dump(2) << "\n";
     if (summary.interrupted) {
-      const int signal = fasttrain::StopSignals::received();
       std::cerr << "fasttrain: interrupted at step " << summary.steps << "; state saved in "
                 << summary.checkpoint << "\nfasttrain: continue with: fasttrain train ... --run-dir "
                 << run_dir << " --resume\n";
-      return 128 + (signal != 0 ? signal : SIGINT);
+      return stopped_code;
     }
     std::cerr << "fasttrain: run written to " << run_dir << "\n";
   } else if (*launch) {
