@@ -170,8 +170,8 @@ int run(int argc, char** argv) {
     fasttrain::Config cfg = build_config(train_args);
     if (run_dir.empty()) run_dir = cfg.run.root() + "/" + cfg.run.name();
     // A distributed job prints once, from rank 0 (the other ranks run the same config).
-    const std::optional<fasttrain::DistEnv> env = fasttrain::DistEnv::from_environment();
-    const bool rank0 = !env || env->rank == 0;
+    const std::shared_ptr<fasttrain::ProcessGroup> group = fasttrain::default_process_group(cfg.dist);
+    const bool rank0 = !group || group->rank() == 0;
     if (rank0) std::cerr << "fasttrain: effective config\n" << fasttrain::to_toml(cfg) << "\n";
     // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
     fasttrain::StopSignals stop_signals;

@@ -186,20 +186,19 @@ void DataParallel::after_optimizer_step() {
   }
 }
 
-std::function<void(torch::Tensor&)> DataParallel::grad_norm_reducer() {
-  if (options_.zero() == 0) return nullptr;
-  return [this](torch::Tensor& squared) {
-    torch::Tensor flat = squared.reshape({1});  // a view: reduced in place
-    group_->all_reduce(flat, ReduceOp::kSum);
+std::function<void(torch::Tensor&)> DataParallel::reducer(ReduceOp op) {
+  return [this, op](torch::Tensor& value) {
+    torch::Tensor flat = value.reshape({1});  // a view of the 0-dim value: reduced in place
+    group_->all_reduce(flat, op);
   };
 }
 
+std::function<void(torch::Tensor&)> DataParallel::grad_norm_reducer() {
+  return options_.zero() == 0 ? nullptr : reducer(ReduceOp::kSum);
+}
+
 std::function<void(torch::Tensor&)> DataParallel::found_inf_reducer() {
-  if (options_.zero() == 0) return nullptr;
-  return [this](torch::Tensor& flag) {
-    torch::Tensor flat = flag.reshape({1});
-    group_->all_reduce(flat, ReduceOp::kMax);
-  };
+  return options_.zero() == 0 ? nullptr : reducer(ReduceOp::kMax);
 }
 
 std::map<std::string, int64_t> DataParallel::ddp_timings() const {

@@ -127,7 +127,6 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& command
   size_t alive = children.size();
   int first_failure = 0;
   std::optional<std::chrono::steady_clock::time_point> kill_at;
-  int last_forwarded = 0;
   int stop_signal = 0;  // the last signal forwarded
   // Each rank leads its own process group: its own children (a shell's, say) get the signal too.
   auto signal_all = [&](int signal) {
@@ -143,14 +142,12 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& command
     }
   };
   while (alive > 0) {
-    if (forwarded_signal != 0 && forwarded_signal != last_forwarded) {
-      last_forwarded = forwarded_signal;
-      if (options.verbose())
-        fmt::print(stderr, "fasttrain launch: forwarding signal {} to the ranks\n", last_forwarded);
-      signal_all(last_forwarded);  // they checkpoint and stop at their next step
-      stop_signal = last_forwarded;
+    if (forwarded_signal != 0) {
+      stop_signal = forwarded_signal;
       forwarded_signal = 0;
-      last_forwarded = 0;
+      if (options.verbose())
+        fmt::print(stderr, "fasttrain launch: forwarding signal {} to the ranks\n", stop_signal);
+      signal_all(stop_signal);  // they checkpoint and stop at their next step
     }
     int status = 0;
     const pid_t pid = waitpid(-1, &status, WNOHANG);

@@ -142,29 +142,27 @@ std::string Trainer::save_checkpoint() {
   }
   save_safetensors(file(rng_file_name()), generator_states());
   if (parallel_) parallel_->group().barrier();  // every rank's files are written
-  if (!rank0) {
-    const std::string dir = parallel_->group().broadcast_string("");  // after rank 0's commit
-    last_checkpoint_step_ = step_;
-    last_checkpoint_ = dir;
-    last_checkpoint_seconds_ =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
-    return dir;
-  }
+  std::string dir = rank0 ? commit_replicated_state(*writer) : "";
+  if (parallel_) dir = parallel_->group().broadcast_string(dir);  // the others learn it after the commit
+  last_checkpoint_step_ = step_;
+  last_checkpoint_ = dir;
+  last_checkpoint_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
+  return dir;
+}
 
-  // ---- rank 0: the replicated state, then the commit ----
-  const auto named_parameters = model_->named_parameters();
-  save_safetensors(writer->file("model.safetensors"), module_state(*model_));
-  if (ema_) save_safetensors(writer->file("ema.safetensors"), named(state_names(*model_), ema_->shadow()));
+std::string Trainer::commit_replicated_state(CheckpointWriter& writer) {
+  save_safetensors(writer.file("model.safetensors"), module_state(*model_));
+  if (ema_) save_safetensors(writer.file("ema.safetensors"), named(state_names(*model_), ema_->shadow()));
   if (progress_.window_done > 0) {
     NamedTensors window{{"loss", window_loss_}};
-    for (const auto& item : named_parameters) {
+    for (const auto& item : model_->named_parameters()) {
       if (item.value().grad().defined()) window.emplace_back("grad." + item.key(), item.value().grad());
     }
-    save_safetensors(writer->file("window.safetensors"), window);
+    save_safetensors(writer.file("window.safetensors"), window);
   }
   if (!checkpoints_->config_toml().empty())
-    write_text_file(writer->file("config.toml"), checkpoints_->config_toml());
+    write_text_file(writer.file("config.toml"), checkpoints_->config_toml());
   nlohmann::json state = {
       {"format", kStateFormat},
       {"version", kStateVersion},
@@ -178,14 +176,9 @@ std::string Trainer::save_checkpoint() {
       {"world_size", world_size()},
       {"zero", parallel_ ? parallel_->zero() : 0},
   };
-  write_json_file(writer->file("state.json"), state);
-  std::string dir = writer->commit();
+  write_json_file(writer.file("state.json"), state);
+  std::string dir = writer.commit();
   prune_checkpoints(checkpoints_->root(), checkpoints_->keep());
-  if (parallel_) parallel_->group().broadcast_string(dir);
-  last_checkpoint_step_ = step_;
-  last_checkpoint_ = dir;
-  last_checkpoint_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (auto& callback : callbacks_) callback->on_checkpoint(*this, dir);
   return dir;
 }
 

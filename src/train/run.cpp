@@ -273,11 +273,12 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
           .even_shards(false));  // every test sample counted once
 
   // ---- model ----
-  FT_CONFIG_CHECK(config.model.name() != "gpt",
-                  "model.name = \"gpt\" takes byte sequences, but data.dataset = \"{}\" holds images: fasttrain's "
-                  "text dataset is not written yet (train the model through the library meanwhile: "
-                  "fasttrain/models/registry.h)",
-                  config.data.dataset());
+  FT_CONFIG_CHECK(
+      config.model.name() != "gpt",
+      "model.name = \"gpt\" takes byte sequences, but data.dataset = \"{}\" holds images: fasttrain's "
+      "text dataset is not written yet (train the model through the library meanwhile: "
+      "fasttrain/models/registry.h)",
+      config.data.dataset());
   ModelOptions model_options = config.model;
   model_options.in_channels(train.channels())
       .height(train.height())
@@ -399,10 +400,9 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
     if (rank0) {
       remove_later_checkpoints(run_dir + "/checkpoints", *checkpoint, step);
       truncate_metrics(run_dir + "/metrics.jsonl", step);
-    }
-    if (rank0)
       fmt::print(stderr, "fasttrain: resuming from {} (step {}, epoch {}, batch {} of the epoch)\n",
                  *checkpoint, step, trainer->progress().epoch, trainer->progress().batch_in_epoch);
+    }
   } else if (!config.train.init_from().empty()) {
     load_module_safetensors(*experiment.model, config.train.init_from());
     fmt::print(stderr, "fasttrain: initial weights from {}\n", config.train.init_from());

@@ -29,10 +29,9 @@ const std::string kCli = FASTTRAIN_CLI;
 // BatchNorm model would differ by design (DDP normalises each rank's half of the batch on its own).
 const std::string kRun =
     " --set model.name=mlp --set model.hidden=[64] --set optim.name=adamw --set optim.lr=2e-3"
-    " --set schedule.name=one-cycle --set train.max_steps=20 --set train.accumulation=2 --set "
-    "train.clip_norm=1.0"
-    " --set data.train_limit=4096 --set train.threads=1 --set data.workers=0 --set log.every_steps=5"
-    " --set log.progress=none --set train.eval_every_steps=0";
+    " --set schedule.name=one-cycle --set train.max_steps=20 --set train.accumulation=2"
+    " --set train.clip_norm=1.0 --set data.train_limit=4096 --set train.threads=1 --set data.workers=0"
+    " --set log.every_steps=5 --set log.progress=none --set train.eval_every_steps=0";
 
 std::string launch(int nproc) {
   return kCli + " launch --nproc " + std::to_string(nproc) + " --grace-s 5 -- " + kCli + " train";

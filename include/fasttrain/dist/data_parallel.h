@@ -97,6 +97,8 @@ class DataParallel {
   struct FlatGroup;  // ZeRO: one optimizer group's flat parameter buffer and this rank's part
   // ZeRO, after the window's backward: the gradients into the flat layout, reduced to the parts.
   void reduce_flat_gradients();
+  // Combines a 0-dim tensor over the ranks with `op`, in place.
+  std::function<void(torch::Tensor&)> reducer(ReduceOp op);
 
   std::shared_ptr<ProcessGroup> group_;
   std::shared_ptr<torch::nn::Module> model_;

@@ -49,6 +49,8 @@
 
 namespace fasttrain {
 
+class CheckpointWriter;
+
 // What a log interval measured.
 struct StepRecord {
   int64_t step = 0;
@@ -236,6 +238,9 @@ class Trainer {
   // Host check of the losses since the last one (one sync): an error naming the first non-finite
   // step. With fp16 a GradScaler skips such steps instead.
   void check_losses_finite();
+  // Rank 0's part of save_checkpoint: the state every rank holds alike (model, EMA, window, config,
+  // state.json), then the commit and the prune. Returns the committed directory.
+  std::string commit_replicated_state(CheckpointWriter& writer);
   // Checkpoint files that differ between ranks.
   bool sharded_optimizer() const;
   std::string optimizer_file_name() const;
