@@ -61,6 +61,26 @@ int run(int argc, char** argv) {
                    "safetensors weights with the model's names (RUN_DIR/final/model.safetensors)")
       ->required();
 
+  // ---- generate ----
+  ConfigArgs generate_args;
+  std::string generate_weights, prompt;
+  fasttrain::GenerateOptions generate_options(0);
+  auto* generate = app.add_subcommand("generate", "Sample text from the weights of a trained gpt model");
+  add_config_args(*generate, generate_args, false);
+  generate
+      ->add_option("--weights", generate_weights,
+                   "safetensors weights of the model (RUN_DIR/final/model.safetensors); the config defaults "
+                   "to the run's RUN_DIR/config.toml")
+      ->required();
+  generate->add_option("--prompt", prompt, "Text to continue (\"\": start a new document)");
+  generate->add_option("--tokens", generate_options.max_new_tokens(), "Bytes to generate")
+      ->capture_default_str();
+  generate->add_option("--temperature", generate_options.temperature(), "Sampling temperature; 0 = greedy")
+      ->capture_default_str();
+  generate->add_option("--top-k", generate_options.top_k(), "Sample among the k most likely bytes; 0 = all")
+      ->capture_default_str();
+  generate->add_option("--seed", generate_options.seed(), "Seed of the draws")->capture_default_str();
+
   // ---- find-lr ----
   ConfigArgs lr_args;
   fasttrain::LrFinderOptions lr_options;
@@ -191,10 +211,25 @@ int run(int argc, char** argv) {
     return fasttrain::launch(launch_options, launch_command);
   } else if (*eval) {
     fasttrain::EvalResult result = fasttrain::eval_run(build_config(eval_args), weights);
-    std::cout << nlohmann::json{{"test_accuracy", result.accuracy},
-                                {"test_loss", result.loss},
-                                {"samples", result.samples}}
-                     .dump(2)
+    nlohmann::json out{
+        {"test_accuracy", result.accuracy}, {"test_loss", result.loss}, {"samples", result.samples}};
+    if (result.bits_per_byte) out["test_bits_per_byte"] = *result.bits_per_byte;
+    std::cout << out.dump(2) << "\n";
+  } else if (*generate) {
+    if (generate_args.path.empty()) {
+      // RUN_DIR/final/model.safetensors -> RUN_DIR/config.toml
+      const auto run_config =
+          std::filesystem::path(generate_weights).parent_path().parent_path() / "config.toml";
+      if (!std::filesystem::is_regular_file(run_config)) {
+        throw fasttrain::ConfigError(fmt::format(
+            "no config given and none at {} (the run directory of --weights): pass the run's config.toml",
+            run_config.string()));
+      }
+      generate_args.path = run_config.string();
+    }
+    std::cout << prompt
+              << fasttrain::generate_run(build_config(generate_args), generate_weights, prompt,
+                                         generate_options)
               << "\n";
   } else if (*find_lr) {
     fasttrain::LrFinderResult result = fasttrain::find_lr_run(build_config(lr_args), lr_options, lr_csv);

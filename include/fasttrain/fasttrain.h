@@ -1,9 +1,11 @@
 #pragma once
 // fasttrain: the whole public API. Each folder also has headers that can be included alone.
 #include "fasttrain/config/config.h"
+#include "fasttrain/data/batch_source.h"
 #include "fasttrain/data/dataset.h"
 #include "fasttrain/data/idx.h"
 #include "fasttrain/data/loader.h"
+#include "fasttrain/data/text.h"
 #include "fasttrain/data/transforms.h"
 #include "fasttrain/dist/data_parallel.h"
 #include "fasttrain/dist/launcher.h"

@@ -136,6 +136,18 @@ Check<double> in_unit_interval() {
   };
 }
 
+Check<double> in_open_unit_interval() {
+  return [](const std::string& key, const double& value) {
+    FT_CONFIG_CHECK(value > 0 && value < 1, "{} must be in (0, 1), got {}", key, value);
+  };
+}
+
+std::vector<std::string> dataset_names() {
+  std::vector<std::string> names = image_dataset_names();
+  names.push_back("text");
+  return names;
+}
+
 Check<std::string> one_of(std::vector<std::string> choices) {
   return [choices](const std::string& key, const std::string& value) {
     FT_CONFIG_CHECK(std::find(choices.begin(), choices.end(), value) != choices.end(),
@@ -190,11 +202,31 @@ const std::vector<Field>& schema() {
       // [data]
       field<S>(
           "data", "dataset", [](Config& c) -> S& { return c.data.dataset(); },
-          "Dataset: fashion-mnist, mnist or idx (any MNIST-format IDX files)", one_of(image_dataset_names())),
+          "Dataset: fashion-mnist, mnist, idx (any MNIST-format IDX files), or text (byte-level documents "
+          "for model gpt)",
+          one_of(dataset_names())),
       field<S>(
           "data", "path", [](Config& c) -> S& { return c.data.path(); },
-          "Directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
-          "t10k-labels-idx1-ubyte (each optionally .gz); \"\" = /usr/share/datasets/<dataset>"),
+          "Images: directory with train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte, "
+          "t10k-labels-idx1-ubyte (each optionally .gz), \"\" = /usr/share/datasets/<dataset>; text: a "
+          "directory of documents (recursive) or one file"),
+      field<S>(
+          "data", "include", [](Config& c) -> S& { return c.data.include(); },
+          "text: shell pattern of the file names that are documents, such as \"*.py\""),
+      field<double>(
+          "data", "val_fraction", [](Config& c) -> double& { return c.data.val_fraction(); },
+          "text: fraction of the documents held out for validation (chosen by a hash of their path)",
+          in_open_unit_interval()),
+      field<S>(
+          "data", "batching", [](Config& c) -> S& { return c.data.batching(); },
+          "text: windows (batch_size random windows of model.context tokens) or tokens (whole documents "
+          "cut at model.context, batched by token count with length bucketing and padding)",
+          one_of({"windows", "tokens"})),
+      field<int64_t>(
+          "data", "max_tokens", [](Config& c) -> int64_t& { return c.data.max_tokens(); },
+          "text, batching = tokens: tokens per batch, padding included (>= model.context); 0 = no "
+          "bucketing: batch_size documents per batch in random order",
+          at_least<int64_t>(0)),
       int_or_auto_field<int64_t>(
           "data", "batch_size", [](Config& c) -> int64_t& { return c.data.batch_size(); }, 0, 1,
           "Samples per micro-batch, or \"auto\": the largest that fits memory.budget (CPU) or the GPU, "
@@ -232,8 +264,7 @@ const std::vector<Field>& schema() {
       // [model]
       field<S>(
           "model", "name", [](Config& c) -> S& { return c.model.name(); },
-          "Model: mlp, cnn, resnet, or gpt (byte sequences: the text dataset it trains on is not written "
-          "yet)",
+          "Model: mlp, cnn, resnet (images), or gpt (byte-level text: data.dataset = \"text\")",
           one_of(model_names())),
       field<std::vector<int64_t>>(
           "model", "widths", [](Config& c) -> std::vector<int64_t>& { return c.model.widths(); },
@@ -587,6 +618,32 @@ void validate(const Config& config) {
       config.train.init_from().empty() || std::filesystem::is_regular_file(config.train.init_from()),
       "train.init_from '{}' is not a file (a safetensors file of the model's weights)",
       config.train.init_from());
+  // A text model on text data, an image model on images.
+  const bool text = config.data.dataset() == "text";
+  FT_CONFIG_CHECK(text == (config.model.name() == "gpt"),
+                  "model.name = \"{}\" cannot train on data.dataset = \"{}\": gpt takes byte sequences "
+                  "(data.dataset = \"text\"), the other models images",
+                  config.model.name(), config.data.dataset());
+  if (text) {
+    FT_CONFIG_CHECK(
+        !config.data.path().empty(),
+        "data.path must name a directory of documents (or one file) when data.dataset = \"text\"");
+    FT_CONFIG_CHECK(std::filesystem::exists(config.data.path()), "data.path '{}' does not exist",
+                    config.data.path());
+    FT_CONFIG_CHECK(config.data.batch_size() > 0,
+                    "data.batch_size = \"auto\" searches image batches only: set the sequences per batch "
+                    "(data.batching = \"windows\") or data.max_tokens (\"tokens\") for text");
+    FT_CONFIG_CHECK(config.data.train_limit() == 0,
+                    "data.train_limit = {} applies to images; for text narrow data.include or data.path",
+                    config.data.train_limit());
+    FT_CONFIG_CHECK(
+        config.data.batching() != "tokens" || config.data.max_tokens() == 0 ||
+            config.data.max_tokens() >= config.model.context(),
+        "data.max_tokens = {} cannot hold one sequence of model.context = {} tokens: use at least {} "
+        "(or 0: batches of data.batch_size documents)",
+        config.data.max_tokens(), config.model.context(), config.model.context());
+    return;
+  }
   std::string path = config.data.resolved_path();
   FT_CONFIG_CHECK(std::filesystem::is_directory(path), "data.path '{}' is not a directory{}", path,
                   config.data.path().empty()

@@ -11,9 +11,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Thrown inside a worker to stop building a batch of an abandoned epoch; never leaves the loader.
-struct Abandoned {};
-
 }  // namespace
 
 int auto_worker_count(int processes_sharing) {
@@ -51,7 +48,7 @@ struct DataLoader::Impl {
   bool stopping = false;
   bool failed = false;  // a batch of this generation threw: claim no more
   int64_t epoch = 0;
-  std::shared_ptr<const std::vector<int64_t>> order;
+  std::shared_ptr<const EpochPlan> plan;
   int64_t next_claim = 0;
   int64_t next_deliver = 0;
   int64_t end = 0;
@@ -61,34 +58,36 @@ struct DataLoader::Impl {
 };
 
 DataLoader::DataLoader(ImageDataset dataset, TransformPipeline pipeline, LoaderOptions options)
-    : dataset_(std::move(dataset)), pipeline_(std::move(pipeline)), options_(std::move(options)) {
+    : DataLoader(std::make_shared<ImageBatchSource>(std::move(dataset), std::move(pipeline)),
+                 std::move(options)) {}
+
+DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions options)
+    : source_(std::move(source)), options_(std::move(options)) {
+  FT_CHECK(source_ != nullptr, "DataLoader needs a batch source");
   FT_CONFIG_CHECK(options_.batch_size() > 0, "data.batch_size must be > 0, got {}", options_.batch_size());
   FT_CONFIG_CHECK(options_.prefetch() >= 1, "data.prefetch must be >= 1 (batches kept ready), got {}",
                   options_.prefetch());
   FT_CONFIG_CHECK(options_.workers() >= -1,
                   "data.workers must be -1 (auto), 0 (load in the training thread) or a thread count, got {}",
                   options_.workers());
-  FT_CHECK(dataset_.images.defined() && dataset_.images.dim() == 4 &&
-               dataset_.images.scalar_type() == torch::kUInt8,
-           "DataLoader needs uint8 images [N, C, H, W]");
-  FT_CHECK(
-      dataset_.labels.defined() && dataset_.labels.dim() == 1 && dataset_.labels.size(0) == dataset_.size(),
-      "DataLoader needs one label per image: {} images, {} labels", dataset_.size(),
-      dataset_.labels.defined() ? dataset_.labels.size(0) : 0);
-  FT_CHECK(dataset_.size() > 0, "DataLoader: the dataset is empty");
+  FT_CHECK(source_->size() > 0, "DataLoader: the source is empty ({})", source_->describe());
   FT_CHECK(options_.world_size() >= 1 && options_.rank() >= 0 && options_.rank() < options_.world_size(),
            "DataLoader: rank {} is not in [0, world_size {})", options_.rank(), options_.world_size());
-  FT_CONFIG_CHECK(!options_.drop_last() || options_.batch_size() <= samples_per_epoch(),
-                  "data.batch_size {} is larger than the {} samples of {}: with drop_last every epoch would "
-                  "be empty; use at most {}",
-                  options_.batch_size(), samples_per_epoch(),
-                  options_.world_size() > 1 ? fmt::format("rank {}'s shard", options_.rank())
-                                            : std::string("the dataset"),
-                  samples_per_epoch());
-  pipeline_.check_channels(dataset_.channels());
-  // Workers read raw pointers: make the storage contiguous, CPU, and of the types they assume.
-  dataset_.images = dataset_.images.to(torch::kCPU).contiguous();
-  dataset_.labels = dataset_.labels.to(torch::kCPU, torch::kInt64).contiguous();
+  if (source_->batch_plan(0, options_.shuffle(), options_.seed())) {
+    const EpochPlan plan = epoch_plan(0);
+    planned_batches_ = plan.batches();
+    planned_samples_ = static_cast<int64_t>(plan.samples.size());
+    FT_CONFIG_CHECK(planned_batches_ > 0, "{}: rank {} of {} gets no batch of {}", source_->describe(),
+                    options_.rank(), options_.world_size(), source_->describe());
+  } else {
+    FT_CONFIG_CHECK(!options_.drop_last() || options_.batch_size() <= samples_per_epoch(),
+                    "data.batch_size {} is larger than the {} samples of {}: with drop_last every epoch "
+                    "would be empty; use at most {}",
+                    options_.batch_size(), samples_per_epoch(),
+                    options_.world_size() > 1 ? fmt::format("rank {}'s shard", options_.rank())
+                                              : std::string("the dataset"),
+                    samples_per_epoch());
+  }
 
   workers_ = options_.workers() == -1 ? auto_worker_count() : options_.workers();
   impl_ = std::make_unique<Impl>();
@@ -118,34 +117,58 @@ void DataLoader::shutdown() {
 }
 
 int64_t DataLoader::samples_per_epoch() const {
-  const int64_t n = dataset_.size(), world = options_.world_size();
+  if (planned_samples_ >= 0) return planned_samples_;
+  const int64_t n = source_->size(), world = options_.world_size();
   if (world == 1) return n;
   if (options_.even_shards()) return (n + world - 1) / world;
   return (n - options_.rank() + world - 1) / world;
 }
 
 int64_t DataLoader::batches_per_epoch() const {
+  if (planned_batches_ >= 0) return planned_batches_;
   const int64_t n = samples_per_epoch();
   const int64_t b = options_.batch_size();
   return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
 
-std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
-  std::vector<int64_t> order(dataset_.size());
+EpochPlan DataLoader::epoch_plan(int64_t epoch) const {
+  const int64_t world = options_.world_size(), rank = options_.rank();
+  if (std::optional<EpochPlan> whole = source_->batch_plan(epoch, options_.shuffle(), options_.seed())) {
+    // Whole batches to ranks, as the samples below: padded by repeating the first batches when
+    // ranks must step together.
+    if (world == 1) return std::move(*whole);
+    const int64_t n = whole->batches();
+    const int64_t dealt = options_.even_shards() ? (n + world - 1) / world * world : n;
+    EpochPlan shard;
+    for (int64_t b = rank; b < dealt; b += world) {
+      const int64_t from = whole->starts[b % n], to = whole->starts[b % n + 1];
+      shard.add_batch(whole->samples.data() + from, to - from);
+    }
+    return shard;
+  }
+
+  std::vector<int64_t> order(source_->size());
   std::iota(order.begin(), order.end(), int64_t{0});
   if (options_.shuffle()) {
     // Fisher-Yates driven by a generator keyed on (seed, epoch) and an index no sample has.
     SampleRng rng(options_.seed(), static_cast<uint64_t>(epoch), ~uint64_t{0});
     for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
   }
-  const int64_t world = options_.world_size();
-  if (world == 1) return order;
-  const int64_t n = static_cast<int64_t>(order.size());
-  const int64_t dealt = options_.even_shards() ? samples_per_epoch() * world : n;
-  std::vector<int64_t> shard;
-  shard.reserve(static_cast<size_t>(samples_per_epoch()));
-  for (int64_t i = options_.rank(); i < dealt; i += world) shard.push_back(order[static_cast<size_t>(i % n)]);
-  return shard;
+  if (world > 1) {
+    const int64_t n = static_cast<int64_t>(order.size());
+    const int64_t dealt = options_.even_shards() ? samples_per_epoch() * world : n;
+    std::vector<int64_t> shard;
+    shard.reserve(static_cast<size_t>(samples_per_epoch()));
+    for (int64_t i = rank; i < dealt; i += world) shard.push_back(order[static_cast<size_t>(i % n)]);
+    order = std::move(shard);
+  }
+  // Consecutive slices of batch_size; with drop_last the samples after the last full batch stay in
+  // `samples` (the epoch's order) but in no batch.
+  EpochPlan plan;
+  plan.samples = std::move(order);
+  const int64_t batch = options_.batch_size(), total = static_cast<int64_t>(plan.samples.size());
+  for (int64_t b = 1; b <= batches_per_epoch(); ++b) plan.starts.push_back(std::min(b * batch, total));
+  return plan;
 }
 
 void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
@@ -153,7 +176,10 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   FT_CHECK(first_batch >= 0 && first_batch <= batches_per_epoch(),
            "DataLoader::start_epoch: first_batch must be in [0, {}] (batches per epoch), got {}",
            batches_per_epoch(), first_batch);
-  auto order = std::make_shared<const std::vector<int64_t>>(epoch_order(epoch));
+  auto plan = std::make_shared<const EpochPlan>(epoch_plan(epoch));
+  FT_CHECK(plan->batches() == batches_per_epoch(),
+           "{}: epoch {} has {} batches, epoch 0 had {}; a source's batch count must not change",
+           source_->describe(), epoch, plan->batches(), batches_per_epoch());
   std::map<int64_t, Impl::Slot> abandoned;  // freed outside the lock
   {
     std::lock_guard<std::mutex> lock(impl_->mutex);
@@ -161,7 +187,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
     impl_->started = true;
     impl_->failed = false;
     impl_->epoch = epoch;
-    impl_->order = std::move(order);
+    impl_->plan = std::move(plan);
     impl_->next_claim = first_batch;
     impl_->next_deliver = first_batch;
     impl_->end = batches_per_epoch();
@@ -171,48 +197,23 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   impl_->work_cv.notify_all();
 }
 
-Batch DataLoader::build_batch(int64_t epoch, int64_t index, const std::vector<int64_t>& order,
-                              uint64_t generation) const {
-  const int64_t start = index * options_.batch_size();
-  const int64_t count = std::min(options_.batch_size(), static_cast<int64_t>(order.size()) - start);
-  const SampleShape shape{dataset_.channels(), dataset_.height(), dataset_.width()};
-  const int64_t numel = shape.numel();
-
-  // Staging in pinned (page-locked) memory lets the host-to-device copy run asynchronously.
-  const bool pinned = options_.device().is_cuda() && options_.pin_memory();
-  Batch batch;
-  batch.epoch = epoch;
-  batch.index = index;
-  const auto layout =
-      options_.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
-  batch.inputs = torch::empty({count, shape.channels, shape.height, shape.width},
-                              torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(pinned), layout);
-  batch.targets = torch::empty({count}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(pinned));
-
-  // Plain loops over raw pointers: no torch op runs here, so workers never touch the intra-op pool.
-  const uint8_t* images = dataset_.images.data_ptr<uint8_t>();
-  const int64_t* labels = dataset_.labels.data_ptr<int64_t>();
-  float* inputs = batch.inputs.data_ptr<float>();
-  int64_t* targets = batch.targets.data_ptr<int64_t>();
-  // The pipeline writes [C, H, W]; for NHWC with several channels it goes through a scratch sample
-  // and is interleaved. With one channel both layouts are the same bytes.
-  const bool interleave = options_.channels_last() && shape.channels > 1;
-  const int64_t plane = shape.height * shape.width;
-  std::vector<float> scratch(interleave ? numel : 0);
-  for (int64_t i = 0; i < count; ++i) {
-    if (impl_->generation.load(std::memory_order_relaxed) != generation) throw Abandoned{};
-    const int64_t sample = order[start + i];
-    float* out = interleave ? scratch.data() : inputs + i * numel;
-    pipeline_.apply(images + sample * numel, shape, out,
-                    SampleRng(options_.seed(), static_cast<uint64_t>(epoch), static_cast<uint64_t>(sample)));
-    if (interleave) {
-      float* nhwc = inputs + i * numel;  // [H, W, C]
-      for (int64_t c = 0; c < shape.channels; ++c) {
-        for (int64_t p = 0; p < plane; ++p) nhwc[p * shape.channels + c] = scratch[c * plane + p];
-      }
-    }
-    targets[i] = labels[sample];
-  }
+std::optional<Batch> DataLoader::build_batch(int64_t epoch, int64_t index, const EpochPlan& plan,
+                                             uint64_t generation) const {
+  BatchRequest request;
+  request.samples = plan.samples.data() + plan.starts[index];
+  request.count = plan.starts[index + 1] - plan.starts[index];
+  request.epoch = epoch;
+  request.index = index;
+  request.seed = options_.seed();
+  request.shuffle = options_.shuffle();
+  request.pinned = options_.device().is_cuda() && options_.pin_memory();
+  request.channels_last = options_.channels_last();
+  const std::atomic<uint64_t>& current = impl_->generation;
+  request.abandoned = [&current, generation] {
+    return current.load(std::memory_order_relaxed) != generation;
+  };
+  Batch batch = source_->build(request);
+  if (request.abandoned()) return std::nullopt;
   return batch;
 }
 
@@ -229,15 +230,15 @@ void DataLoader::worker_loop() {
     const int64_t index = impl.next_claim++;
     const int64_t epoch = impl.epoch;
     const uint64_t generation = impl.generation.load();
-    const std::shared_ptr<const std::vector<int64_t>> order = impl.order;
+    const std::shared_ptr<const EpochPlan> plan = impl.plan;
     lock.unlock();
 
     Impl::Slot slot;
     bool abandoned = false;
     try {
-      slot.batch = build_batch(epoch, index, *order, generation);
-    } catch (const Abandoned&) {
-      abandoned = true;
+      std::optional<Batch> built = build_batch(epoch, index, *plan, generation);
+      abandoned = !built;
+      if (built) slot.batch = std::move(*built);
     } catch (...) {
       slot.error = std::current_exception();
     }
@@ -267,7 +268,8 @@ std::optional<Batch> DataLoader::next() {
     // With no workers the trainer waits for the whole build: count it as data wait.
     const auto begin = Clock::now();
     try {
-      batch = build_batch(impl.epoch, impl.next_deliver, *impl.order, impl.generation.load());
+      // The caller's own thread: nothing can abandon this batch.
+      batch = *build_batch(impl.epoch, impl.next_deliver, *impl.plan, impl.generation.load());
     } catch (...) {
       impl.delivered_error = std::current_exception();
       throw;

@@ -80,7 +80,7 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
   const bool cuda = device.is_cuda();
   const int64_t conv_biases = conv_biases_before_batchnorm(*experiment.model);
   const bool conv_net = has_convolutions(*experiment.model);
-  const int64_t train_size = experiment.train_loader->dataset().size();
+  const int64_t train_size = experiment.train_loader->samples_per_epoch();
   const int workers = experiment.train_loader->workers();
   const int threads = experiment.threads, cores = physical_cores();
   const ProfileResult base =

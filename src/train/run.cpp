@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fasttrain/data/text.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/progress.h"
 #include "fasttrain/log/tensorboard.h"
@@ -240,16 +241,6 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
 
   // ---- data ----
   const DataConfig& data = config.data;
-  experiment.data = data_in ? *data_in : load_image_dataset(data.dataset(), data.resolved_path());
-  ImageDataset train = experiment.data.train;
-  if (data.train_limit() > 0) {
-    FT_CONFIG_CHECK(data.train_limit() <= train.size(), "data.train_limit {} exceeds the {} training samples",
-                    data.train_limit(), train.size());
-    train = train.head(data.train_limit());
-  }
-  FT_CONFIG_CHECK(data.batch_size() <= train.size(),
-                  "data.batch_size {} is larger than the {} training samples", data.batch_size(),
-                  train.size());
   auto loader_options = [&](int64_t batch_size) {
     return LoaderOptions(batch_size)
         .workers(data.workers() >= 0 ? data.workers() : auto_worker_count(local_ranks))
@@ -261,29 +252,54 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
         .rank(rank)
         .world_size(world_size);
   };
-  const auto stats = normalisation(data, train);
-  experiment.train_loader = std::make_unique<DataLoader>(
-      train, make_pipeline(data, stats, /*augment=*/true),
-      loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
-  experiment.test_loader = std::make_unique<DataLoader>(
-      experiment.data.test, make_pipeline(data, stats, /*augment=*/false),
-      loader_options(std::min(data.eval_batch_size(), experiment.data.test.size()))
-          .shuffle(false)
-          .drop_last(false)
-          .even_shards(false));  // every test sample counted once
+  // Evaluation sees every sample once, in order, whatever the world size.
+  auto eval_options = [&](int64_t batch_size) {
+    return loader_options(batch_size).shuffle(false).drop_last(false).even_shards(false);
+  };
+  ModelOptions model_options = config.model;
+  if (experiment.is_text()) {
+    experiment.text = load_text_corpus(
+        TextCorpusOptions(data.path()).include(data.include()).val_fraction(data.val_fraction()));
+    std::shared_ptr<const BatchSource> train_source, eval_source;
+    const int64_t context = config.model.context();
+    if (data.batching() == "windows") {
+      train_source = std::make_shared<TextWindowSource>(experiment.text.train, context);
+      eval_source = std::make_shared<TextWindowSource>(experiment.text.validation, context);
+    } else {
+      const auto documents = TextDocumentOptions(context).max_tokens(data.max_tokens());
+      train_source = std::make_shared<TextDocumentSource>(experiment.text.train, documents);
+      eval_source = std::make_shared<TextDocumentSource>(experiment.text.validation, documents);
+    }
+    experiment.train_loader = std::make_unique<DataLoader>(
+        train_source, loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
+    experiment.test_loader = std::make_unique<DataLoader>(eval_source, eval_options(data.eval_batch_size()));
+    model_options.num_classes(kByteVocabulary);
+  } else {
+    experiment.data = data_in ? *data_in : load_image_dataset(data.dataset(), data.resolved_path());
+    ImageDataset train = experiment.data.train;
+    if (data.train_limit() > 0) {
+      FT_CONFIG_CHECK(data.train_limit() <= train.size(),
+                      "data.train_limit {} exceeds the {} training samples", data.train_limit(),
+                      train.size());
+      train = train.head(data.train_limit());
+    }
+    FT_CONFIG_CHECK(data.batch_size() <= train.size(),
+                    "data.batch_size {} is larger than the {} training samples", data.batch_size(),
+                    train.size());
+    const auto stats = normalisation(data, train);
+    experiment.train_loader = std::make_unique<DataLoader>(
+        train, make_pipeline(data, stats, /*augment=*/true),
+        loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
+    experiment.test_loader = std::make_unique<DataLoader>(
+        experiment.data.test, make_pipeline(data, stats, /*augment=*/false),
+        eval_options(std::min(data.eval_batch_size(), experiment.data.test.size())));
+    model_options.in_channels(train.channels())
+        .height(train.height())
+        .width(train.width())
+        .num_classes(experiment.data.train.num_classes);
+  }
 
   // ---- model ----
-  FT_CONFIG_CHECK(
-      config.model.name() != "gpt",
-      "model.name = \"gpt\" takes byte sequences, but data.dataset = \"{}\" holds images: fasttrain's "
-      "text dataset is not written yet (train the model through the library meanwhile: "
-      "fasttrain/models/registry.h)",
-      config.data.dataset());
-  ModelOptions model_options = config.model;
-  model_options.in_channels(train.channels())
-      .height(train.height())
-      .width(train.width())
-      .num_classes(experiment.data.train.num_classes);
   experiment.model = make_model(model_options);
   experiment.model->set_checkpointing(CheckpointPolicy::parse(config.memory.checkpoint_options()));
   experiment.model->to(experiment.device);
@@ -306,9 +322,10 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
                  config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
                  data.batch_size(), data.batch_size() * world_size);
     }
-    fmt::print(stderr, "fasttrain: {} train / {} test samples of {}x{}x{}, {} batches of {} per epoch\n",
-               train.size(), experiment.data.test.size(), train.channels(), train.height(), train.width(),
-               experiment.train_loader->batches_per_epoch(), data.batch_size());
+    fmt::print(stderr, "fasttrain: train: {}; {} batches per epoch\n",
+               experiment.train_loader->source().describe(), experiment.train_loader->batches_per_epoch());
+    fmt::print(stderr, "fasttrain: {}: {}\n", experiment.is_text() ? "validation" : "test",
+               experiment.test_loader->source().describe());
     fmt::print(stderr, "fasttrain: model {}", experiment.model->describe());
   }
   return experiment;
@@ -330,15 +347,26 @@ std::unique_ptr<Trainer> Experiment::make_trainer() const {
 }
 
 Batch Experiment::largest_batch() const {
+  Batch batch;
+  const auto on_device = torch::TensorOptions().device(device);
+  if (is_text()) {
+    // The most tokens at the longest sequences: attention's [B, H, T, T] scores are largest there.
+    const int64_t context = config.model.context();
+    const bool buckets = config.data.batching() == "tokens" && config.data.max_tokens() > 0;
+    const int64_t sequences = buckets ? config.data.max_tokens() / context : config.data.batch_size();
+    batch.inputs = torch::zeros({sequences, context}, on_device.dtype(torch::kLong));  // [B, T]
+    batch.targets = torch::zeros({sequences * context}, on_device.dtype(torch::kLong));
+    batch.count = sequences * context;
+    return batch;
+  }
   const ImageDataset& train = data.train;
   auto layout =
       config.train.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
-  Batch batch;
   batch.inputs = torch::zeros({config.data.batch_size(), train.channels(), train.height(), train.width()},
-                              torch::TensorOptions().dtype(torch::kFloat32).device(device))
+                              on_device.dtype(torch::kFloat32))
                      .contiguous(layout);  // [B, C, H, W]
-  batch.targets =
-      torch::zeros({config.data.batch_size()}, torch::TensorOptions().dtype(torch::kLong).device(device));
+  batch.targets = torch::zeros({config.data.batch_size()}, on_device.dtype(torch::kLong));
+  batch.count = config.data.batch_size();
   return batch;
 }
 
@@ -435,6 +463,20 @@ EvalResult eval_run(const Config& config, const std::string& weights_path) {
   load_module_safetensors(*experiment.model, weights_path);
   auto trainer = experiment.make_trainer();
   return trainer->evaluate(*experiment.test_loader);
+}
+
+std::string generate_run(const Config& config, const std::string& weights_path, const std::string& prompt,
+                         GenerateOptions options) {
+  FT_CONFIG_CHECK(config.model.name() == "gpt",
+                  "fasttrain generate needs a gpt model; the config has model.name = \"{}\"",
+                  config.model.name());
+  FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
+  const torch::Device device = parse_device(config.train.device());
+  set_intra_op_threads(config.train.threads());
+  auto model = make_model(ModelOptions(config.model).num_classes(kByteVocabulary));
+  load_module_safetensors(*model, weights_path);
+  model->to(device);
+  return generate_text(*model, prompt, options.context(config.model.context()));
 }
 
 LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptions& options) {

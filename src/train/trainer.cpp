@@ -41,6 +41,10 @@ nlohmann::json FitSummary::to_json() const {
       {"steps", steps},
       {"skipped_steps", skipped_steps},
       {"data_wait_fraction", data_wait_fraction},
+      {"padding_fraction", padding_fraction},
+      {"test_loss", last_eval ? nlohmann::json(last_eval->loss) : nlohmann::json(nullptr)},
+      {"test_bits_per_byte", last_eval && last_eval->bits_per_byte ? nlohmann::json(*last_eval->bits_per_byte)
+                                                                   : nlohmann::json(nullptr)},
       {"peak_memory_bytes", peak_memory_bytes},
       {"peak_resident_bytes", peak_resident_bytes},
       {"step_phases_s", step_phases.to_json()},
@@ -99,7 +103,7 @@ void Trainer::set_log_every(int64_t steps) {
 torch::Tensor Trainer::loss_of(const Batch& batch) {
   AutocastGuard autocast(device_, precision_);  // a no-op for fp32
   auto logits = model_->forward(batch.inputs);  // [B, classes], in the autocast dtype
-  return cross_entropy(logits, batch.targets, options_.label_smoothing());  // no host reads
+  return cross_entropy(logits, batch.targets, options_.label_smoothing(), batch.padded);  // no host reads
 }
 
 torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, double lr) {
@@ -214,7 +218,7 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
     loss_sum += torch::nn::functional::cross_entropy(
         logits, batch->targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
     correct += logits.argmax(1).eq(batch->targets).sum();
-    samples += batch->targets.size(0);
+    samples += static_cast<double>(batch->count);  // padding targets add 0 to loss_sum and correct
   }
   // [loss sum, correct, samples]: summed over the ranks' shards of the evaluation set.
   torch::Tensor totals =
@@ -223,7 +227,11 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
   if (parallel_) parallel_->all_reduce_sum(totals);
   const auto total_samples = static_cast<int64_t>(totals[2].item<double>());
   FT_CHECK(total_samples > 0, "evaluation set is empty");
-  return {totals[0].item<double>() / total_samples, totals[1].item<double>() / total_samples, total_samples};
+  EvalResult result{totals[0].item<double>() / total_samples, totals[1].item<double>() / total_samples,
+                    total_samples};
+  if (const double bytes = loader.source().bytes_per_target(); bytes > 0)
+    result.bits_per_byte = result.loss / std::log(2.0) / bytes;
+  return result;
 }
 
 EvalRecord Trainer::evaluate_and_record(DataLoader& test, int64_t epoch, double elapsed_s) {
@@ -278,6 +286,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   // Interval accounting for on_log: losses stay on the device until a log step reads them.
   torch::Tensor interval_loss = torch::zeros({}, torch::TensorOptions().device(device_));
   int64_t interval_steps = 0, interval_samples = 0;
+  double target_slots = 0, real_targets = 0;  // this session's, for padding_fraction
   double interval_start = elapsed(), interval_wait_start = wait_at_start;
   StepPhases interval_phases_start;
 
@@ -290,6 +299,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
     EvalRecord record = evaluate_and_record(*test, at.epoch, eval_start);
     at.eval_s += record.elapsed_s - eval_start;
     interval_start += record.elapsed_s - eval_start;
+    summary.last_eval = record.result;
     at.test_accuracy = record.result.accuracy;
     at.best_test_accuracy = std::max(at.best_test_accuracy, record.result.accuracy);
     if (options_.target_accuracy() > 0 && !at.time_to_target_s &&
@@ -315,7 +325,9 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         auto batch = train.next();
         FT_CHECK(batch.has_value(), "the training loader ended at batch {} of {} in epoch {}",
                  at.batch_in_epoch, batches_per_epoch, at.epoch);
-        const int64_t samples = batch->targets.size(0);
+        const int64_t samples = batch->count;
+        target_slots += static_cast<double>(batch->targets.numel());
+        real_targets += static_cast<double>(samples);
         window_loss_ += backward_micro_batch(*batch, window_size, at.window_done + 1 == window_size);
         ++at.window_done, ++at.batch_in_epoch;
         at.samples_seen += samples, interval_samples += samples;
@@ -398,6 +410,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   const double session_train_s = seconds_since(start) - (at.eval_s - eval_s_before);
   summary.data_wait_fraction = (train.wait_seconds() - wait_at_start) / std::max(session_train_s, 1e-9);
   summary.step_phases = session_phases();
+  summary.padding_fraction = target_slots > 0 ? 1.0 - real_targets / target_slots : 0.0;
   const MemoryStats memory = memory_stats(device_);
   summary.peak_memory_bytes = memory.peak_allocated_bytes;
   summary.alloc_retries = memory.alloc_retries;

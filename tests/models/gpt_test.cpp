@@ -4,8 +4,11 @@
 
 #include <cmath>
 
+#include "fasttrain/data/batch_source.h"
 #include "fasttrain/models/attention.h"
+#include "fasttrain/models/generate.h"
 #include "fasttrain/models/registry.h"
+#include "fasttrain/train/loss.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 #include "support.h"
@@ -144,6 +147,64 @@ TEST(Gpt, LearnsARepeatingSequence) {
   }
   EXPECT_GT(first, 4.0);  // about ln 256 = 5.5 at the start
   EXPECT_LT(last, 0.5) << "the next byte of a period-8 text is predictable from the last few";
+}
+
+// Right padding needs no attention mask: with causal attention a real position never sees the
+// padding after it, so each real position's logits in a padded batch equal those of its sequence
+// alone, and the padded loss (kIgnoreTarget) equals the loss of the sequences without padding.
+TEST(Gpt, RightPaddingChangesNoRealPositionOrTheLoss) {
+  torch::manual_seed(9);
+  auto model = make_model(small_gpt());
+  const std::vector<int64_t> lengths = {12, 5, 9};
+  auto batch = torch::zeros({3, 12}, torch::kLong);                   // [B, T], padding 0
+  auto targets = torch::full({3 * 12}, kIgnoreTarget, torch::kLong);  // [B * T]
+  std::vector<torch::Tensor> alone_logits, alone_targets;
+  for (int64_t b = 0; b < 3; ++b) {
+    auto tokens = torch::randint(1, 256, {lengths[b] + 1}, torch::kLong);
+    batch[b].slice(0, 0, lengths[b]).copy_(tokens.slice(0, 0, lengths[b]));
+    targets.slice(0, b * 12, b * 12 + lengths[b]).copy_(tokens.slice(0, 1));
+    alone_logits.push_back(model->forward(tokens.slice(0, 0, lengths[b]).unsqueeze(0)));  // [L, V]
+    alone_targets.push_back(tokens.slice(0, 1));
+  }
+  auto padded_logits = model->forward(batch);  // [B * T, V]
+  for (int64_t b = 0; b < 3; ++b) {
+    EXPECT_TRUE(
+        torch::allclose(padded_logits.slice(0, b * 12, b * 12 + lengths[b]), alone_logits[b], 1e-5, 1e-5))
+        << "sequence " << b;
+  }
+  const auto unpadded =
+      torch::nn::functional::cross_entropy(torch::cat(alone_logits), torch::cat(alone_targets));
+  for (double smoothing : {0.0, 0.1}) {
+    SCOPED_TRACE(smoothing);
+    const auto reference = cross_entropy(torch::cat(alone_logits), torch::cat(alone_targets), smoothing);
+    EXPECT_NEAR(cross_entropy(padded_logits, targets, smoothing, /*padded=*/true).item<double>(),
+                reference.item<double>(), 1e-5);
+  }
+  EXPECT_NEAR(cross_entropy(padded_logits, targets, 0.0, true).item<double>(), unpadded.item<double>(), 1e-5);
+}
+
+TEST(Gpt, GenerationIsSeededAndGreedyFollowsTheArgmax) {
+  torch::manual_seed(4);
+  auto model = make_model(small_gpt());
+  const auto options = GenerateOptions(12).max_new_tokens(20).stop_at_end_of_document(false);
+  const std::string a = generate_text(*model, "hello", GenerateOptions(options).seed(1));
+  EXPECT_EQ(a.size(), 20u);
+  EXPECT_EQ(a, generate_text(*model, "hello", GenerateOptions(options).seed(1)));
+  EXPECT_NE(a, generate_text(*model, "hello", GenerateOptions(options).seed(2)));
+  // Greedy: each byte is the argmax of the model on the text so far (the last 12 bytes).
+  const std::string greedy = generate_text(*model, "hello", GenerateOptions(options).temperature(0));
+  std::string text = "hello";
+  torch::NoGradGuard no_grad;
+  for (char c : greedy) {
+    const std::string window = text.substr(text.size() > 12 ? text.size() - 12 : 0);
+    auto tokens = torch::tensor(std::vector<int64_t>(window.begin(), window.end())).unsqueeze(0);
+    EXPECT_EQ(static_cast<unsigned char>(c), model->forward(tokens)[-1].argmax().item<int64_t>());
+    text.push_back(c);
+  }
+  EXPECT_TRUE(model->is_training());  // put back as it was
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([&] { generate_text(*model, "x", GenerateOptions(12).top_k(300)); }),
+      {"--top-k", "300"}));
 }
 
 TEST(Gpt, BadSizesAreConfigErrors) {

@@ -27,8 +27,20 @@ struct DataConfig {
   std::string resolved_path() const;
 
   FT_ARG(std::string, dataset) = "fashion-mnist";
-  // Directory of the four IDX files ("" = /usr/share/datasets/<dataset>).
+  // Images: directory of the four IDX files ("" = /usr/share/datasets/<dataset>). Text: a directory
+  // of documents (walked recursively) or one file.
   FT_ARG(std::string, path) = "";
+  // ---- text (dataset = "text"; data/text.h) ----
+  // Shell pattern of the file names that are documents.
+  FT_ARG(std::string, include) = "*";
+  // Documents held out for validation (by a hash of their path).
+  FT_ARG(double, val_fraction) = 0.05;
+  // "windows": batch_size random windows of model.context tokens; "tokens": whole documents (cut at
+  // model.context) batched by token count (max_tokens) with length bucketing.
+  FT_ARG(std::string, batching) = "windows";
+  // batching = "tokens": tokens per batch, padding included; 0 = no bucketing: batch_size documents
+  // per batch in random order (the baseline).
+  FT_ARG(int64_t, max_tokens) = 4096;
   // Samples per micro-batch; 0 = "auto": the largest that fits (memory.budget on CPU, the device's
   // memory on CUDA), found by find_batch_size before the run.
   FT_ARG(int64_t, batch_size) = 128;

@@ -1,7 +1,7 @@
 #pragma once
-// DataLoader: worker threads build whole batches (gather, transform, collate into one contiguous
-// tensor) ahead of the trainer into a bounded queue; batches come out in order. On CUDA the batch
-// is built in pinned memory and copied with non_blocking.
+// DataLoader: worker threads build whole batches from a BatchSource (images, token windows,
+// documents; data/batch_source.h) ahead of the trainer into a bounded queue; batches come out in
+// order. On CUDA the batch is built in pinned memory and copied with non_blocking.
 //
 //   fasttrain::DataLoader loader(splits.train, pipeline,
 //                                fasttrain::LoaderOptions(256).workers(2).shuffle(true).seed(7));
@@ -24,8 +24,7 @@
 #include <thread>
 #include <vector>
 
-#include "fasttrain/data/dataset.h"
-#include "fasttrain/data/transforms.h"
+#include "fasttrain/data/batch_source.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -61,15 +60,10 @@ struct LoaderOptions {
 // `processes_sharing` processes (the ranks of a job on this machine) share the hardware threads.
 int auto_worker_count(int processes_sharing = 1);
 
-struct Batch {
-  torch::Tensor inputs;   // [B, C, H, W] float32 on the loader's device
-  torch::Tensor targets;  // [B] int64 on the loader's device
-  int64_t epoch = 0;
-  int64_t index = 0;  // batch index within the epoch
-};
-
 class DataLoader {
  public:
+  DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions options);
+  // Image classification: an ImageBatchSource over `dataset` and `pipeline`.
   DataLoader(ImageDataset dataset, TransformPipeline pipeline, LoaderOptions options);
   ~DataLoader();
   DataLoader(const DataLoader&) = delete;
@@ -84,9 +78,9 @@ class DataLoader {
   std::optional<Batch> next();
 
   int64_t batches_per_epoch() const;
-  // Samples this loader delivers per epoch: the dataset, or this rank's shard of it.
+  // Samples this loader delivers per epoch: the source's, or this rank's shard of them.
   int64_t samples_per_epoch() const;
-  const ImageDataset& dataset() const { return dataset_; }
+  const BatchSource& source() const { return *source_; }
   const LoaderOptions& options() const { return options_; }
   int workers() const { return workers_; }
   // Seconds the caller spent blocked in next() since construction (with workers = 0: building).
@@ -94,22 +88,28 @@ class DataLoader {
   // Seconds next() spent issuing the copies to a non-CPU device (asynchronous from pinned memory).
   double copy_seconds() const { return copy_seconds_; }
 
-  // The sample order of `epoch` (a permutation when shuffling), then this rank's shard of it: a
-  // pure function of (seed, epoch, rank, world_size).
-  std::vector<int64_t> epoch_order(int64_t epoch) const;
+  // The samples of `epoch` in delivery order, this rank's shard only: a pure function of (seed,
+  // epoch, rank, world_size). The source's order is a permutation when shuffling; sources that
+  // group samples into batches themselves (token-count buckets) have their batches dealt to ranks
+  // whole, batch b to rank b mod world_size.
+  std::vector<int64_t> epoch_order(int64_t epoch) const { return epoch_plan(epoch).samples; }
+  // This rank's batches of `epoch`.
+  EpochPlan epoch_plan(int64_t epoch) const;
 
  private:
   struct Impl;
-  // Gathers, transforms and collates batch `index` of `epoch`; stops early (throwing an internal
-  // marker) once the loader's generation is no longer `generation`.
-  Batch build_batch(int64_t epoch, int64_t index, const std::vector<int64_t>& order,
-                    uint64_t generation) const;
+  // Builds batch `index` of `plan`; returns nullopt when the loader's generation moved on from
+  // `generation` meanwhile (the batch was abandoned).
+  std::optional<Batch> build_batch(int64_t epoch, int64_t index, const EpochPlan& plan,
+                                   uint64_t generation) const;
   void worker_loop();
   void shutdown();  // stops and joins the workers
 
-  ImageDataset dataset_;
-  TransformPipeline pipeline_;
+  std::shared_ptr<const BatchSource> source_;
   LoaderOptions options_;
+  // Sources with their own batch plan: its batch and sample counts (every epoch the same).
+  int64_t planned_batches_ = -1;
+  int64_t planned_samples_ = -1;
   int workers_ = 0;
   double wait_seconds_ = 0;
   double copy_seconds_ = 0;

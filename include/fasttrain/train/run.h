@@ -14,6 +14,8 @@
 
 #include "fasttrain/config/config.h"
 #include "fasttrain/data/loader.h"
+#include "fasttrain/data/text.h"
+#include "fasttrain/models/generate.h"
 #include "fasttrain/optim/lr_finder.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/arg.h"
@@ -26,7 +28,8 @@ struct Experiment {
   Config config;
   torch::Device device = torch::kCPU;
   int threads = 1;
-  ImageSplits data;
+  ImageSplits data;  // image datasets
+  TextSplits text;   // data.dataset = "text"
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> test_loader;
   std::shared_ptr<Model> model;
@@ -42,6 +45,7 @@ struct Experiment {
   // A training batch of the largest shape the run sees (zeros; the loader's layout and device): what
   // Trainer::warm_up runs on.
   Batch largest_batch() const;
+  bool is_text() const { return config.data.dataset() == "text"; }
 };
 
 struct RunOptions {
@@ -66,6 +70,12 @@ FitSummary train_run(const Config& config, const std::string& run_dir,
 // Evaluates the weights in `weights_path` (a safetensors file with the model's names, such as
 // final/model.safetensors) on the test set of `config`'s data.
 EvalResult eval_run(const Config& config, const std::string& weights_path);
+
+// Text sampled from the gpt weights in `weights_path` (final/model.safetensors of a run) built as
+// `config` says (the run's config.toml): the continuation of `prompt`. options.context() is taken
+// from config.model.context.
+std::string generate_run(const Config& config, const std::string& weights_path, const std::string& prompt,
+                         GenerateOptions options);
 
 // LR range test of `trainer` on `loader` (fasttrain::find_lr driven by Trainer::train_step): the
 // model's weights and buffers and the optimizer's state are restored afterwards.

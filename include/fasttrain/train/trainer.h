@@ -65,9 +65,12 @@ struct StepRecord {
 };
 
 struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-  int64_t samples = 0;
+  double loss = 0;      // mean over the counted targets (images, or real tokens)
+  double accuracy = 0;  // of the argmax (text: the next byte)
+  int64_t samples = 0;  // targets counted: images, or tokens that are not padding
+  // Text: the loss in bits per byte of raw text (loss / ln 2 / bytes per token), the
+  // tokenizer-independent figure language models are compared by.
+  std::optional<double> bits_per_byte;
 };
 
 struct EvalRecord {
@@ -87,6 +90,11 @@ struct FitSummary {
   int64_t steps = 0;
   int64_t skipped_steps = 0;
   double data_wait_fraction = 0;
+  // Of the target slots trained on this session, the fraction that were padding (text documents
+  // batched by token count; 0 for images and windows).
+  double padding_fraction = 0;
+  // This session's last evaluation (test_loss, test_bits_per_byte in JSON; null if none ran).
+  std::optional<EvalResult> last_eval;
   // The most tensor bytes alive at once during this fit() (the device allocator's peak: the
   // counting CPU allocator fit() installs, or CUDA's caching allocator), and the process's peak
   // resident set (everything: LibTorch, the dataset, the loader's queue).

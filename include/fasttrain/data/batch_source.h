@@ -1,0 +1,102 @@
+#pragma once
+// BatchSource: what a DataLoader loads from. A source knows its samples (images, token windows,
+// documents) and how to build one batch of them; the loader owns everything else (the epoch's
+// order, sharding over ranks, worker threads, prefetching, delivery in order, device copies).
+//
+//   auto source = std::make_shared<fasttrain::ImageBatchSource>(splits.train, pipeline);
+//   fasttrain::DataLoader loader(source, fasttrain::LoaderOptions(256));
+//
+// Sources in fasttrain: ImageBatchSource (image classification), and in data/text.h
+// TextWindowSource (random fixed-length windows) and TextDocumentSource (whole documents, batched
+// by token count with length bucketing). A source may group its samples into batches itself
+// (batch_plan: token-count buckets); otherwise the loader slices its sample order by batch_size.
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "fasttrain/data/dataset.h"
+#include "fasttrain/data/transforms.h"
+
+namespace fasttrain {
+
+struct Batch {
+  torch::Tensor inputs;   // images [B, C, H, W] float32, or tokens [B, T] int64
+  torch::Tensor targets;  // [B] int64 labels, or [B * T] next tokens (kIgnoreTarget on padding)
+  int64_t epoch = 0;
+  int64_t index = 0;  // batch index within the epoch
+  // What the run counts as samples (samples/s, samples seen): images, or target tokens that are
+  // not padding. Known when the batch is built: counting it never reads the device.
+  int64_t count = 0;
+  // Some targets are padding (kIgnoreTarget): the loss averages over the others only.
+  bool padded = false;
+};
+
+// The target value a loss ignores (padding), as torch's cross_entropy's default ignore_index.
+constexpr int64_t kIgnoreTarget = -100;
+
+// What build() gets: the batch's samples, in order, and how to lay it out.
+struct BatchRequest {
+  const int64_t* samples = nullptr;
+  int64_t count = 0;
+  int64_t epoch = 0;
+  int64_t index = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;         // random augmentation and window positions; off: deterministic
+  bool pinned = false;         // allocate in pinned memory (CUDA staging)
+  bool channels_last = false;  // images: NHWC
+  // True once the loader abandoned this batch (epoch restarted, loader stopping): a source polls it
+  // between samples and returns early; whatever it returns is then dropped.
+  std::function<bool()> abandoned = [] { return false; };
+};
+
+// The batches of an epoch as sample lists: batch b is samples[starts[b], starts[b + 1]).
+struct EpochPlan {
+  std::vector<int64_t> samples;
+  std::vector<int64_t> starts{0};
+
+  int64_t batches() const { return static_cast<int64_t>(starts.size()) - 1; }
+  void add_batch(const int64_t* first, int64_t count);
+};
+
+class BatchSource {
+ public:
+  virtual ~BatchSource() = default;
+  // Samples in the source; at least 1.
+  virtual int64_t size() const = 0;
+  // Builds the batch of request.samples. Runs on loader worker threads, several at once: it must
+  // only read the source, and use no torch operator (raw loops only: workers stay off the intra-op
+  // pool that the trainer computes on).
+  virtual Batch build(const BatchRequest& request) const = 0;
+  // The epoch's batches, when the source groups samples itself; the number of batches must be the
+  // same every epoch (schedules and resumes count on it). nullopt: the loader slices its order.
+  virtual std::optional<EpochPlan> batch_plan(int64_t epoch, bool shuffle, uint64_t seed) const;
+  // Bytes of raw text per target (1 for byte-level text), or 0 when targets are not text: then
+  // evaluation reports no bits per byte.
+  virtual double bytes_per_target() const { return 0; }
+  // One line for logs: what the samples are.
+  virtual std::string describe() const = 0;
+};
+
+// Image classification: each sample is transformed by the pipeline (keyed on seed, epoch and the
+// sample's index: the same for any worker count) and collated into [B, C, H, W] float32.
+class ImageBatchSource : public BatchSource {
+ public:
+  // Checks the dataset (uint8 [N, C, H, W], one int64 label per image, not empty) and that the
+  // pipeline's normalisation has one entry per channel.
+  ImageBatchSource(ImageDataset dataset, TransformPipeline pipeline);
+
+  int64_t size() const override { return dataset_.size(); }
+  Batch build(const BatchRequest& request) const override;
+  std::string describe() const override;
+  const ImageDataset& dataset() const { return dataset_; }
+
+ private:
+  ImageDataset dataset_;
+  TransformPipeline pipeline_;
+};
+
+}  // namespace fasttrain

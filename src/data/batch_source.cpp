@@ -1,0 +1,85 @@
+#include "fasttrain/data/batch_source.h"
+
+#include <fmt/format.h>
+
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+void EpochPlan::add_batch(const int64_t* first, int64_t count) {
+  samples.insert(samples.end(), first, first + count);
+  starts.push_back(static_cast<int64_t>(samples.size()));
+}
+
+std::optional<EpochPlan> BatchSource::batch_plan(int64_t, bool, uint64_t) const {
+  return std::nullopt;
+}
+
+ImageBatchSource::ImageBatchSource(ImageDataset dataset, TransformPipeline pipeline)
+    : dataset_(std::move(dataset)), pipeline_(std::move(pipeline)) {
+  FT_CHECK(dataset_.images.defined() && dataset_.images.dim() == 4 &&
+               dataset_.images.scalar_type() == torch::kUInt8,
+           "ImageBatchSource needs uint8 images [N, C, H, W]");
+  FT_CHECK(
+      dataset_.labels.defined() && dataset_.labels.dim() == 1 && dataset_.labels.size(0) == dataset_.size(),
+      "ImageBatchSource needs one label per image: {} images, {} labels", dataset_.size(),
+      dataset_.labels.defined() ? dataset_.labels.size(0) : 0);
+  FT_CHECK(dataset_.size() > 0, "ImageBatchSource: the dataset is empty");
+  pipeline_.check_channels(dataset_.channels());
+  // Workers read raw pointers: make the storage contiguous, CPU, and of the types they assume.
+  dataset_.images = dataset_.images.to(torch::kCPU).contiguous();
+  dataset_.labels = dataset_.labels.to(torch::kCPU, torch::kInt64).contiguous();
+}
+
+std::string ImageBatchSource::describe() const {
+  return fmt::format("{} images of {}x{}x{}", dataset_.size(), dataset_.channels(), dataset_.height(),
+                     dataset_.width());
+}
+
+Batch ImageBatchSource::build(const BatchRequest& request) const {
+  const int64_t count = request.count;
+  const SampleShape shape{dataset_.channels(), dataset_.height(), dataset_.width()};
+  const int64_t numel = shape.numel();
+
+  // Staging in pinned (page-locked) memory lets the host-to-device copy run asynchronously.
+  Batch batch;
+  batch.epoch = request.epoch;
+  batch.index = request.index;
+  batch.count = count;
+  const auto layout =
+      request.channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  batch.inputs =
+      torch::empty({count, shape.channels, shape.height, shape.width},
+                   torch::TensorOptions().dtype(torch::kFloat32).pinned_memory(request.pinned), layout);
+  batch.targets =
+      torch::empty({count}, torch::TensorOptions().dtype(torch::kInt64).pinned_memory(request.pinned));
+
+  // Plain loops over raw pointers: no torch op runs here, so workers never touch the intra-op pool.
+  const uint8_t* images = dataset_.images.data_ptr<uint8_t>();
+  const int64_t* labels = dataset_.labels.data_ptr<int64_t>();
+  float* inputs = batch.inputs.data_ptr<float>();
+  int64_t* targets = batch.targets.data_ptr<int64_t>();
+  // The pipeline writes [C, H, W]; for NHWC with several channels it goes through a scratch sample
+  // and is interleaved. With one channel both layouts are the same bytes.
+  const bool interleave = request.channels_last && shape.channels > 1;
+  const int64_t plane = shape.height * shape.width;
+  std::vector<float> scratch(interleave ? numel : 0);
+  for (int64_t i = 0; i < count; ++i) {
+    if (request.abandoned()) return batch;
+    const int64_t sample = request.samples[i];
+    float* out = interleave ? scratch.data() : inputs + i * numel;
+    pipeline_.apply(
+        images + sample * numel, shape, out,
+        SampleRng(request.seed, static_cast<uint64_t>(request.epoch), static_cast<uint64_t>(sample)));
+    if (interleave) {
+      float* nhwc = inputs + i * numel;  // [H, W, C]
+      for (int64_t c = 0; c < shape.channels; ++c) {
+        for (int64_t p = 0; p < plane; ++p) nhwc[p * shape.channels + c] = scratch[c * plane + p];
+      }
+    }
+    targets[i] = labels[sample];
+  }
+  return batch;
+}
+
+}  // namespace fasttrain
