@@ -8,11 +8,16 @@
   /usr/bin/python3 bench/compare.py activations              # memory.checkpoint on a deep ResNet
   /usr/bin/python3 bench/compare.py find-batch               # batch finder vs the true largest batch
   /usr/bin/python3 bench/compare.py dist [--steps 300] [--repeats 1]  # 2 ranks x 1 thread vs 1 x 2: DDP, ZeRO
+  /usr/bin/python3 bench/compare.py gpt [--steps 300] [--repeats 3]   # byte-level GPT: tokens/s, MFU
+  /usr/bin/python3 bench/compare.py gpt-checkpoint [--steps 30]       # 12-layer GPT, memory.checkpoint = blocks
+  /usr/bin/python3 bench/compare.py gpt-bucketing [--steps 100]      # token-count buckets vs random batches
   /usr/bin/python3 bench/compare.py all
 
 Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
 Each run's raw JSON goes to bench/out/. Both sides use 2 intra-op threads (dist: 2 ranks x 1 thread
-against 1 process x 2 threads). --repeats defaults to 3, to 1 for dist.
+against 1 process x 2 threads; gpt, gpt-checkpoint: configs/gpt_text.toml's train.threads). --repeats
+defaults to 3, to 1 for dist and gpt-checkpoint; --steps to 300, to 30 for gpt-checkpoint. The gpt
+benchmarks also print a markdown table for BENCHMARKS.md.
 """
 import argparse
 import json
@@ -413,28 +418,350 @@ def dist_bench(opts):
     return bench, {"fasttrain": ours, "peer": theirs}
 
 
+GPT_CONFIG = "configs/gpt_text.toml"
+GPT_WARMUP_STEPS = 20  # gpt: steps left out of the steady-state throughput, on both sides
+GPT_LOG_EVERY = 10     # gpt: fasttrain's metrics cadence (the warm-up is a multiple of it)
+GPT_CHECKPOINT_WARMUP_STEPS = 5  # gpt-checkpoint: the same, for its shorter runs (log.every_steps = 5)
+GPT_CHECKPOINT_LAYERS = 12
+# No evaluation inside the runs: none periodic and no stop at a target. The trainer still evaluates
+# once when the run ends, after its last metrics record and outside summary.json's train_samples_per_s.
+GPT_NO_EVAL = ["train.eval_every_steps=0", "train.stop_at_target=false"]
+
+
+def require_fasttrain(build):
+    binary = os.path.join(build, "bin", "fasttrain")
+    if not (os.path.isfile(binary) and os.access(binary, os.X_OK)):
+        sys.exit(f"{binary} is missing (or not executable): build fasttrain first (scripts/build) "
+                 f"or point --build at a build directory")
+
+
+def gpt_config():
+    """configs/gpt_text.toml, which fasttrain reads and the peer's arguments come from, so both sides train
+    the same sizes on the same data (keys the file leaves out take fasttrain's defaults)."""
+    import tomllib
+    path = os.path.join(ROOT, GPT_CONFIG)
+    if not os.path.isfile(path):
+        sys.exit(f"{GPT_CONFIG} is missing: the gpt benchmarks train with it")
+    with open(path, "rb") as f:
+        config = tomllib.load(f)
+    data, model, optim = config.get("data", {}), config.get("model", {}), config.get("optim", {})
+    train, schedule = config.get("train", {}), config.get("schedule", {})
+    checks = [(data.get("dataset") == "text", "data.dataset = \"text\""),
+              (data.get("batching", "windows") == "windows", "data.batching = \"windows\""),
+              (model.get("name") == "gpt", "model.name = \"gpt\""),
+              (optim.get("name") == "adamw", "optim.name = \"adamw\""),
+              (schedule.get("name") == "cosine", "schedule.name = \"cosine\""),
+              (schedule.get("warmup_steps", 0) == 0 and schedule.get("min_lr", 0.0) == 0.0,
+               "schedule.warmup_steps and min_lr unset or 0"),
+              (optim.get("beta1", 0.9) == 0.9 and optim.get("eps", 1e-8) == 1e-8, "optim.beta1 = 0.9, eps = 1e-8"),
+              (train.get("precision", "fp32") == "fp32", "train.precision = \"fp32\""),
+              (train.get("accumulation", 1) == 1, "train.accumulation = 1"),
+              (train.get("threads", 0) >= 1, "train.threads >= 1 (the peer needs a count)"),
+              (all(k in data for k in ("path", "batch_size"))
+               and all(k in model for k in ("layers", "heads", "embed", "context")),
+               "data.path, data.batch_size, model.layers/heads/embed/context")]
+    wrong = [what for ok, what in checks if not ok]
+    if wrong:
+        sys.exit(f"{GPT_CONFIG} no longer matches what bench/peer_gpt.py implements; it needs: " + "; ".join(wrong))
+    return config
+
+
+def gpt_peer_args(config, steps, warmup, layers=None, batch_size=None):
+    data, model, optim, train = config["data"], config["model"], config.get("optim", {}), config["train"]
+    return ["--path", str(data["path"]), "--include", str(data.get("include", "*")),
+            "--val-fraction", str(data.get("val_fraction", 0.05)),
+            "--layers", str(layers or model["layers"]), "--heads", str(model["heads"]),
+            "--embed", str(model["embed"]), "--context", str(model["context"]),
+            "--dropout", str(model.get("dropout", 0.0)),
+            "--batch-size", str(batch_size or data["batch_size"]), "--threads", str(train["threads"]),
+            "--lr", str(optim.get("lr", 1e-3)), "--weight-decay", str(optim.get("weight_decay", 0.0)),
+            "--beta2", str(optim.get("beta2", 0.999)), "--clip-norm", str(train.get("clip_norm", 0.0)),
+            "--steps", str(steps), "--warmup-steps", str(warmup), "--log-every", str(GPT_LOG_EVERY)]
+
+
+def peer_gpt(args):
+    out = run(["/usr/bin/python3", os.path.join(ROOT, "bench", "peer_gpt.py")] + args)
+    return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+
+
+def gpt_parameters(layers, embed, context, vocab=256):
+    """fasttrain's gpt: 12 L C^2 + 13 L C (blocks) + vocab C (tied token embedding) + T C (positions) + 2 C
+    (final LayerNorm)."""
+    return 12 * layers * embed ** 2 + 13 * layers * embed + vocab * embed + context * embed + 2 * embed
+
+
+def last_train_loss(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        records = [r for r in map(json.loads, f) if r["kind"] == "train"]
+    return max(records, key=lambda r: r["step"])["loss"] if records else None
+
+
+def gpt_bench(opts):
+    """Byte-level GPT training throughput, fasttrain vs the PyTorch peer (bench/peer_gpt.py: the same
+    model parameter for parameter, init, AdamW groups, clipping and cosine schedule, on the same random
+    windows of the same corpus): configs/gpt_text.toml for --steps steps, the two sides alternating,
+    --repeats times. tokens/s: target tokens (batch x context per step) per second over the steps after
+    the first 20 (fasttrain: its metrics records at log.every_steps = 10; the peer: its own clock). MFU:
+    tokens/s x (6 N + 12 L T C) / the machine's fp32 matmul ceiling (the peer's --matmul-ceiling at the
+    same threads: the best median torch.mm FLOP/s of sizes 512, 1024, 2048; one Debian LibTorch serves
+    both sides), N = the non-embedding parameters (all but the position embedding; the tied token
+    embedding counts, as the output layer)."""
+    config = gpt_config()
+    batch, context = config["data"]["batch_size"], config["model"]["context"]
+    layers, embed = config["model"]["layers"], config["model"]["embed"]
+    threads = config["train"]["threads"]
+    tokens_per_step = batch * context
+    if opts.steps <= GPT_WARMUP_STEPS:
+        sys.exit(f"gpt: --steps must exceed the {GPT_WARMUP_STEPS} warm-up steps")
+    ceiling = peer_gpt(["--matmul-ceiling", "--threads", str(threads)])
+    ours, theirs = [], []
+    for i in range(opts.repeats):
+        name = f"gpt-{i}"
+        summary = fasttrain(opts.build, GPT_CONFIG, name,
+                            [f"train.max_steps={opts.steps}", f"log.every_steps={GPT_LOG_EVERY}",
+                             f"train.seed={i}"] + GPT_NO_EVAL)
+        run_dir = os.path.join(OUT, name)
+        summary["steady_tokens_per_s"] = fasttrain_steady_samples_per_s(run_dir, tokens_per_step, GPT_WARMUP_STEPS)
+        summary["final_loss"] = last_train_loss(run_dir)
+        ours.append(summary)
+        theirs.append(peer_gpt(gpt_peer_args(config, opts.steps, GPT_WARMUP_STEPS) + ["--seed", str(i)]))
+
+    expected = gpt_parameters(layers, embed, context)
+    if theirs[0]["parameters"] != expected:
+        sys.exit(f"the peer has {theirs[0]['parameters']} parameters, fasttrain's gpt {expected}")
+    non_embedding = theirs[0]["non_embedding_parameters"]
+    flops_per_token = 6 * non_embedding + 12 * layers * context * embed
+    peak = ceiling["max_flop_per_s"]
+    ft = statistics.median(r["steady_tokens_per_s"] for r in ours)
+    pr = statistics.median(r["tokens_per_s"] for r in theirs)
+    ft_loss = round(statistics.median(r["final_loss"] for r in ours), 4)
+    pr_loss = round(statistics.median(r["final_loss"] for r in theirs), 4)
+    thread_words = f"{threads} thread{'s' if threads != 1 else ''}"
+    mfu = {"fasttrain": ft * flops_per_token / peak, "peer": pr * flops_per_token / peak}
+    row = {
+        "benchmark": f"byte-level GPT (L={layers}, H={config['model']['heads']}, C={embed}, T={context}, "
+                     f"batch {batch}, {thread_words}, fp32, {opts.steps} steps; median of {opts.repeats})",
+        "fasttrain_tokens_per_s": round(ft, 1),
+        "peer_tokens_per_s": round(pr, 1),
+        "fasttrain_over_peer": round(ft / pr, 3),
+        "fasttrain_tokens_per_s_runs": [round(r["steady_tokens_per_s"], 1) for r in ours],
+        "peer_tokens_per_s_runs": [r["tokens_per_s"] for r in theirs],
+        "fasttrain_ms_per_step": round(1000 * tokens_per_step / ft, 2),
+        "peer_ms_per_step_mean": round(1000 * tokens_per_step / pr, 2),
+        "peer_step_ms_median": statistics.median(r["step_ms"] for r in theirs),
+        "warmup_steps": GPT_WARMUP_STEPS,
+        "tokens_per_s_counts": "target tokens: batch x context per step",
+        "fasttrain_final_loss": ft_loss,
+        "peer_final_loss": pr_loss,
+        "final_loss_note": f"mean training loss of the last {GPT_LOG_EVERY} steps",
+        "parameters": theirs[0]["parameters"],
+        "non_embedding_parameters": non_embedding,
+        "flops_per_token": flops_per_token,
+        "flops_per_token_formula": "6 N + 12 L T C, N = non-embedding parameters (all but the position "
+                                   "embedding; the tied token embedding counts as the output layer)",
+        "matmul_ceiling_flop_per_s": peak,
+        "matmul_ceiling": ceiling,
+        "mfu": {k: round(v, 4) for k, v in mfu.items()},
+        "peer_attention": theirs[0]["attention"],
+        "torch": theirs[0]["torch"],
+        "corpus_bytes_peer": theirs[0]["corpus_bytes"],
+        "documents_peer": theirs[0]["documents"],
+        "train_documents_peer": theirs[0]["train_documents"],
+    }
+    # torch.set_num_threads (and fasttrain's train.threads) does not reach OpenBLAS's own thread pool; the
+    # ceiling pins it to the threads asked for, training leaves it as it is (every core by default).
+    if theirs[0].get("blas_threads") != ceiling.get("blas_threads"):
+        row["ceiling_note"] = (f"the ceiling ran OpenBLAS at {ceiling.get('blas_threads')} threads, training at "
+                               f"{theirs[0].get('blas_threads')} (train.threads does not limit OpenBLAS): "
+                               "MFU is overstated")
+    row["markdown"] = "\n".join([
+        f"| GPT, L={layers} C={embed} T={context}, batch {batch}, {thread_words}, fp32 | fasttrain | "
+        f"PyTorch peer | fasttrain / peer |",
+        "|---|---:|---:|---:|",
+        f"| tokens/s after {GPT_WARMUP_STEPS} warm-up steps (median of {opts.repeats}) | {ft:,.0f} | {pr:,.0f} | "
+        f"{ft / pr:.2f} |",
+        f"| ms per step ({tokens_per_step} tokens) | {1000 * tokens_per_step / ft:.1f} | "
+        f"{1000 * tokens_per_step / pr:.1f} | |",
+        f"| MFU | {100 * mfu['fasttrain']:.1f}% | {100 * mfu['peer']:.1f}% | |",
+        f"| training loss at step {opts.steps} (mean of the last {GPT_LOG_EVERY} steps) | {ft_loss:.3f} | "
+        f"{pr_loss:.3f} | |",
+        "",
+        f"MFU = tokens/s x (6N + 12LTC) / {peak / 1e9:.0f} GFLOP/s, with N = {non_embedding:,} non-embedding "
+        f"parameters (all {theirs[0]['parameters']:,} but the position embedding) and the ceiling the best "
+        f"median fp32 torch.mm of 512, 1024 and 2048 at {thread_words} (torch {theirs[0]['torch']}, the "
+        f"LibTorch both sides run on). Peer attention: {theirs[0]['attention']}. Machine: {machine()}.",
+    ])
+    return row, {"fasttrain": ours, "peer": theirs, "matmul_ceiling": ceiling}
+
+
+def gpt_checkpoint_bench(opts):
+    """memory.checkpoint = blocks on a 12-layer GPT (configs/gpt_text.toml otherwise): the memory it saves
+    and the step time it costs, next to the peer with torch.utils.checkpoint around each block (its
+    --checkpoint-blocks). fasttrain's memory: summary.json's peak_memory_bytes (tensor bytes, its counting
+    allocator) and peak_resident_bytes (process RSS); the peer's: its peak RSS only (PyTorch's CPU allocator
+    keeps no statistics), so only the peer's ratio compares. Activation memory: each peak less that of the
+    same run at batch 1 (data.eval_batch_size = 1 too, so the final evaluation stays below it), which holds
+    the corpus, weights, gradients and AdamW moments. Step time: batch x context / steady tokens/s, over
+    the steps after the first 5."""
+    config = gpt_config()
+    batch, context = config["data"]["batch_size"], config["model"]["context"]
+    layers, warmup = GPT_CHECKPOINT_LAYERS, GPT_CHECKPOINT_WARMUP_STEPS
+    if opts.steps <= warmup:
+        sys.exit(f"gpt-checkpoint: --steps must exceed the {warmup} warm-up steps")
+    variants = (("batch 1", 1, "none"), ("none", batch, "none"), ("blocks", batch, "blocks"))
+    ours = {label: [] for label, *_ in variants}
+    theirs = {label: [] for label, *_ in variants}
+    for i in range(opts.repeats):
+        for label, size, mode in variants:
+            name = f"gpt-checkpoint-{label.replace(' ', '')}-{i}"
+            summary = fasttrain(opts.build, GPT_CONFIG, name,
+                                [f"model.layers={layers}", f"data.batch_size={size}", f"memory.checkpoint={mode}",
+                                 f"train.max_steps={opts.steps}", f"log.every_steps={warmup}", f"train.seed={i}"]
+                                + (["data.eval_batch_size=1"] if size == 1 else []) + GPT_NO_EVAL)
+            summary["steady_tokens_per_s"] = fasttrain_steady_samples_per_s(os.path.join(OUT, name),
+                                                                            size * context, warmup)
+            ours[label].append(summary)
+            theirs[label].append(peer_gpt(gpt_peer_args(config, opts.steps, warmup, layers=layers, batch_size=size)
+                                          + ["--seed", str(i)] + (["--checkpoint-blocks"] if mode == "blocks" else [])))
+
+    def med(runs, key):
+        return statistics.median(r[key] for r in runs)
+
+    ft_peak = {k: med(v, "peak_memory_bytes") for k, v in ours.items()}
+    ft_rss = {k: med(v, "peak_resident_bytes") for k, v in ours.items()}
+    pr_rss = {k: med(v, "peak_rss_bytes") for k, v in theirs.items()}
+    ft_ms = {k: 1000 * batch * context / med(ours[k], "steady_tokens_per_s") for k in ("none", "blocks")}
+    ft_ms_all = {k: 1000 * batch * context / med(ours[k], "train_samples_per_s") for k in ("none", "blocks")}
+    pr_ms = {k: med(theirs[k], "step_ms") for k in ("none", "blocks")}
+
+    def activations(peaks):
+        return {k: peaks[k] - peaks["batch 1"] for k in ("none", "blocks")}
+
+    ft_act, ft_rss_act, pr_act = activations(ft_peak), activations(ft_rss), activations(pr_rss)
+
+    def reduction(d):
+        return round(d["none"] / d["blocks"], 2) if d["blocks"] > 0 else None
+
+    def cost(d):
+        return round(d["blocks"] / d["none"] - 1, 4)
+
+    mib = 1 << 20
+    row = {
+        "benchmark": f"memory.checkpoint = blocks, GPT L={layers} C={config['model']['embed']} T={context}, "
+                     f"batch {batch}, {config['train']['threads']} thread{'s' if config['train']['threads'] != 1 else ''}, fp32, "
+                     f"{opts.steps} steps "
+                     f"(median of {opts.repeats})",
+        "fasttrain_peak_memory_bytes": {k: int(v) for k, v in ft_peak.items()},
+        "fasttrain_activation_bytes": {k: int(v) for k, v in ft_act.items()},
+        "fasttrain_peak_ratio_none_over_blocks": round(ft_peak["none"] / ft_peak["blocks"], 2),
+        "fasttrain_activation_reduction": reduction(ft_act),
+        "fasttrain_peak_resident_bytes": {k: int(v) for k, v in ft_rss.items()},
+        "fasttrain_resident_activation_reduction": reduction(ft_rss_act),
+        "fasttrain_ms_per_step": {k: round(v, 2) for k, v in ft_ms.items()},
+        "fasttrain_ms_per_step_whole_run": {k: round(v, 2) for k, v in ft_ms_all.items()},
+        "fasttrain_step_time_cost": cost(ft_ms),
+        "peer_peak_rss_bytes": {k: int(v) for k, v in pr_rss.items()},
+        "peer_rss_activation_bytes": {k: int(v) for k, v in pr_act.items()},
+        "peer_peak_ratio_none_over_blocks": round(pr_rss["none"] / pr_rss["blocks"], 2),
+        "peer_activation_reduction": reduction(pr_act),
+        "peer_step_ms_median": {k: round(v, 2) for k, v in pr_ms.items()},
+        "peer_step_time_cost": cost(pr_ms),
+        "memory_note": "fasttrain's peak_memory_bytes counts tensor bytes (its counting allocator); the peer's "
+                       "figure is process RSS (getrusage), which also holds the interpreter, libraries and "
+                       "allocator slack, so only ratios compare across the sides. Activation bytes: each peak "
+                       "less that of the same run at batch 1.",
+        "ms_per_step_note": f"batch x context / tokens/s over the steps after the first {warmup} "
+                            "(the peer: median step time)",
+    }
+    row["markdown"] = "\n".join([
+        f"| GPT L={layers}, batch {batch} x {context} tokens, fp32 | fasttrain none | fasttrain blocks | "
+        f"ratio | peer none | peer blocks | ratio |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| peak memory, MiB (fasttrain: tensor bytes; peer: RSS) | {ft_peak['none'] / mib:,.0f} | "
+        f"{ft_peak['blocks'] / mib:,.0f} | {ft_peak['none'] / ft_peak['blocks']:.2f} | {pr_rss['none'] / mib:,.0f} | "
+        f"{pr_rss['blocks'] / mib:,.0f} | {pr_rss['none'] / pr_rss['blocks']:.2f} |",
+        f"| activation memory (peak less batch 1), MiB | {ft_act['none'] / mib:,.0f} | {ft_act['blocks'] / mib:,.0f} | "
+        f"{reduction(ft_act)} | {pr_act['none'] / mib:,.0f} | {pr_act['blocks'] / mib:,.0f} | {reduction(pr_act)} |",
+        f"| ms per step | {ft_ms['none']:.1f} | {ft_ms['blocks']:.1f} | {ft_ms['blocks'] / ft_ms['none']:.2f} | "
+        f"{pr_ms['none']:.1f} | {pr_ms['blocks']:.1f} | {pr_ms['blocks'] / pr_ms['none']:.2f} |",
+        "",
+        "Memory ratios: none / blocks; step time ratio: blocks / none. fasttrain's memory is tensor bytes from "
+        "its counting allocator, the peer's is process RSS (PyTorch's CPU allocator keeps no statistics), so "
+        f"only the ratios compare across the sides. fasttrain's own peak RSS: none {ft_rss['none'] / mib:,.0f} MiB, "
+        f"blocks {ft_rss['blocks'] / mib:,.0f} MiB. Machine: {machine()}.",
+    ])
+    return row, {"fasttrain": ours, "peer": theirs}
+
+
+def gpt_bucketing_bench(opts):
+    """data.batching = "tokens" on configs/gpt_text.toml: whole files cut at the context, batched by token
+    count with length bucketing (data.max_tokens = batch_size x context, so the largest batch is the
+    windows' [32, 128]) against random batching (max_tokens = 0: batch_size files per batch in random order,
+    padded to the longest). Tokens/s counts real target tokens (summary.json train_samples_per_s), padding
+    is summary.json padding_fraction; both over --steps steps, median of --repeats."""
+    config = gpt_config()
+    batch, context = config["data"]["batch_size"], config["model"]["context"]
+    variants = (("bucketed", [f"data.max_tokens={batch * context}"]), ("random", ["data.max_tokens=0"]))
+    runs = {label: [] for label, _ in variants}
+    for i in range(opts.repeats):
+        for label, overrides in variants:
+            runs[label].append(fasttrain(opts.build, GPT_CONFIG, f"gpt-bucketing-{label}-{i}",
+                                         ["data.batching=tokens", f"train.max_steps={opts.steps}",
+                                          f"train.seed={i}"] + overrides + GPT_NO_EVAL))
+
+    def med(label, key):
+        return statistics.median(r[key] for r in runs[label])
+
+    tokens = {k: med(k, "train_samples_per_s") for k in runs}
+    padding = {k: med(k, "padding_fraction") for k in runs}
+    row = {
+        "benchmark": f"length bucketing vs random batching, GPT L={config['model']['layers']} "
+                     f"C={config['model']['embed']} T<={context}, {opts.steps} steps (median of {opts.repeats})",
+        "real_tokens_per_s": {k: round(v) for k, v in tokens.items()},
+        "padding_fraction": {k: round(v, 4) for k, v in padding.items()},
+        "speedup": round(tokens["bucketed"] / tokens["random"], 2),
+    }
+    row["markdown"] = "\n".join([
+        f"| batching (tokens <= {batch * context} per batch) | padding | real tokens/s |",
+        "|---|---:|---:|",
+        f"| length-bucketed (data.max_tokens = {batch * context}) | {padding['bucketed']:.1%} | {tokens['bucketed']:,.0f} |",
+        f"| random, {batch} files per batch (data.max_tokens = 0) | {padding['random']:.1%} | {tokens['random']:,.0f} |",
+        "",
+        f"Bucketing: {row['speedup']}x the real tokens/s. Machine: {machine()}.",
+    ])
+    return row, runs
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
-                                     "dist", "all"])
+                                     "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=None, help="runs per measurement (default 3; dist: 1)")
-    p.add_argument("--steps", type=int, default=300, help="dist: optimizer steps per run")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="runs per measurement (default 3; dist, gpt-checkpoint: 1)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="dist, gpt, gpt-checkpoint: optimizer steps per run (default 300; gpt-checkpoint: 30)")
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     opts = p.parse_args()
+    require_fasttrain(opts.build)
     os.makedirs(OUT, exist_ok=True)
     benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
-               "activations": activations, "find-batch": find_batch, "dist": dist_bench}
+               "activations": activations, "find-batch": find_batch, "dist": dist_bench, "gpt": gpt_bench,
+               "gpt-checkpoint": gpt_checkpoint_bench, "gpt-bucketing": gpt_bucketing_bench}
     chosen = list(benches) if opts.which == "all" else [opts.which]
-    repeats = opts.repeats
+    repeats, steps = opts.repeats, opts.steps
     for name in chosen:
-        opts.repeats = repeats if repeats is not None else (1 if name == "dist" else 3)
+        opts.repeats = repeats if repeats is not None else (1 if name in ("dist", "gpt-checkpoint") else 3)
+        opts.steps = steps if steps is not None else {"gpt-checkpoint": 30, "gpt-bucketing": 100}.get(name, 300)
         row, raw = benches[name](opts)
         row["machine"] = machine()
+        markdown = row.pop("markdown", None)
         with open(os.path.join(OUT, f"{name}.json"), "w") as f:
             json.dump({"result": row, "raw": raw}, f, indent=2)
         print(json.dumps(row, indent=2))
+        if markdown:
+            print("\n" + markdown)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,353 @@
+#!/usr/bin/python3
+"""Python PyTorch peer: fasttrain's byte-level GPT (src/models/gpt.cpp), written the standard way.
+
+Data, as fasttrain's text dataset (src/data/text.cpp): every file under --path (walked recursively,
+symlinked directories not followed) whose name matches --include (fnmatch, case-sensitive), in sorted
+path order (component by component, as std::filesystem::path compares), one document of raw bytes
+each. A document goes to validation when the FNV-1a hash of its relative path, mod 1e9, is below
+--val-fraction x 1e9 (never read here: the peer does not evaluate); the training documents are
+concatenated with a 0 byte after each, N tokens, and a sample is a window at s uniform in
+[0, N - T - 1]: tokens[s : s+T] the input, tokens[s+1 : s+T+1] the targets (vocabulary 256, the bytes).
+
+Model, parameter for parameter the same as fasttrain's gpt: token embedding (256 x C) and position
+embedding (T x C), dropout, L pre-norm blocks x = x + attn_proj(attention(qkv(ln1(x)))),
+x = x + mlp_proj(gelu_tanh(fc(ln2(x)))) with causal attention over H heads of C/H
+(F.scaled_dot_product_attention(is_causal=True) where torch has it, else the math path: q k^T / sqrt(D),
+the strict upper triangle masked to -inf, softmax, @ v), a final LayerNorm, and logits through the
+token embedding (tied). GPT-2's init: weights N(0, 0.02), biases 0, LayerNorms as constructed, the
+residual projections (attn_proj, mlp_proj) N(0, 0.02 / sqrt(2L)). AdamW(lr, betas (0.9, beta2), eps 1e-8),
+weight decay on the parameters of 2 or more dimensions only, gradients clipped to --clip-norm, cosine
+learning rate from --lr to 0 over --steps (fasttrain's cosine with no warm-up, computed each step).
+--checkpoint-blocks runs every block under torch.utils.checkpoint (use_reentrant=True).
+
+Timing: the clock starts at the end of step --warmup-steps and stops at the end of the last step; each
+step's time includes drawing its batch. tokens_per_s counts B x T target tokens per step; step_ms is the
+median over the timed steps. final_loss is the mean training loss of the last --log-every steps.
+peak_rss_bytes is the process's peak resident set (getrusage), not tensor bytes (PyTorch's CPU
+allocator keeps no statistics); rss_at_train_start_bytes is the resident set just before step 1.
+Progress goes to stderr every --log-every steps; stdout gets one JSON line at the end.
+
+--matmul-ceiling instead measures this machine's fp32 torch.mm at --threads threads: square matmuls of
+512, 1024 and 2048 (2 n^3 flops each), warmed up, then repeated for at least 0.5 s and 3 times per size;
+prints each size's median FLOP/s and the largest.
+
+Run with /usr/bin/python3 (the interpreter that has torch):
+  /usr/bin/python3 bench/peer_gpt.py --steps 300 --warmup-steps 20 --threads 2
+  /usr/bin/python3 bench/peer_gpt.py --matmul-ceiling --threads 2
+"""
+import argparse
+import ctypes
+import fnmatch
+import json
+import math
+import os
+import re
+import resource
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+VOCAB = 256
+HAS_SDPA = hasattr(F, "scaled_dot_product_attention")
+
+
+# ---- data (as fasttrain's src/data/text.cpp) --------------------------------------------------
+def corpus_files(root, pattern):
+    """Files under root (symlinked directories not followed; symlinked files followed) whose name matches
+    pattern, as paths relative to root, in std::filesystem::path's order (component by component)."""
+    found = []
+    for directory, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(directory, name)
+            if fnmatch.fnmatchcase(name, pattern) and os.path.isfile(path):
+                found.append(os.path.relpath(path, root))
+    return sorted(found, key=lambda rel: tuple(os.fsencode(part) for part in rel.split(os.sep)))
+
+
+def fnv1a(text):
+    """FNV-1a, 64 bits, of a string's UTF-8 bytes: fasttrain's stable hash of a document's path."""
+    h = 14695981039346656037
+    for byte in os.fsencode(text):
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def load_corpus(root, pattern, val_fraction):
+    """The training split's tokens (uint8 tensor: each training document's bytes, then a 0 byte) and the
+    counts. A document is held out for validation when FNV-1a of its relative path, mod 1e9, is below
+    val_fraction x 1e9 (fasttrain's split: fixed per path, so the same on every machine)."""
+    if os.path.isfile(root):  # one file: the corpus is that document (named by its file name)
+        root, name = os.path.split(root)
+        root = root or "."
+        files = [name] if fnmatch.fnmatchcase(name, pattern) else []
+    else:
+        files = corpus_files(root, pattern)
+    if not files:
+        sys.exit(f"no file named like '{pattern}' under {root}")
+    threshold = int(val_fraction * 1e9)
+    parts, corpus_bytes, documents = [], 0, {"train": 0, "validation": 0}
+    for rel in files:
+        with open(os.path.join(root, rel), "rb") as f:
+            text = f.read()
+        corpus_bytes += len(text) + 1
+        if fnv1a(rel) % 1000000000 < threshold:
+            documents["validation"] += 1
+            continue
+        documents["train"] += 1
+        parts += [text, b"\0"]
+    if not parts:
+        sys.exit(f"--val-fraction {val_fraction} leaves no training document")
+    data = bytearray(b"".join(parts))
+    del parts
+    return torch.frombuffer(data, dtype=torch.uint8), corpus_bytes, documents
+
+
+# ---- model ------------------------------------------------------------------------------------
+def causal_attention(q, k, v):  # [B, H, T, D] each
+    if HAS_SDPA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    length = q.size(2)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.size(3)))  # [B, H, T, T]
+    future = torch.ones(length, length, dtype=torch.bool).triu(1)
+    scores = scores.masked_fill(future, float("-inf"))
+    return torch.matmul(torch.softmax(scores, -1), v)
+
+
+class Block(nn.Module):
+    def __init__(self, embed, heads, dropout):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(embed)
+        self.qkv = nn.Linear(embed, 3 * embed)
+        self.attn_proj = nn.Linear(embed, embed)
+        self.ln2 = nn.LayerNorm(embed)
+        self.fc = nn.Linear(embed, 4 * embed)
+        self.mlp_proj = nn.Linear(4 * embed, embed)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):  # [B, T, C]
+        batch, length, embed = x.shape
+        qkv = self.qkv(self.ln1(x)).view(batch, length, 3, self.heads, embed // self.heads)
+        q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))  # [B, H, T, D]
+        attended = causal_attention(q, k, v).transpose(1, 2).reshape(batch, length, embed)
+        x = x + self.dropout(self.attn_proj(attended))
+        hidden = F.gelu(self.fc(self.ln2(x)), approximate="tanh")  # [B, T, 4C]
+        return x + self.dropout(self.mlp_proj(hidden))
+
+
+class GPT(nn.Module):
+    def __init__(self, layers, heads, embed, context, dropout=0.0, checkpoint_blocks=False):
+        super().__init__()
+        assert embed % heads == 0, "embed must be a multiple of heads"
+        self.context = context
+        self.checkpoint_blocks = checkpoint_blocks
+        self.token_embedding = nn.Embedding(VOCAB, embed)
+        self.position_embedding = nn.Embedding(context, embed)
+        self.dropout = nn.Dropout(dropout)
+        self.blocks = nn.Sequential(*[Block(embed, heads, dropout) for _ in range(layers)])
+        self.final_norm = nn.LayerNorm(embed)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if "ln" in name or "norm" in name:
+                    continue
+                if p.dim() == 1:
+                    p.zero_()
+                else:
+                    p.normal_(0.0, 0.02)
+            for block in self.blocks:
+                for w in (block.attn_proj.weight, block.mlp_proj.weight):
+                    w.normal_(0.0, 0.02 / math.sqrt(2.0 * layers))
+
+    def forward(self, tokens):  # [B, T] int64 -> logits [B * T, 256]
+        positions = torch.arange(tokens.size(1), dtype=torch.long)
+        x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
+        for block in self.blocks:
+            x = checkpoint(block, x, use_reentrant=True) if self.checkpoint_blocks else block(x)
+        x = self.final_norm(x)
+        logits = torch.matmul(x, self.token_embedding.weight.t())  # tied
+        return logits.reshape(-1, VOCAB)
+
+
+def blas():
+    """The BLAS that torch.mm reaches (Debian's torch: libblas.so.3, by default OpenBLAS's pthread build),
+    and OpenBLAS's handle, or None. torch.set_num_threads does not reach OpenBLAS's own threads (which
+    default to every core, or OPENBLAS_NUM_THREADS); fasttrain's train.threads does not either."""
+    library = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if re.search(r"/lib(open)?blas[^/]*\.so", path):
+                library = os.path.realpath(path)
+                break
+    try:
+        handle = ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_GLOBAL)
+        handle.openblas_get_num_threads.restype = ctypes.c_int
+    except (OSError, AttributeError):
+        handle = None
+    return library, handle
+
+
+def resident_bytes():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+# ---- the two modes ----------------------------------------------------------------------------
+def matmul_ceiling(args):
+    torch.set_num_threads(args.threads)
+    torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # loads the BLAS
+    library, openblas = blas()
+    if openblas is not None:  # at --threads threads, OpenBLAS's own pool included
+        openblas.openblas_set_num_threads(args.threads)
+    sizes = {}
+    for n in (512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c = torch.empty(n, n)
+        flops = 2.0 * n ** 3
+        start = time.perf_counter()
+        while True:  # warm-up: at least 2 products and 0.1 s
+            for _ in range(2):
+                torch.mm(a, b, out=c)
+            if time.perf_counter() - start >= 0.1:
+                break
+        rates, spent = [], 0.0
+        while spent < 0.5 or len(rates) < 3:
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=c)
+            dt = time.perf_counter() - t0
+            spent += dt
+            rates.append(flops / dt)
+        sizes[str(n)] = {"median_flop_per_s": statistics.median(rates), "repeats": len(rates),
+                         "seconds": round(spent, 3)}
+    print(json.dumps({
+        "peer": "matmul-ceiling", "dtype": "float32", "op": "torch.mm", "threads": args.threads,
+        "torch": torch.__version__, "blas_library": library,
+        "blas_threads": openblas.openblas_get_num_threads() if openblas is not None else None,
+        "sizes": sizes, "max_flop_per_s": max(s["median_flop_per_s"] for s in sizes.values()),
+    }), flush=True)
+
+
+def train(args):
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    train_tokens, corpus_bytes, documents = load_corpus(args.path, args.include, args.val_fraction)
+    T, B = args.context, args.batch_size
+    if train_tokens.numel() < T + 1:
+        sys.exit(f"the training split has {train_tokens.numel()} tokens, fewer than context + 1 = {T + 1}")
+    offsets = torch.arange(T + 1)
+
+    model = GPT(args.layers, args.heads, args.embed, args.context, args.dropout, args.checkpoint_blocks)
+    model.train()
+    params = list(model.parameters())
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() <= 1]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}],
+                                  lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+    parameters = sum(p.numel() for p in params)
+    non_embedding = parameters - model.position_embedding.weight.numel()
+
+    def lr_at(step):  # fasttrain's cosine, no warm-up, min_lr 0: CosineAnnealingLR(T_max=steps)
+        return args.lr * (1 + math.cos(math.pi * step / args.steps)) / 2
+
+    warmup = args.warmup_steps
+    if warmup >= args.steps:
+        sys.exit(f"--warmup-steps ({warmup}) must be below --steps ({args.steps})")
+    rss_start = resident_bytes()
+    step_s, losses, curve = [], [], []
+    mark = time.perf_counter() if warmup == 0 else None
+    measured_s = 0.0
+    for step in range(args.steps):
+        t0 = time.perf_counter()
+        starts = torch.randint(0, train_tokens.numel() - T, (B,))
+        window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
+        x, y = window[:, :-1], window[:, 1:]
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step)
+        loss = F.cross_entropy(model(x), y.reshape(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+        optimizer.step()
+        losses.append(loss.item())
+        now = time.perf_counter()
+        if step + 1 > warmup:
+            step_s.append(now - t0)
+        if mark is not None and step + 1 > warmup:
+            measured_s = now - mark
+        elif step + 1 == warmup:
+            mark = now
+        if args.log_every and ((step + 1) % args.log_every == 0 or step + 1 == args.steps):
+            since = (step // args.log_every) * args.log_every
+            mean = statistics.fmean(losses[since:])
+            curve.append([step + 1, round(mean, 4)])
+            print(f"step {step + 1}: loss {mean:.4f}, {1000 * (now - t0):.1f} ms", file=sys.stderr, flush=True)
+
+    library, openblas = blas()
+    tail = losses[-args.log_every:] if args.log_every else losses[-1:]
+    timed_steps = args.steps - warmup
+    print(json.dumps({
+        "peer": "gpt",
+        "tokens_per_s": round(timed_steps * B * T / measured_s, 1),
+        "step_ms": round(1000 * statistics.median(step_s), 3),
+        "final_loss": round(statistics.fmean(tail), 4),
+        "first_loss": round(losses[0], 4),
+        "loss_curve": curve,
+        "parameters": parameters,
+        "non_embedding_parameters": non_embedding,
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "rss_at_train_start_bytes": rss_start,
+        "torch": torch.__version__,
+        "threads": args.threads,
+        "blas_threads": openblas.openblas_get_num_threads() if openblas is not None else None,
+        "attention": "sdpa" if HAS_SDPA else "math",
+        "checkpoint_blocks": args.checkpoint_blocks,
+        "corpus_bytes": corpus_bytes,
+        "train_tokens": train_tokens.numel(),
+        "documents": documents["train"] + documents["validation"],
+        "train_documents": documents["train"],
+        "layers": args.layers, "heads": args.heads, "embed": args.embed, "context": T, "batch_size": B,
+        "steps": args.steps, "warmup_steps": warmup, "timed_s": round(measured_s, 3), "seed": args.seed,
+    }), flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--path", default="/usr/lib/python3.11")
+    p.add_argument("--include", default="*.py", help="fnmatch pattern on the file name")
+    p.add_argument("--val-fraction", type=float, default=0.05,
+                   help="documents held out (by a hash of their path, as fasttrain splits); 0: none")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--embed", type=int, default=128)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--dropout", type=float, default=0.0)
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup-steps", type=int, default=20, help="steps before the throughput clock starts")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--beta2", type=float, default=0.95)
+    p.add_argument("--clip-norm", type=float, default=1.0, help="0: no clipping")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-blocks", action="store_true", help="torch.utils.checkpoint around each block")
+    p.add_argument("--log-every", type=int, default=10, help="steps per progress line (stderr); 0: none")
+    p.add_argument("--matmul-ceiling", action="store_true", help="measure fp32 torch.mm FLOP/s instead of training")
+    args = p.parse_args()
+    if args.threads < 1:
+        p.error("--threads must be >= 1")
+    if args.matmul_ceiling:
+        matmul_ceiling(args)
+    else:
+        train(args)
+
+
+if __name__ == "__main__":
+    main()
