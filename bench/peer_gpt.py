@@ -17,7 +17,8 @@ the strict upper triangle masked to -inf, softmax, @ v), a final LayerNorm, and 
 token embedding (tied). GPT-2's init: weights N(0, 0.02), biases 0, LayerNorms as constructed, the
 residual projections (attn_proj, mlp_proj) N(0, 0.02 / sqrt(2L)). AdamW(lr, betas (0.9, beta2), eps 1e-8),
 weight decay on the parameters of 2 or more dimensions only, gradients clipped to --clip-norm, cosine
-learning rate from --lr to 0 over --steps (fasttrain's cosine with no warm-up, computed each step).
+learning rate (fasttrain's: --lr-warmup-steps of linear warm-up, then cosine from --lr to --min-lr over the
+rest of --steps, computed each step).
 --checkpoint-blocks runs every block under torch.utils.checkpoint (use_reentrant=True).
 
 Timing: the clock starts at the end of step --warmup-steps and stops at the end of the last step; each
@@ -252,8 +253,11 @@ def train(args):
     parameters = sum(p.numel() for p in params)
     non_embedding = parameters - model.position_embedding.weight.numel()
 
-    def lr_at(step):  # fasttrain's cosine, no warm-up, min_lr 0: CosineAnnealingLR(T_max=steps)
-        return args.lr * (1 + math.cos(math.pi * step / args.steps)) / 2
+    def lr_at(step):  # fasttrain's cosine: linear warm-up to --lr, then cosine down to --min-lr
+        if step < args.lr_warmup_steps:
+            return args.lr * (step + 1) / args.lr_warmup_steps
+        t = (step - args.lr_warmup_steps) / (args.steps - args.lr_warmup_steps)
+        return args.min_lr + (args.lr - args.min_lr) * (1 + math.cos(math.pi * t)) / 2
 
     warmup = args.warmup_steps
     if warmup >= args.steps:
@@ -333,6 +337,8 @@ def main():
     p.add_argument("--warmup-steps", type=int, default=20, help="steps before the throughput clock starts")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr-warmup-steps", type=int, default=0, help="schedule.warmup_steps")
+    p.add_argument("--min-lr", type=float, default=0.0, help="schedule.min_lr")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--beta2", type=float, default=0.95)
     p.add_argument("--clip-norm", type=float, default=1.0, help="0: no clipping")

@@ -77,18 +77,26 @@ class RunLogger : public Callback {
     progress_->update({r.step, r.epoch, r.loss, r.lr, r.samples_per_s, r.data_wait_fraction, r.elapsed_s});
   }
   void on_evaluate(Trainer&, const EvalRecord& r) override {
-    metrics_->write({{"kind", "eval"},
-                     {"step", r.step},
-                     {"epoch", r.epoch},
-                     {"test_loss", r.result.loss},
-                     {"test_accuracy", r.result.accuracy},
-                     {"ema", r.ema},
-                     {"elapsed_s", r.elapsed_s}});
+    nlohmann::json record{{"kind", "eval"},
+                          {"step", r.step},
+                          {"epoch", r.epoch},
+                          {"test_loss", r.result.loss},
+                          {"test_accuracy", r.result.accuracy},
+                          {"ema", r.ema},
+                          {"elapsed_s", r.elapsed_s}};
+    if (r.result.bits_per_byte) {
+      record["test_bits_per_byte"] = *r.result.bits_per_byte;
+      events_->add_scalar("test/bits_per_byte", *r.result.bits_per_byte, r.step);
+    }
+    metrics_->write(record);
     events_->add_scalar("test/accuracy", r.result.accuracy, r.step);
     events_->add_scalar("test/loss", r.result.loss, r.step);
     events_->flush();
-    progress_->message(fmt::format("step {} epoch {}: test accuracy {:.4f}{} loss {:.4f} at {:.1f}s", r.step,
-                                   r.epoch, r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss,
+    progress_->message(fmt::format("step {} epoch {}: test accuracy {:.4f}{} loss {:.4f}{} at {:.1f}s",
+                                   r.step, r.epoch, r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss,
+                                   r.result.bits_per_byte
+                                       ? fmt::format(" ({:.3f} bits per byte)", *r.result.bits_per_byte)
+                                       : std::string(),
                                    r.elapsed_s));
   }
   // The marker a resume truncates metrics.jsonl to: what follows it will be recomputed.

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/train/run.h"
@@ -61,6 +62,16 @@ TEST(TextRun, TrainsOnWindowsAndReportsBitsPerByte) {
   const auto json = nlohmann::json::parse(read_text_file(dir.file("run/summary.json")));
   EXPECT_NEAR(json["test_bits_per_byte"].get<double>(), *summary.last_eval->bits_per_byte, 1e-9);
   EXPECT_GT(json["train_samples_per_s"].get<double>(), 0);
+  int evaluations = 0;
+  std::istringstream metrics(read_text_file(dir.file("run/metrics.jsonl")));
+  for (std::string line; std::getline(metrics, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record["kind"] != "eval") continue;
+    ++evaluations;
+    EXPECT_NEAR(record["test_bits_per_byte"].get<double>(), record["test_loss"].get<double>() / std::log(2.0),
+                1e-9);
+  }
+  EXPECT_GE(evaluations, 2);  // steps 30 and 60, and the ends of the (short) epochs
   // The weights generate text, through the CLI's path (config from the run directory).
   const std::string text = generate_run(config, dir.file("run/final/model.safetensors"), "def ",
                                         GenerateOptions(0).max_new_tokens(16));
