@@ -62,9 +62,9 @@ class ProfileWindow : public Callback {
     phases_at_start_ = trainer.fit_phases();
     allocations_at_start_ = memory_stats(device_).allocations;
     reset_peak_memory(device_);
-    if (device_.is_cpu()) start_memory_timeline();
+    if (options_.record() && device_.is_cpu()) start_memory_timeline();
     clock_start_ = std::chrono::steady_clock::now();
-    profile_.emplace(trace_path_);
+    if (options_.record()) profile_.emplace(trace_path_);
     recording_ = true;
   }
   void stop(Trainer& trainer) {
@@ -73,15 +73,13 @@ class ProfileWindow : public Callback {
     finished_ = true;
     samples_ = trainer.progress().samples_seen - samples_at_start_;
     phases_ = trainer.fit_phases() - phases_at_start_;
-    if (device_.is_cpu()) {
-      timeline = stop_memory_timeline(&dropped);
-    }
+    if (options_.record() && device_.is_cpu()) timeline = stop_memory_timeline(&dropped);
     peak_bytes = memory_stats(device_).peak_allocated_bytes;
     allocations = memory_stats(device_).allocations - allocations_at_start_;
   }
   // CUDA: no per-allocation hook; the caching allocator's counters at each micro-batch and step.
   void sample_device_memory() {
-    if (!recording_ || device_.is_cpu()) return;
+    if (!recording_ || !options_.record() || device_.is_cpu()) return;
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start_).count();
     timeline.push_back({t, memory_stats(device_).allocated_bytes});
   }
@@ -195,6 +193,9 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
   result.peak_memory_bytes = window->peak_bytes;
   result.memory_samples = static_cast<int64_t>(window->timeline.size());
   result.memory_samples_dropped = window->dropped;
+  result.samples_per_s = result.samples / std::max(result.phases.total(), 1e-9);
+  result.allocations = window->allocations;
+  if (!options.record()) return result;  // timed only: no trace, timeline or profile.json
   std::string csv = "time_s,allocated_bytes\n";
   for (const auto& sample : window->timeline)
     csv += fmt::format("{:.6f},{}\n", sample.time_s, sample.allocated_bytes);
@@ -202,8 +203,6 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
   const nlohmann::json trace = nlohmann::json::parse(read_text_file(result.trace_path));
   result.trace_events = static_cast<int64_t>((trace.is_object() ? trace.at("traceEvents") : trace).size());
   result.operators = operator_stats(trace);
-  result.samples_per_s = result.samples / std::max(result.phases.total(), 1e-9);
-  result.allocations = window->allocations;
   for (const auto& op : result.operators) {
     if (op.name == "aten::_local_scalar_dense" || op.name == "aten::nonzero") result.host_reads += op.calls;
   }

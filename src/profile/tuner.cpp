@@ -26,8 +26,11 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   FT_CONFIG_CHECK(options.min_gain() >= 1, "tune --min-gain must be >= 1, got {}", options.min_gain());
   TuneResult result;
   Config best = resolve_batch_size(requested);
-  const ProfileOptions profile =
-      ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
+  const ProfileOptions profile = ProfileOptions()
+                                     .steps(options.steps())
+                                     .warmup_steps(options.warmup_steps())
+                                     .announce(false)
+                                     .record(false);
   auto measure = [&](Config config, const std::string& name) {
     return profile_run(with_room_to_profile(std::move(config)), run_dir + "/tune/" + name, profile)
         .samples_per_s;
