@@ -77,8 +77,8 @@ DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions 
     const EpochPlan plan = epoch_plan(0);
     planned_batches_ = plan.batches();
     planned_samples_ = static_cast<int64_t>(plan.samples.size());
-    FT_CONFIG_CHECK(planned_batches_ > 0, "{}: rank {} of {} gets no batch of {}", source_->describe(),
-                    options_.rank(), options_.world_size(), source_->describe());
+    FT_CONFIG_CHECK(planned_batches_ > 0, "{}: rank {} of {} gets no batch (fewer batches than ranks)",
+                    source_->describe(), options_.rank(), options_.world_size());
   } else {
     FT_CONFIG_CHECK(!options_.drop_last() || options_.batch_size() <= samples_per_epoch(),
                     "data.batch_size {} is larger than the {} samples of {}: with drop_last every epoch "

@@ -325,10 +325,12 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
             "turns; set train.threads = 0 (a share of the cores each) or 1\n",
             local_ranks, experiment.threads, hardware);
       }
-      fmt::print(stderr, "fasttrain: {} ranks ({}), {}, batch {} per rank = {} global\n", world_size,
+      const bool token_budget = experiment.is_text() && data.batching() == "tokens" && data.max_tokens() > 0;
+      const int64_t per_rank = token_budget ? data.max_tokens() : data.batch_size();
+      fmt::print(stderr, "fasttrain: {} ranks ({}), {}, {} {} per rank = {} global\n", world_size,
                  experiment.group->backend(),
                  config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
-                 data.batch_size(), data.batch_size() * world_size);
+                 token_budget ? "tokens per batch at most" : "batch", per_rank, per_rank * world_size);
     }
     fmt::print(stderr, "fasttrain: train: {}; {} batches per epoch\n",
                experiment.train_loader->source().describe(), experiment.train_loader->batches_per_epoch());
