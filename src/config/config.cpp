@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "fasttrain/data/dataset.h"
+#include "fasttrain/data/text.h"
 #include "fasttrain/state/sha256.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
@@ -636,12 +637,8 @@ void validate(const Config& config) {
     FT_CONFIG_CHECK(config.data.train_limit() == 0,
                     "data.train_limit = {} applies to images; for text narrow data.include or data.path",
                     config.data.train_limit());
-    FT_CONFIG_CHECK(
-        config.data.batching() != "tokens" || config.data.max_tokens() == 0 ||
-            config.data.max_tokens() >= config.model.context(),
-        "data.max_tokens = {} cannot hold one sequence of model.context = {} tokens: use at least {} "
-        "(or 0: batches of data.batch_size documents)",
-        config.data.max_tokens(), config.model.context(), config.model.context());
+    if (config.data.batching() == "tokens")
+      check_token_budget(config.data.max_tokens(), config.model.context());
     return;
   }
   std::string path = config.data.resolved_path();

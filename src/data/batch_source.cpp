@@ -43,8 +43,6 @@ Batch ImageBatchSource::build(const BatchRequest& request) const {
 
   // Staging in pinned (page-locked) memory lets the host-to-device copy run asynchronously.
   Batch batch;
-  batch.epoch = request.epoch;
-  batch.index = request.index;
   batch.count = count;
   const auto layout =
       request.channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;

@@ -73,8 +73,8 @@ DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions 
   FT_CHECK(source_->size() > 0, "DataLoader: the source is empty ({})", source_->describe());
   FT_CHECK(options_.world_size() >= 1 && options_.rank() >= 0 && options_.rank() < options_.world_size(),
            "DataLoader: rank {} is not in [0, world_size {})", options_.rank(), options_.world_size());
-  if (source_->batch_plan(0, options_.shuffle(), options_.seed())) {
-    const EpochPlan plan = epoch_plan(0);
+  if (std::optional<EpochPlan> whole = source_->batch_plan(0, options_.shuffle(), options_.seed())) {
+    const EpochPlan plan = shard_of(std::move(*whole));
     planned_batches_ = plan.batches();
     planned_samples_ = static_cast<int64_t>(plan.samples.size());
     FT_CONFIG_CHECK(planned_batches_ > 0, "{}: rank {} of {} gets no batch (fewer batches than ranks)",
@@ -131,20 +131,25 @@ int64_t DataLoader::batches_per_epoch() const {
   return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
 
+EpochPlan DataLoader::shard_of(EpochPlan whole) const {
+  // Whole batches to ranks, as the samples in epoch_plan: padded by repeating the first batches
+  // when ranks must step together.
+  const int64_t world = options_.world_size();
+  if (world == 1) return whole;
+  const int64_t n = whole.batches();
+  const int64_t dealt = options_.even_shards() ? (n + world - 1) / world * world : n;
+  EpochPlan shard;
+  for (int64_t b = options_.rank(); b < dealt; b += world) {
+    const int64_t from = whole.starts[b % n], to = whole.starts[b % n + 1];
+    shard.add_batch(whole.samples.data() + from, to - from);
+  }
+  return shard;
+}
+
 EpochPlan DataLoader::epoch_plan(int64_t epoch) const {
   const int64_t world = options_.world_size(), rank = options_.rank();
   if (std::optional<EpochPlan> whole = source_->batch_plan(epoch, options_.shuffle(), options_.seed())) {
-    // Whole batches to ranks, as the samples below: padded by repeating the first batches when
-    // ranks must step together.
-    if (world == 1) return std::move(*whole);
-    const int64_t n = whole->batches();
-    const int64_t dealt = options_.even_shards() ? (n + world - 1) / world * world : n;
-    EpochPlan shard;
-    for (int64_t b = rank; b < dealt; b += world) {
-      const int64_t from = whole->starts[b % n], to = whole->starts[b % n + 1];
-      shard.add_batch(whole->samples.data() + from, to - from);
-    }
-    return shard;
+    return shard_of(std::move(*whole));
   }
 
   std::vector<int64_t> order(source_->size());
@@ -203,7 +208,6 @@ std::optional<Batch> DataLoader::build_batch(int64_t epoch, int64_t index, const
   request.samples = plan.samples.data() + plan.starts[index];
   request.count = plan.starts[index + 1] - plan.starts[index];
   request.epoch = epoch;
-  request.index = index;
   request.seed = options_.seed();
   request.shuffle = options_.shuffle();
   request.pinned = options_.device().is_cuda() && options_.pin_memory();
@@ -214,6 +218,8 @@ std::optional<Batch> DataLoader::build_batch(int64_t epoch, int64_t index, const
   };
   Batch batch = source_->build(request);
   if (request.abandoned()) return std::nullopt;
+  batch.epoch = epoch;
+  batch.index = index;
   return batch;
 }
 

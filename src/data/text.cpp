@@ -17,6 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Row `row` of a batch: inputs tokens[start, start + length), targets one position further.
+void copy_shifted(const uint8_t* tokens, int64_t start, int64_t length, int64_t* inputs, int64_t* targets) {
+  for (int64_t t = 0; t < length; ++t) {
+    inputs[t] = tokens[start + t];
+    targets[t] = tokens[start + t + 1];
+  }
+}
+
 // FNV-1a: a stable hash of a document's relative path (std::hash may differ between libraries).
 uint64_t stable_hash(const std::string& text) {
   uint64_t hash = 14695981039346656037ull;
@@ -138,8 +146,6 @@ Batch TextWindowSource::build(const BatchRequest& request) const {
   const int64_t count = request.count, length = context_;
   const auto options = torch::TensorOptions().dtype(torch::kInt64).pinned_memory(request.pinned);
   Batch batch;
-  batch.epoch = request.epoch;
-  batch.index = request.index;
   batch.count = count * length;
   batch.inputs = torch::empty({count, length}, options);    // [B, T]
   batch.targets = torch::empty({count * length}, options);  // [B * T]
@@ -155,25 +161,26 @@ Batch TextWindowSource::build(const BatchRequest& request) const {
                                                          static_cast<uint64_t>(sample))
                                                    .below(positions))
                         : sample * length;
-    for (int64_t t = 0; t < length; ++t) {
-      inputs[i * length + t] = tokens[start + t];
-      targets[i * length + t] = tokens[start + t + 1];
-    }
+    copy_shifted(tokens, start, length, inputs + i * length, targets + i * length);
   }
   return batch;
 }
 
 // ---- documents ----
 
+void check_token_budget(int64_t max_tokens, int64_t context) {
+  FT_CONFIG_CHECK(
+      max_tokens == 0 || max_tokens >= context,
+      "data.max_tokens = {} cannot hold one sequence of model.context = {} tokens: use at least {} "
+      "(or 0: batches of data.batch_size documents)",
+      max_tokens, context, context);
+}
+
 TextDocumentSource::TextDocumentSource(TextCorpus corpus, TextDocumentOptions options)
     : corpus_(std::move(corpus)), options_(std::move(options)) {
   const int64_t context = options_.context();
   FT_CONFIG_CHECK(context >= 1, "model.context must be >= 1, got {}", context);
-  FT_CONFIG_CHECK(
-      options_.max_tokens() == 0 || options_.max_tokens() >= context,
-      "data.max_tokens = {} cannot hold one sequence of model.context = {} tokens: use at least {} "
-      "(or 0: batches of data.batch_size documents)",
-      options_.max_tokens(), context, context);
+  check_token_budget(options_.max_tokens(), context);
   FT_CHECK(corpus_.tokens.defined() && corpus_.tokens.scalar_type() == torch::kUInt8,
            "TextDocumentSource needs a corpus of uint8 tokens");
   corpus_.tokens = corpus_.tokens.contiguous();
@@ -244,8 +251,6 @@ Batch TextDocumentSource::build(const BatchRequest& request) const {
   }
   const auto options = torch::TensorOptions().dtype(torch::kInt64).pinned_memory(request.pinned);
   Batch batch;
-  batch.epoch = request.epoch;
-  batch.index = request.index;
   batch.count = real;
   batch.padded = real < count * longest;
   batch.inputs = torch::empty({count, longest}, options);    // [B, T], padding 0
@@ -258,10 +263,7 @@ Batch TextDocumentSource::build(const BatchRequest& request) const {
   for (int64_t i = 0; i < count; ++i) {
     if (request.abandoned()) return batch;
     const Piece& piece = pieces_[static_cast<size_t>(request.samples[i])];
-    for (int64_t t = 0; t < piece.length; ++t) {
-      inputs[i * longest + t] = tokens[piece.start + t];
-      targets[i * longest + t] = tokens[piece.start + t + 1];
-    }
+    copy_shifted(tokens, piece.start, piece.length, inputs + i * longest, targets + i * longest);
   }
   return batch;
 }

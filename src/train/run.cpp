@@ -325,12 +325,12 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
             "turns; set train.threads = 0 (a share of the cores each) or 1\n",
             local_ranks, experiment.threads, hardware);
       }
-      const bool token_budget = experiment.is_text() && data.batching() == "tokens" && data.max_tokens() > 0;
-      const int64_t per_rank = token_budget ? data.max_tokens() : data.batch_size();
+      const int64_t token_budget = experiment.token_budget();
+      const int64_t per_rank = token_budget > 0 ? token_budget : data.batch_size();
       fmt::print(stderr, "fasttrain: {} ranks ({}), {}, {} {} per rank = {} global\n", world_size,
                  experiment.group->backend(),
                  config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
-                 token_budget ? "tokens per batch at most" : "batch", per_rank, per_rank * world_size);
+                 token_budget > 0 ? "tokens per batch at most" : "batch", per_rank, per_rank * world_size);
     }
     fmt::print(stderr, "fasttrain: train: {}; {} batches per epoch\n",
                experiment.train_loader->source().describe(), experiment.train_loader->batches_per_epoch());
@@ -362,8 +362,7 @@ Batch Experiment::largest_batch() const {
   if (is_text()) {
     // The most tokens at the longest sequences: attention's [B, H, T, T] scores are largest there.
     const int64_t context = config.model.context();
-    const bool buckets = config.data.batching() == "tokens" && config.data.max_tokens() > 0;
-    const int64_t sequences = buckets ? config.data.max_tokens() / context : config.data.batch_size();
+    const int64_t sequences = token_budget() > 0 ? token_budget() / context : config.data.batch_size();
     batch.inputs = torch::zeros({sequences, context}, on_device.dtype(torch::kLong));  // [B, T]
     batch.targets = torch::zeros({sequences * context}, on_device.dtype(torch::kLong));
     batch.count = sequences * context;

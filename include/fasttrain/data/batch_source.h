@@ -26,8 +26,8 @@ namespace fasttrain {
 struct Batch {
   torch::Tensor inputs;   // images [B, C, H, W] float32, or tokens [B, T] int64
   torch::Tensor targets;  // [B] int64 labels, or [B * T] next tokens (kIgnoreTarget on padding)
-  int64_t epoch = 0;
-  int64_t index = 0;  // batch index within the epoch
+  int64_t epoch = 0;      // set by the loader
+  int64_t index = 0;      // batch index within the epoch, set by the loader
   // What the run counts as samples (samples/s, samples seen): images, or target tokens that are
   // not padding. Known when the batch is built: counting it never reads the device.
   int64_t count = 0;
@@ -43,7 +43,6 @@ struct BatchRequest {
   const int64_t* samples = nullptr;
   int64_t count = 0;
   int64_t epoch = 0;
-  int64_t index = 0;
   uint64_t seed = 0;
   bool shuffle = true;         // random augmentation and window positions; off: deterministic
   bool pinned = false;         // allocate in pinned memory (CUDA staging)

@@ -98,6 +98,8 @@ class DataLoader {
 
  private:
   struct Impl;
+  // This rank's batches of a source's plan of the whole epoch.
+  EpochPlan shard_of(EpochPlan whole) const;
   // Builds batch `index` of `plan`; returns nullopt when the loader's generation moved on from
   // `generation` meanwhile (the batch was abandoned).
   std::optional<Batch> build_batch(int64_t epoch, int64_t index, const EpochPlan& plan,

@@ -87,6 +87,10 @@ struct TextDocumentOptions {
   FT_ARG(int64_t, max_tokens) = 0;
 };
 
+// A ConfigError naming data.max_tokens and model.context unless max_tokens is 0 (no bucketing) or
+// holds one sequence of `context` tokens.
+void check_token_budget(int64_t max_tokens, int64_t context);
+
 // Whole documents (or their pieces), padded on the right to the batch's longest: padding inputs are
 // 0 and padding targets kIgnoreTarget. With causal attention a real position never attends to the
 // padding after it, so no attention mask is needed; the loss skips the padding targets.

@@ -46,6 +46,11 @@ struct Experiment {
   // Trainer::warm_up runs on.
   Batch largest_batch() const;
   bool is_text() const { return config.data.dataset() == "text"; }
+  // Tokens per batch when text documents are length-bucketed (data.batching = "tokens" with
+  // data.max_tokens > 0), else 0: batches hold data.batch_size samples.
+  int64_t token_budget() const {
+    return is_text() && config.data.batching() == "tokens" ? config.data.max_tokens() : 0;
+  }
 };
 
 struct RunOptions {
