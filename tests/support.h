@@ -87,6 +87,18 @@ inline ImageDataset synthetic_images(int64_t count, int64_t channels = 1, int64_
   return dataset;
 }
 
+// 40 small "python files" of varying length (1 to 7 functions) with a learnable structure, under
+// DIR/corpus (a quarter in a subfolder). Returns the corpus directory.
+inline std::string write_text_corpus(const TempDir& dir) {
+  const std::string root = dir.file("corpus");
+  for (int i = 0; i < 40; ++i) {
+    std::filesystem::create_directories(root + (i % 4 == 0 ? "/pkg" : ""));
+    std::ofstream out(root + (i % 4 == 0 ? "/pkg/" : "/") + "m" + std::to_string(i) + ".py");
+    for (int f = 0; f < 1 + i % 7; ++f) out << "def f" << f << "(x):\n    return x + " << f << "\n\n";
+  }
+  return root;
+}
+
 inline std::string read_text(const std::string& path) {
   std::ifstream in(path);
   std::stringstream text;

@@ -397,6 +397,11 @@ const std::vector<Field>& schema() {
       field<int>(
           "train", "threads", [](Config& c) -> int& { return c.train.threads(); },
           "Intra-op threads (0 = physical cores)", at_least(0)),
+      field<int>(
+          "train", "blas_threads", [](Config& c) -> int& { return c.train.blas_threads(); },
+          "Threads of OpenBLAS's own pool, which runs the matmuls when LibTorch's BLAS is OpenBLAS "
+          "(0 = the library's count: OPENBLAS_NUM_THREADS or every core)",
+          at_least(0)),
       field<S>(
           "train", "precision", [](Config& c) -> S& { return c.train.precision(); },
           "fp32, bf16 (autocast to bfloat16) or fp16 (autocast to float16 with a GradScaler; CUDA only)",
@@ -669,9 +674,10 @@ namespace {
 // checkpoint records its world size and dist.zero, and load_checkpoint checks them itself.
 bool shapes_training(const Field& field) {
   static const std::vector<std::string> neutral = {
-      "data.eval_batch_size",  "data.workers",         "data.prefetch",          "data.pin_memory",
-      "train.threads",         "train.device",         "train.eval_every_steps", "train.eval_from_step",
-      "train.target_accuracy", "train.stop_at_target", "train.init_from",        "train.detect_anomaly"};
+      "data.eval_batch_size", "data.workers",          "data.prefetch",        "data.pin_memory",
+      "train.threads",        "train.blas_threads",    "train.device",         "train.eval_every_steps",
+      "train.eval_from_step", "train.target_accuracy", "train.stop_at_target", "train.init_from",
+      "train.detect_anomaly"};
   if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
       field.section == "memory" || field.section == "dist")
     return false;

@@ -66,16 +66,44 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   for (int count = 1; count <= physical_cores(); ++count)
     threads.push_back(
         {fmt::format("train.threads = {}", count), [count](Config& c) { c.train.threads(count); }});
-  try_candidates(threads);
+  const BlasLibrary blas_now = blas_library();
+  auto try_thread_counts = [&] {
+    try_candidates(threads);
+    if (!device.is_cpu() || blas_now.name.empty()) return;
+    // OpenBLAS's pool runs the matmuls beside the intra-op threads: fewer can beat both fighting.
+    const int kept_blas = best.train.blas_threads();
+    const int effective = kept_blas > 0 ? kept_blas : blas_now.threads_at_start;
+    std::vector<Candidate> blas;
+    for (int count = 1; count <= physical_cores(); ++count) {
+      if (count == effective) continue;  // what 0 means already
+      blas.push_back({fmt::format("train.blas_threads = {}", count),
+                      [count](Config& c) { c.train.blas_threads(count); }});
+    }
+    try_candidates(blas);
+    // A smaller BLAS pool leaves cores to the intra-op threads: the threads count tried before may
+    // no longer be the best.
+    if (best.train.blas_threads() != kept_blas) try_candidates(threads);
+  };
+  try_thread_counts();
+  const Config after_threads = best;
   std::vector<Candidate> workers;
   for (int count : {0, 1, 2})
     workers.push_back(
         {fmt::format("data.workers = {}", count), [count](Config& c) { c.data.workers(count); }});
   try_candidates(workers);
   if (device.is_cuda() || cpu_has_native_bf16()) {
-    try_candidates({{"train.precision = \"bf16\"", [](Config& c) { c.train.precision("bf16"); }}});
+    // With each thread count: bf16 matmuls leave OpenBLAS for oneDNN on the intra-op threads, so the
+    // best count in fp32 may be the worst in bf16 (the gpt: 1 thread in fp32, 2 in bf16).
+    std::vector<Candidate> bf16;
+    for (int count = 1; count <= physical_cores(); ++count) {
+      const bool same = count == best.train.threads();
+      bf16.push_back({same ? "train.precision = \"bf16\""
+                           : fmt::format("train.precision = \"bf16\", train.threads = {}", count),
+                      [count](Config& c) { c.train.precision("bf16").threads(count); }});
+    }
+    try_candidates(bf16);
   }
-  if (best.model.name() != "mlp") {
+  if (best.model.name() != "mlp" && best.model.name() != "gpt") {  // conv nets
     try_candidates({{"train.channels_last = true", [](Config& c) { c.train.channels_last(true); }}});
   }
   if (device.is_cuda()) {
@@ -92,6 +120,9 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     }
     try_candidates(batches);
   }
+  // Which threads do the work depends on the other switches (bf16 matmuls run in oneDNN on the
+  // intra-op threads, fp32 ones in OpenBLAS's pool): after any kept change, the counts again.
+  if (to_toml(best) != to_toml(after_threads)) try_thread_counts();
 
   result.tuned = best;
   result.tuned_samples_per_s = best_speed;

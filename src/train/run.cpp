@@ -242,6 +242,8 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   // The ranks on this machine share its cores: "auto" threads and workers take a share each.
   const int local_ranks = experiment.group ? experiment.group->local_size() : 1;
   experiment.threads = set_intra_op_threads(config.train.threads(), local_ranks);
+  set_blas_threads(config.train.blas_threads());
+  experiment.blas = blas_library();
   compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
                                config.train.deterministic());
   parse_precision(config.train.precision(), experiment.device);  // fp16 on CPU fails here, before any work
@@ -314,8 +316,12 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   if (config.train.channels_last()) to_channels_last(*experiment.model);
 
   if (announce) {
-    fmt::print(stderr, "fasttrain: device {}, {} intra-op threads, {} loader workers\n",
-               experiment.device.str(), experiment.threads, experiment.train_loader->workers());
+    fmt::print(stderr, "fasttrain: device {}, {} intra-op threads{}, {} loader workers\n",
+               experiment.device.str(), experiment.threads,
+               experiment.blas.name.empty() ? ""
+                                            : fmt::format(" ({} threads of {}'s own pool for matmuls)",
+                                                          experiment.blas.threads, experiment.blas.name),
+               experiment.train_loader->workers());
     if (experiment.group) {
       const int hardware = static_cast<int>(std::thread::hardware_concurrency());
       if (experiment.threads * local_ranks > hardware) {
@@ -324,6 +330,13 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
             "fasttrain: warning: {} ranks x {} intra-op threads on {} hardware threads: they will take "
             "turns; set train.threads = 0 (a share of the cores each) or 1\n",
             local_ranks, experiment.threads, hardware);
+      }
+      if (experiment.blas.threads * local_ranks > hardware) {
+        fmt::print(stderr,
+                   "fasttrain: warning: {} ranks x {} {} threads on {} hardware threads: they will take "
+                   "turns in matmuls; set train.blas_threads = {}\n",
+                   local_ranks, experiment.blas.threads, experiment.blas.name, hardware,
+                   std::max(1, hardware / local_ranks));
       }
       const int64_t token_budget = experiment.token_budget();
       const int64_t per_rank = token_budget > 0 ? token_budget : data.batch_size();
@@ -482,6 +495,7 @@ std::string generate_run(const Config& config, const std::string& weights_path, 
   FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
   const torch::Device device = parse_device(config.train.device());
   set_intra_op_threads(config.train.threads());
+  set_blas_threads(config.train.blas_threads());
   auto model = make_model(ModelOptions(config.model).num_classes(kByteVocabulary));
   load_module_safetensors(*model, weights_path);
   model->to(device);

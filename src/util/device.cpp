@@ -1,6 +1,7 @@
 #include "fasttrain/util/device.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -51,6 +52,51 @@ int set_intra_op_threads(int threads, int processes_sharing) {
   FT_CONFIG_CHECK(threads >= 0, "train.threads must be >= 0 (0 = physical cores), got {}", threads);
   int count = threads > 0 ? threads : std::max(1, physical_cores() / std::max(1, processes_sharing));
   at::set_num_threads(count);
+  return count;
+}
+
+namespace {
+
+// OpenBLAS's thread controls, found in the process (LibTorch links the BLAS); null when absent.
+struct OpenBlasControls {
+  int (*get)() = nullptr;
+  void (*set)(int) = nullptr;
+  int at_start = 0;  // the pool's size before anyone here changed it
+};
+
+const OpenBlasControls& openblas() {
+  static const OpenBlasControls controls = [] {
+    OpenBlasControls found;
+    found.get = reinterpret_cast<int (*)()>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+    found.set = reinterpret_cast<void (*)(int)>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+    if (!found.get || !found.set) return OpenBlasControls{};
+    found.at_start = found.get();
+    return found;
+  }();
+  return controls;
+}
+
+}  // namespace
+
+BlasLibrary blas_library() {
+  const auto& controls = openblas();
+  if (!controls.get) return {};
+  return {"OpenBLAS", controls.get(), controls.at_start};
+}
+
+int set_blas_threads(int threads) {
+  FT_CONFIG_CHECK(threads >= 0, "train.blas_threads must be >= 0 (0 = the library's own count), got {}",
+                  threads);
+  const auto& controls = openblas();
+  if (!controls.set) {
+    FT_CONFIG_CHECK(threads == 0,
+                    "train.blas_threads = {} needs OpenBLAS, and this LibTorch's BLAS is another (its "
+                    "matmuls follow train.threads); set train.blas_threads = 0",
+                    threads);
+    return 0;
+  }
+  const int count = threads > 0 ? threads : controls.at_start;
+  controls.set(count);
   return count;
 }
 

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -237,6 +238,40 @@ TEST_F(DistRun, TwoRanksEqualOneProcessOnTheGlobalBatchAndZeroEqualsDdp) {
   for (std::string line; std::getline(lines, line);)
     train_records += nlohmann::json::parse(line)["kind"] == "train";
   EXPECT_EQ(train_records, 4);
+}
+
+// Text on two ranks: windows are samples like images (rank r takes every other window of the epoch
+// order), so two ranks of 4 equal one process of 8; token buckets deal whole planned batches, each
+// rank its own, and every rank steps the same number of times.
+TEST(DistText, WindowsOnTwoRanksEqualOneProcessAndTokenBucketsTrain) {
+  testing::TempDir dir;
+  const std::string text = " --set data.dataset=text --set data.path=" + testing::write_text_corpus(dir) +
+                           " --set data.include=*.py --set data.val_fraction=0.2 --set model.name=gpt"
+                           " --set model.layers=2 --set model.heads=2 --set model.embed=32"
+                           " --set model.context=32 --set optim.name=adamw --set optim.lr=3e-3"
+                           " --set schedule.name=constant --set train.max_steps=12 --set train.threads=1"
+                           " --set data.workers=0 --set log.progress=none --set train.eval_every_steps=0";
+  auto single =
+      run_command(kCli + " train" + text + " --set data.batch_size=8 --run-dir " + dir.file("single"));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  auto windows = run_command(launch(2) + text + " --set data.batch_size=4 --run-dir " + dir.file("windows"));
+  ASSERT_EQ(windows.exit_code, 0) << windows.output;
+  EXPECT_LT(max_difference(dir.file("single") + "/final/model.safetensors",
+                           dir.file("windows") + "/final/model.safetensors"),
+            1e-5);
+  EXPECT_NEAR(summary_of(dir.file("windows"))["test_loss"].get<double>(),
+              summary_of(dir.file("single"))["test_loss"].get<double>(), 1e-4);
+
+  auto tokens = run_command(launch(2) + text +
+                            " --set data.batching=tokens --set data.max_tokens=128 --set data.batch_size=4"
+                            " --run-dir " +
+                            dir.file("tokens"));
+  ASSERT_EQ(tokens.exit_code, 0) << tokens.output;
+  const nlohmann::json summary = summary_of(dir.file("tokens"));
+  EXPECT_EQ(summary["steps"], 12);
+  EXPECT_EQ(summary["dist"]["world_size"], 2);
+  EXPECT_LT(summary["padding_fraction"].get<double>(), 0.15);
+  EXPECT_TRUE(std::isfinite(summary["test_bits_per_byte"].get<double>()));
 }
 
 TEST_F(DistRun, ResumingWithAnotherWorldSizeOrZeroIsAClearError) {

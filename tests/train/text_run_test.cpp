@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/train/run.h"
@@ -20,17 +21,7 @@ namespace {
 using testing::contains_all;
 using testing::error_message;
 using testing::TempDir;
-
-// 40 small "python files" of varying length with a learnable structure.
-std::string write_text_corpus(const TempDir& dir) {
-  const std::string root = dir.file("corpus");
-  for (int i = 0; i < 40; ++i) {
-    std::filesystem::create_directories(root + (i % 4 == 0 ? "/pkg" : ""));
-    std::ofstream out(root + (i % 4 == 0 ? "/pkg/" : "/") + "m" + std::to_string(i) + ".py");
-    for (int f = 0; f < 1 + i % 7; ++f) out << "def f" << f << "(x):\n    return x + " << f << "\n\n";
-  }
-  return root;
-}
+using testing::write_text_corpus;
 
 Config text_config(const std::string& corpus) {
   Config config;
@@ -97,6 +88,33 @@ TEST(TextRun, TokenBucketsTrainWithLittlePaddingAndMemoryWarmUpAtTheLongest) {
   config.data.max_tokens(0).batch_size(4);
   const FitSummary random = train_run(config, dir.file("random"));
   EXPECT_GT(random.padding_fraction, 3 * bucketed.padding_fraction);  // measured 0.091 vs 0.013
+}
+
+// train.blas_threads sizes OpenBLAS's own pool (the matmuls); it changes the speed, not the losses.
+TEST(TextRun, BlasThreadsChangeNoLoss) {
+  TempDir dir;
+  Config config = text_config(write_text_corpus(dir));
+  config.model.embed(64);  // matmuls large enough for OpenBLAS to split them over its threads
+  config.train.max_steps(20).eval_every_steps(0);
+  if (blas_library().name.empty()) {  // MKL and others follow train.threads: the key is an error
+    config.train.blas_threads(1);
+    EXPECT_TRUE(contains_all(error_message([&] { train_run(config, dir.file("refused")); }),
+                             {"train.blas_threads = 1", "OpenBLAS"}));
+    return;
+  }
+  const int at_start = set_blas_threads(0);
+  std::vector<double> losses;
+  for (int threads : {1, 2}) {
+    config.train.blas_threads(threads);
+    EXPECT_EQ(Experiment::build(config, /*announce=*/false).blas.threads, threads);
+    const FitSummary summary = train_run(config, dir.file("blas" + std::to_string(threads)));
+    ASSERT_TRUE(summary.last_eval.has_value());
+    losses.push_back(summary.last_eval->loss);
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-5 * losses[0]);
+  config.train.blas_threads(0);  // the library's own count again
+  EXPECT_EQ(Experiment::build(config, /*announce=*/false).blas.threads, at_start);
+  EXPECT_TRUE(contains_all(error_message([] { set_blas_threads(-1); }), {"train.blas_threads", "-1"}));
 }
 
 TEST(TextRun, ModelAndDataMustMatch) {

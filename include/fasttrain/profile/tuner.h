@@ -8,10 +8,12 @@
 //
 // Greedy, one switch at a time in this order, each trial measured against the best so far (a
 // short profile: `warmup_steps`, then `steps` timed): train.threads (1 .. physical cores),
-// data.workers (0, 1, 2), train.precision (bf16 where this CPU or a GPU has it), train.channels_last
-// (conv nets), train.cudnn_benchmark (CUDA), data.batch_size (x2, x4; the learning rate scaled
-// with it). A change is kept when it is at least `min_gain` faster and its losses stay finite
-// (the trainer's own check: a diverging trial fails and is reported, not kept).
+// train.blas_threads (1 .. physical cores, where the BLAS is OpenBLAS; the threads again when one is
+// kept), data.workers (0, 1, 2), train.precision (bf16 where this CPU or a GPU has it, at each thread count),
+// train.channels_last (conv nets), train.cudnn_benchmark (CUDA), data.batch_size (x2, x4; the learning rate
+// scaled with it), then the thread counts again if any of those was kept (bf16 matmuls run on the intra-op
+// threads, fp32 ones in OpenBLAS's pool). A change is kept when it is at least `min_gain` faster and its
+// losses stay finite (the trainer's own check: a diverging trial fails and is reported, not kept).
 #include <string>
 #include <vector>
 

@@ -22,6 +22,10 @@ struct TrainOptions {
   FT_ARG(int64_t, seed) = 0;
   // Intra-op threads (0 = the physical cores; LibTorch would otherwise pick 1 here).
   FT_ARG(int, threads) = 0;
+  // Threads of the BLAS library's own pool, where the BLAS is OpenBLAS (Debian's LibTorch runs its
+  // matmuls there, outside `threads`); 0 = the library's own count (OPENBLAS_NUM_THREADS, or every
+  // core).
+  FT_ARG(int, blas_threads) = 0;
   // "fp32" | "bf16" (autocast; CPU and CUDA) | "fp16" (autocast + GradScaler; CUDA only).
   FT_ARG(std::string, precision) = "fp32";
   // Conv kernels and input batches in channels_last (NHWC) layout.

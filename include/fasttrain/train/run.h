@@ -19,6 +19,7 @@
 #include "fasttrain/optim/lr_finder.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/arg.h"
+#include "fasttrain/util/device.h"
 
 namespace fasttrain {
 
@@ -28,6 +29,7 @@ struct Experiment {
   Config config;
   torch::Device device = torch::kCPU;
   int threads = 1;
+  BlasLibrary blas;  // its threads as train.blas_threads set them
   ImageSplits data;  // image datasets
   TextSplits text;   // data.dataset = "text"
   std::unique_ptr<DataLoader> train_loader;

@@ -3,6 +3,7 @@
 //
 //   torch::Device device = fasttrain::parse_device("auto");   // cuda if available, else cpu
 //   fasttrain::set_intra_op_threads(0);                         // 0 = physical cores
+//   fasttrain::set_blas_threads(1);                             // OpenBLAS's own pool
 #include <torch/types.h>
 
 #include <string>
@@ -22,5 +23,20 @@ bool cpu_has_native_bf16();
 // cores when `processes_sharing` processes (the ranks of a job on this machine) share them, at least
 // 1. Returns the count set.
 int set_intra_op_threads(int threads, int processes_sharing = 1);
+
+// The BLAS library LibTorch's matmuls call, as its threads can be set: OpenBLAS keeps a thread pool
+// of its own that neither set_intra_op_threads nor OpenMP reaches.
+struct BlasLibrary {
+  std::string name;          // "OpenBLAS", or "" when the BLAS is another (MKL follows the intra-op threads)
+  int threads = 0;           // threads of its pool now; 0 when `name` is ""
+  int threads_at_start = 0;  // before anyone here changed them: what train.blas_threads = 0 means
+};
+BlasLibrary blas_library();
+
+// Sets OpenBLAS's threads: `threads` > 0 as given, 0 = the count it had when this process started.
+// Returns the count set. `threads` > 0 with a BLAS that is not OpenBLAS is a ConfigError.
+//
+//   fasttrain::set_blas_threads(1);   // matmuls on one core, the other free for OpenMP's ops
+int set_blas_threads(int threads);
 
 }  // namespace fasttrain
