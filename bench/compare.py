@@ -435,15 +435,26 @@ def require_fasttrain(build):
                  f"or point --build at a build directory")
 
 
-def gpt_config():
-    """configs/gpt_text.toml, which fasttrain reads and the peer's arguments come from, so both sides train
-    the same sizes on the same data (keys the file leaves out take fasttrain's defaults)."""
+def gpt_config(overrides=()):
+    """configs/gpt_text.toml with the --set overrides (KEY=VALUE, as fasttrain's --set takes them), which
+    fasttrain reads and the peer's arguments come from, so both sides train the same sizes on the same
+    data (keys the file leaves out take fasttrain's defaults)."""
     import tomllib
     path = os.path.join(ROOT, GPT_CONFIG)
     if not os.path.isfile(path):
         sys.exit(f"{GPT_CONFIG} is missing: the gpt benchmarks train with it")
     with open(path, "rb") as f:
         config = tomllib.load(f)
+    for override in overrides:
+        key, _, text = override.partition("=")
+        section, _, name = key.partition(".")
+        if not (section and name and text):
+            sys.exit(f"--set {override!r}: expected SECTION.KEY=VALUE")
+        try:  # a TOML value (numbers, booleans, quoted strings, arrays); else the bare text, as fasttrain reads it
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text
+        config.setdefault(section, {})[name] = value
     data, model, optim = config.get("data", {}), config.get("model", {}), config.get("optim", {})
     train, schedule = config.get("train", {}), config.get("schedule", {})
     checks = [(data.get("dataset") == "text", "data.dataset = \"text\""),
@@ -452,7 +463,7 @@ def gpt_config():
               (optim.get("name") == "adamw", "optim.name = \"adamw\""),
               (schedule.get("name") == "cosine", "schedule.name = \"cosine\""),
               (optim.get("beta1", 0.9) == 0.9 and optim.get("eps", 1e-8) == 1e-8, "optim.beta1 = 0.9, eps = 1e-8"),
-              (train.get("precision", "fp32") == "fp32", "train.precision = \"fp32\""),
+              (train.get("precision", "fp32") in ("fp32", "bf16"), "train.precision = \"fp32\" or \"bf16\""),
               (train.get("accumulation", 1) == 1, "train.accumulation = 1"),
               (train.get("threads", 0) >= 1, "train.threads >= 1 (the peer needs a count)"),
               (all(k in data for k in ("path", "batch_size"))
@@ -481,7 +492,8 @@ def gpt_peer_args(config, steps, warmup, layers=None, batch_size=None):
             "--beta2", str(optim.get("beta2", 0.999)), "--clip-norm", str(train.get("clip_norm", 0.0)),
             "--lr-warmup-steps", str(gpt_lr_warmup(config, steps)),
             "--min-lr", str(config.get("schedule", {}).get("min_lr", 0.0)),
-            "--steps", str(steps), "--warmup-steps", str(warmup), "--log-every", str(GPT_LOG_EVERY)]
+            "--steps", str(steps), "--warmup-steps", str(warmup), "--log-every", str(GPT_LOG_EVERY),
+            "--precision", train.get("precision", "fp32"), "--blas-threads", str(train.get("blas_threads", 0))]
 
 
 def peer_gpt(args):
@@ -507,14 +519,16 @@ def gpt_bench(opts):
     windows of the same corpus): configs/gpt_text.toml for --steps steps, the two sides alternating,
     --repeats times. tokens/s: target tokens (batch x context per step) per second over the steps after
     the first 20 (fasttrain: its metrics records at log.every_steps = 10; the peer: its own clock). MFU:
-    tokens/s x (6 N + 12 L T C) / the machine's fp32 matmul ceiling (the peer's --matmul-ceiling at the
-    same threads: the best median torch.mm FLOP/s of sizes 512, 1024, 2048; one Debian LibTorch serves
-    both sides), N = the non-embedding parameters (all but the position embedding; the tied token
+    tokens/s x (6 N + 12 L T C) / the machine's matmul ceiling in the run's precision (the peer's
+    --matmul-ceiling: the best median torch.mm FLOP/s of sizes 512, 1024, 2048, fp32 at the OpenBLAS
+    threads training used, bf16 at its OpenMP threads; one Debian LibTorch serves both sides). --set
+    overrides (train.precision, train.threads, train.blas_threads, sizes) apply to both sides, N = the non-embedding parameters (all but the position embedding; the tied token
     embedding counts, as the output layer)."""
-    config = gpt_config()
+    extra = opts.set or []
+    config = gpt_config(extra)
     batch, context = config["data"]["batch_size"], config["model"]["context"]
     layers, embed = config["model"]["layers"], config["model"]["embed"]
-    threads = config["train"]["threads"]
+    threads, precision = config["train"]["threads"], config["train"].get("precision", "fp32")
     tokens_per_step = batch * context
     if opts.steps <= GPT_WARMUP_STEPS:
         sys.exit(f"gpt: --steps must exceed the {GPT_WARMUP_STEPS} warm-up steps")
@@ -523,7 +537,7 @@ def gpt_bench(opts):
         name = f"gpt-{i}"
         summary = fasttrain(opts.build, GPT_CONFIG, name,
                             [f"train.max_steps={opts.steps}", f"log.every_steps={GPT_LOG_EVERY}",
-                             f"train.seed={i}"] + GPT_NO_EVAL
+                             f"train.seed={i}"] + extra + GPT_NO_EVAL
                             + [f"schedule.warmup_steps={gpt_lr_warmup(config, opts.steps)}"])
         run_dir = os.path.join(OUT, name)
         summary["steady_tokens_per_s"] = fasttrain_steady_samples_per_s(run_dir, tokens_per_step, GPT_WARMUP_STEPS)
@@ -532,9 +546,14 @@ def gpt_bench(opts):
         theirs.append(peer_gpt(gpt_peer_args(config, opts.steps, GPT_WARMUP_STEPS) + ["--seed", str(i)]))
 
     # train.threads (torch.set_num_threads) sets OpenMP's threads, not OpenBLAS's own pool, which runs the
-    # matmuls on every core: the ceiling is measured at the BLAS threads training used.
+    # fp32 matmuls on every core: the fp32 ceiling is measured at the BLAS threads training used. bf16
+    # matmuls run in oneDNN on the OpenMP threads: that ceiling at train.threads.
     blas_threads = theirs[0].get("blas_threads") or threads
-    ceiling = peer_gpt(["--matmul-ceiling", "--threads", str(blas_threads)])
+    ceiling_threads = threads if precision == "bf16" else blas_threads
+    ceiling = peer_gpt(["--matmul-ceiling", "--threads", str(ceiling_threads), "--precision", precision])
+    ceiling_words = (f"bf16 torch.mm (oneDNN) at {threads} OpenMP threads, as training ran its autocast matmuls"
+                     if precision == "bf16" else
+                     f"fp32 torch.mm with OpenBLAS at {blas_threads} threads, as training ran its matmuls")
     expected = gpt_parameters(layers, embed, context)
     if theirs[0]["parameters"] != expected:
         sys.exit(f"the peer has {theirs[0]['parameters']} parameters, fasttrain's gpt {expected}")
@@ -549,7 +568,8 @@ def gpt_bench(opts):
     mfu = {"fasttrain": ft * flops_per_token / peak, "peer": pr * flops_per_token / peak}
     row = {
         "benchmark": f"byte-level GPT (L={layers}, H={config['model']['heads']}, C={embed}, T={context}, "
-                     f"batch {batch}, {thread_words}, fp32, {opts.steps} steps; median of {opts.repeats})",
+                     f"batch {batch}, {thread_words}, {precision}, {opts.steps} steps; median of {opts.repeats})"
+                     + (f", --set {' '.join(extra)}" if extra else ""),
         "fasttrain_tokens_per_s": round(ft, 1),
         "peer_tokens_per_s": round(pr, 1),
         "fasttrain_over_peer": round(ft / pr, 3),
@@ -578,7 +598,7 @@ def gpt_bench(opts):
         "train_documents_peer": theirs[0]["train_documents"],
     }
     row["markdown"] = "\n".join([
-        f"| GPT, L={layers} C={embed} T={context}, batch {batch}, {thread_words}, fp32 | fasttrain | "
+        f"| GPT, L={layers} C={embed} T={context}, batch {batch}, {thread_words}, {precision} | fasttrain | "
         f"PyTorch peer | fasttrain / peer |",
         "|---|---:|---:|---:|",
         f"| tokens/s after {GPT_WARMUP_STEPS} warm-up steps (median of {opts.repeats}) | {ft:,.0f} | {pr:,.0f} | "
@@ -591,8 +611,7 @@ def gpt_bench(opts):
         "",
         f"MFU = tokens/s x (6N + 12LTC) / {peak / 1e9:.0f} GFLOP/s, with N = {non_embedding:,} non-embedding "
         f"parameters (all {theirs[0]['parameters']:,} but the position embedding) and the ceiling the best "
-        f"median fp32 torch.mm of 512, 1024 and 2048 with OpenBLAS at {blas_threads} threads, as training ran "
-        f"its matmuls ({thread_words} is OpenMP's count; torch {theirs[0]['torch']}, the "
+        f"median {ceiling_words} (sizes 512, 1024 and 2048; {thread_words} is OpenMP's count; torch {theirs[0]['torch']}, the "
         f"LibTorch both sides run on). Peer attention: {theirs[0]['attention']}. Machine: {machine()}.",
     ])
     return row, {"fasttrain": ours, "peer": theirs, "matmul_ceiling": ceiling}
@@ -704,11 +723,9 @@ def gpt_bucketing_bench(opts):
     windows' [32, 128]) against random batching (max_tokens = 0: batch_size files per batch in random order,
     padded to the longest). Tokens/s counts real target tokens (summary.json train_samples_per_s), padding
     is summary.json padding_fraction; both over --steps steps, median of --repeats."""
-    config = gpt_config()
     extra = opts.set or []  # --set: another corpus or context, e.g. data.path=/usr/include data.include="*.h"
-    settings = dict(o.split("=", 1) for o in extra)
-    batch = int(settings.get("data.batch_size", config["data"]["batch_size"]))
-    context = int(settings.get("model.context", config["model"]["context"]))
+    config = gpt_config(extra)
+    batch, context = config["data"]["batch_size"], config["model"]["context"]
     variants = (("bucketed", [f"data.max_tokens={batch * context}"]), ("random", ["data.max_tokens=0"]))
     runs = {label: [] for label, _ in variants}
     for i in range(opts.repeats):
@@ -753,7 +770,8 @@ def main():
     p.add_argument("--steps", type=int, default=None,
                    help="dist, gpt, gpt-checkpoint: optimizer steps per run (default 300; gpt-checkpoint: 30)")
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
-    p.add_argument("--set", action="append", help="gpt-bucketing: a fasttrain override KEY=VALUE (repeatable)")
+    p.add_argument("--set", action="append",
+                   help="gpt, gpt-bucketing: a config override SECTION.KEY=VALUE for both sides (repeatable)")
     opts = p.parse_args()
     require_fasttrain(opts.build)
     os.makedirs(OUT, exist_ok=True)

@@ -20,6 +20,9 @@ weight decay on the parameters of 2 or more dimensions only, gradients clipped t
 learning rate (fasttrain's: --lr-warmup-steps of linear warm-up, then cosine from --lr to --min-lr over the
 rest of --steps, computed each step).
 --checkpoint-blocks runs every block under torch.utils.checkpoint (use_reentrant=True).
+--precision bf16 runs the forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16), as
+fasttrain's train.precision = "bf16" does (weights and optimizer stay fp32). --blas-threads N sets
+OpenBLAS's own pool (fasttrain's train.blas_threads; 0 leaves it at OpenBLAS's count).
 
 Timing: the clock starts at the end of step --warmup-steps and stops at the end of the last step; each
 step's time includes drawing its batch. tokens_per_s counts B x T target tokens per step; step_ms is the
@@ -28,8 +31,8 @@ peak_rss_bytes is the process's peak resident set (getrusage), not tensor bytes 
 allocator keeps no statistics); rss_at_train_start_bytes is the resident set just before step 1.
 Progress goes to stderr every --log-every steps; stdout gets one JSON line at the end.
 
---matmul-ceiling instead measures this machine's fp32 torch.mm at --threads threads: square matmuls of
-512, 1024 and 2048 (2 n^3 flops each), warmed up, then repeated for at least 0.5 s and 3 times per size;
+--matmul-ceiling instead measures this machine's torch.mm in --precision (fp32: OpenBLAS, at --threads
+threads of its pool; bf16: oneDNN, on --threads OpenMP threads) : square matmuls of 512, 1024 and 2048 (2 n^3 flops each), warmed up, then repeated for at least 0.5 s and 3 times per size;
 prints each size's median FLOP/s and the largest.
 
 Run with /usr/bin/python3 (the interpreter that has torch):
@@ -205,10 +208,11 @@ def matmul_ceiling(args):
     library, openblas = blas()
     if openblas is not None:  # at --threads threads, OpenBLAS's own pool included
         openblas.openblas_set_num_threads(args.threads)
+    dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
     sizes = {}
     for n in (512, 1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        c = torch.empty(n, n)
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        c = torch.empty(n, n, dtype=dtype)
         flops = 2.0 * n ** 3
         start = time.perf_counter()
         while True:  # warm-up: at least 2 products and 0.1 s
@@ -226,7 +230,7 @@ def matmul_ceiling(args):
         sizes[str(n)] = {"median_flop_per_s": statistics.median(rates), "repeats": len(rates),
                          "seconds": round(spent, 3)}
     print(json.dumps({
-        "peer": "matmul-ceiling", "dtype": "float32", "op": "torch.mm", "threads": args.threads,
+        "peer": "matmul-ceiling", "dtype": str(dtype).replace("torch.", ""), "op": "torch.mm", "threads": args.threads,
         "torch": torch.__version__, "blas_library": library,
         "blas_threads": openblas.openblas_get_num_threads() if openblas is not None else None,
         "sizes": sizes, "max_flop_per_s": max(s["median_flop_per_s"] for s in sizes.values()),
@@ -236,6 +240,12 @@ def matmul_ceiling(args):
 def train(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # loads the BLAS
+    if args.blas_threads > 0:
+        _, openblas = blas()
+        if openblas is None:
+            sys.exit(f"--blas-threads {args.blas_threads} needs OpenBLAS, and this torch's BLAS is another")
+        openblas.openblas_set_num_threads(args.blas_threads)
     train_tokens, corpus_bytes, documents = load_corpus(args.path, args.include, args.val_fraction)
     T, B = args.context, args.batch_size
     if train_tokens.numel() < T + 1:
@@ -273,7 +283,8 @@ def train(args):
         x, y = window[:, :-1], window[:, 1:]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        loss = F.cross_entropy(model(x), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = F.cross_entropy(model(x), y.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if args.clip_norm > 0:
@@ -309,6 +320,7 @@ def train(args):
         "rss_at_train_start_bytes": rss_start,
         "torch": torch.__version__,
         "threads": args.threads,
+        "precision": args.precision,
         "blas_threads": openblas.openblas_get_num_threads() if openblas is not None else None,
         "attention": "sdpa" if HAS_SDPA else "math",
         "checkpoint_blocks": args.checkpoint_blocks,
@@ -345,7 +357,10 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-blocks", action="store_true", help="torch.utils.checkpoint around each block")
     p.add_argument("--log-every", type=int, default=10, help="steps per progress line (stderr); 0: none")
-    p.add_argument("--matmul-ceiling", action="store_true", help="measure fp32 torch.mm FLOP/s instead of training")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling)")
+    p.add_argument("--blas-threads", type=int, default=0, help="OpenBLAS's own threads (0: its count)")
+    p.add_argument("--matmul-ceiling", action="store_true", help="measure torch.mm FLOP/s instead of training")
     args = p.parse_args()
     if args.threads < 1:
         p.error("--threads must be >= 1")

@@ -135,6 +135,10 @@ int run(int argc, char** argv) {
   add_config_args(*doctor, doctor_args, true);
   doctor->add_option("--steps", doctor_options.steps(), "Steps recorded per measurement")
       ->capture_default_str();
+  doctor
+      ->add_option("--min-seconds", doctor_options.min_seconds(),
+                   "Each timed comparison lasts at least this long (short runs are noise)")
+      ->capture_default_str();
   doctor->add_flag("--json", doctor_json, "Print doctor.json instead of the text");
   doctor->add_option("--run-dir", doctor_dir,
                      "Where doctor.json and the measurements' profiles go (default: <run.root>/<run.name>)");
@@ -147,6 +151,9 @@ int run(int argc, char** argv) {
       "tune", "Try the switches that apply here, keep what is faster, write the tuned config and the table");
   add_config_args(*tune, tune_args, true);
   tune->add_option("--steps", tune_options.steps(), "Steps timed per trial")->capture_default_str();
+  tune->add_option("--min-seconds", tune_options.min_seconds(),
+                   "Each trial lasts at least this long, past --steps if need be (short runs are noise)")
+      ->capture_default_str();
   tune->add_option("--min-gain", tune_options.min_gain(), "Speedup needed to keep a change")
       ->capture_default_str();
   tune->add_flag("--batch", tune_options.batch(), "Also try 2x and 4x the batch (the LR scaled with it)");

@@ -93,7 +93,8 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
   // contend, so the run as configured is timed twice before the first comparison, and a change that
   // clears its threshold is timed again with the configured run once more: it counts only if the
   // means still clear it. One lucky run on a busy machine is no finding.
-  const ProfileOptions timed_options = ProfileOptions(profile_options).record(false);
+  const ProfileOptions timed_options =
+      ProfileOptions(profile_options).record(false).min_seconds(options.min_seconds());
   auto timed = [&](const std::string& name, const Config& run) {
     const ProfileResult result = profile_run(run, out_dir + "/doctor/" + name, timed_options);
     report.measurements[name] = result.to_json();
@@ -159,15 +160,17 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
   }
 
   // ---- switches that may pay here, measured flipped ----
-  auto try_switch = [&](const std::string& rule, const std::string& title, Config changed,
-                        const std::string& what) {
-    const Comparison result = compare(rule, changed, kSwitchSpeedup);
-    const double speedup = result.speedup;
-    if (speedup < kSwitchSpeedup) return;
+  auto add_if_faster = [&](const std::string& rule, const std::string& title, const Comparison& result,
+                           const std::string& what) {
+    if (result.speedup < kSwitchSpeedup) return;
     add({rule, title,
          fmt::format("{:.0f} samples/s {} vs {:.0f} as configured ({:.2f}x)", result.changed, what,
-                     result.configured, speedup),
-         fmt::format("{:.2f}x samples/s", speedup), "medium", 1 - 1 / speedup});
+                     result.configured, result.speedup),
+         fmt::format("{:.2f}x samples/s", result.speedup), "medium", 1 - 1 / result.speedup});
+  };
+  auto try_switch = [&](const std::string& rule, const std::string& title, const Config& changed,
+                        const std::string& what) {
+    add_if_faster(rule, title, compare(rule, changed, kSwitchSpeedup), what);
   };
   if (config.train.precision() == "fp32" && (cuda || cpu_has_native_bf16())) {
     Config bf16 = config;
@@ -179,14 +182,21 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
   }
   const BlasLibrary blas = experiment.blas;
   if (!cuda && threads > 1 && blas.threads > 0 && threads + blas.threads > cores) {
-    Config one_thread = config;
+    // Either pool can give way: one OpenMP thread, or one BLAS thread; the better one is reported.
+    Config one_thread = config, one_blas_thread = config;
     one_thread.train.threads(1);
-    try_switch("thread_contention",
-               fmt::format("Use one intra-op thread (train.threads = 1, or a smaller train.blas_threads): "
-                           "{}'s own pool of {} threads runs the matmuls, and {} OpenMP threads on {} cores "
-                           "spin against it",
-                           blas.name, blas.threads, threads, cores),
-               one_thread, "at train.threads = 1");
+    one_blas_thread.train.blas_threads(1);
+    const Comparison fewer_threads = compare("thread_contention", one_thread, kSwitchSpeedup);
+    const Comparison fewer_blas = compare("thread_contention_blas", one_blas_thread, kSwitchSpeedup);
+    const bool blas_better = fewer_blas.speedup > fewer_threads.speedup;
+    add_if_faster("thread_contention",
+                  fmt::format("{}: {}'s own pool of {} threads runs the matmuls, and {} OpenMP threads on {} "
+                              "cores spin against it",
+                              blas_better ? "Shrink the BLAS pool (train.blas_threads = 1)"
+                                          : "Use one intra-op thread (train.threads = 1)",
+                              blas.name, blas.threads, threads, cores),
+                  blas_better ? fewer_blas : fewer_threads,
+                  blas_better ? "at train.blas_threads = 1" : "at train.threads = 1");
   }
   if (conv_net && !config.train.channels_last()) {
     Config nhwc = config;

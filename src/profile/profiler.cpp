@@ -38,7 +38,9 @@ class ProfileWindow : public Callback {
     if (recording_) {
       ++steps_;
       sample_device_memory();
-      if (steps_ == options_.steps()) {
+      const double timed_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start_).count();
+      if (steps_ >= options_.steps() && timed_s >= options_.min_seconds()) {
         stop(trainer);
         trainer.request_stop();
       }
@@ -165,6 +167,8 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
   FT_CONFIG_CHECK(options.steps() >= 1, "profile --steps must be >= 1, got {}", options.steps());
   FT_CONFIG_CHECK(options.warmup_steps() >= 0, "profile --warmup-steps must be >= 0, got {}",
                   options.warmup_steps());
+  FT_CONFIG_CHECK(options.min_seconds() >= 0, "profile min_seconds must be >= 0, got {}",
+                  options.min_seconds());
   Config& config = experiment.config;
   config.train.eval_every_steps(0).stop_at_target(false);
   const int64_t planned = planned_steps(config.train, experiment.train_loader->batches_per_epoch());

@@ -29,6 +29,7 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   const ProfileOptions profile = ProfileOptions()
                                      .steps(options.steps())
                                      .warmup_steps(options.warmup_steps())
+                                     .min_seconds(options.min_seconds())
                                      .announce(false)
                                      .record(false);
   auto measure = [&](Config config, const std::string& name) {
@@ -62,13 +63,20 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     }
   };
 
-  std::vector<Candidate> threads;
-  for (int count = 1; count <= physical_cores(); ++count)
-    threads.push_back(
-        {fmt::format("train.threads = {}", count), [count](Config& c) { c.train.threads(count); }});
+  // Thread counts other than the one in effect (train.threads = 0 is the physical cores).
+  auto thread_candidates = [&] {
+    std::vector<Candidate> threads;
+    const int effective = best.train.threads() > 0 ? best.train.threads() : physical_cores();
+    for (int count = 1; count <= physical_cores(); ++count) {
+      if (count == effective) continue;
+      threads.push_back(
+          {fmt::format("train.threads = {}", count), [count](Config& c) { c.train.threads(count); }});
+    }
+    return threads;
+  };
   const BlasLibrary blas_now = blas_library();
   auto try_thread_counts = [&] {
-    try_candidates(threads);
+    try_candidates(thread_candidates());
     if (!device.is_cpu() || blas_now.name.empty()) return;
     // OpenBLAS's pool runs the matmuls beside the intra-op threads: fewer can beat both fighting.
     const int kept_blas = best.train.blas_threads();
@@ -82,7 +90,7 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     try_candidates(blas);
     // A smaller BLAS pool leaves cores to the intra-op threads: the threads count tried before may
     // no longer be the best.
-    if (best.train.blas_threads() != kept_blas) try_candidates(threads);
+    if (best.train.blas_threads() != kept_blas) try_candidates(thread_candidates());
   };
   try_thread_counts();
   const Config after_threads = best;
@@ -95,11 +103,14 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     // With each thread count: bf16 matmuls leave OpenBLAS for oneDNN on the intra-op threads, so the
     // best count in fp32 may be the worst in bf16 (the gpt: 1 thread in fp32, 2 in bf16).
     std::vector<Candidate> bf16;
+    const int effective = best.train.threads() > 0 ? best.train.threads() : physical_cores();
     for (int count = 1; count <= physical_cores(); ++count) {
-      const bool same = count == best.train.threads();
-      bf16.push_back({same ? "train.precision = \"bf16\""
-                           : fmt::format("train.precision = \"bf16\", train.threads = {}", count),
-                      [count](Config& c) { c.train.precision("bf16").threads(count); }});
+      if (count == effective) {
+        bf16.push_back({"train.precision = \"bf16\"", [](Config& c) { c.train.precision("bf16"); }});
+      } else {
+        bf16.push_back({fmt::format("train.precision = \"bf16\", train.threads = {}", count),
+                        [count](Config& c) { c.train.precision("bf16").threads(count); }});
+      }
     }
     try_candidates(bf16);
   }

@@ -74,6 +74,22 @@ TEST(Profile, StepsBeyondTheRunAreAConfigError) {
   EXPECT_THROW(profile_run(small_config(), dir.path(), ProfileOptions().steps(0)), ConfigError);
 }
 
+// min_seconds keeps an unrecorded timing going past `steps` until it has lasted that long.
+TEST(Profile, MinSecondsTimesPastTheStepsUntilThatLong) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  const Config config = with_room_to_profile(small_config());
+  const auto timed = ProfileOptions().steps(3).warmup_steps(1).record(false).announce(false);
+  const ProfileResult exact = profile_run(config, dir.file("exact"), timed);
+  EXPECT_EQ(exact.steps, 3);
+  const ProfileResult longer =
+      profile_run(config, dir.file("longer"), ProfileOptions(timed).min_seconds(0.5));
+  EXPECT_GT(longer.steps, 3);
+  EXPECT_GE(longer.phases.total(), 0.45);  // the phases cover the steps' time, not the callbacks between
+  EXPECT_EQ(longer.samples, longer.steps * 64);
+  EXPECT_THROW(profile_run(config, dir.file("bad"), ProfileOptions(timed).min_seconds(-1)), ConfigError);
+}
+
 // Self time: a parent's duration minus its direct children's; per thread.
 TEST(Profile, OperatorStatsSubtractNestedTime) {
   auto span = [](const char* name, double ts, double dur, int tid) {

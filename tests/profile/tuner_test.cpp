@@ -17,7 +17,8 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   config.data.train_limit(300).batch_size(128);
   config.model.name("cnn").widths({8, 16}).hidden({32});
   config.train.threads(1);
-  TuneResult result = tune(config, dir.path(), TuneOptions().steps(6).warmup_steps(2).batch(true));
+  TuneResult result =
+      tune(config, dir.path(), TuneOptions().steps(6).warmup_steps(2).min_seconds(0.3).batch(true));
 
   ASSERT_FALSE(result.trials.empty());
   bool failed_reported = false;

@@ -27,6 +27,8 @@ namespace fasttrain {
 struct DoctorOptions {
   FT_ARG(int64_t, steps) = 20;  // recorded steps per measurement
   FT_ARG(int64_t, warmup_steps) = 5;
+  // Each timed comparison run lasts at least `steps` and at least this long (short runs are noise).
+  FT_ARG(double, min_seconds) = 2.0;
 };
 
 struct Finding {

@@ -31,6 +31,9 @@ namespace fasttrain {
 struct ProfileOptions {
   FT_ARG(int64_t, steps) = 20;
   FT_ARG(int64_t, warmup_steps) = 5;
+  // Keep timing past `steps` until at least this many seconds are timed (0 = exactly `steps`): the
+  // default config's 20 steps last 0.1 s, and runs that short vary 2x here from one to the next.
+  FT_ARG(double, min_seconds) = 0.0;
   // Operators listed in the table (by total self time).
   FT_ARG(int64_t, top_operators) = 15;
   // Print what was built (device, data, model) to stderr.

@@ -25,6 +25,8 @@ namespace fasttrain {
 struct TuneOptions {
   FT_ARG(int64_t, steps) = 20;
   FT_ARG(int64_t, warmup_steps) = 5;
+  // Each trial times at least `steps` and at least this long (short runs are noise here).
+  FT_ARG(double, min_seconds) = 2.0;
   // Required speedup over the best so far to keep a change (run-to-run noise is ~10% here).
   FT_ARG(double, min_gain) = 1.05;
   // Also try larger batches (changes the optimisation, so off unless asked).
