@@ -7,9 +7,12 @@
 //   std::cout << report.text();          // findings, most valuable first; "nothing to fix" when none
 //   report.to_json();                    // what doctor.json holds (fasttrain report draws it)
 //
-// What is measured: a profile of `steps` steps (time per phase, host reads, allocations), the
-// same at 4x the batch (throughput vs batch), and, where a switch may pay, the run with it flipped
-// (bf16 autocast on a CPU with AVX512-BF16 or AMX; anomaly detection off). What is read from the
+// What is measured: a recorded profile of `steps` steps (time per phase, host reads, allocations);
+// then unrecorded timed runs of at least `min_seconds`: the config as given (twice), 4x the batch
+// (throughput vs batch), and, where a switch may pay, the run with it flipped (bf16 autocast on a
+// CPU with AVX512-BF16 or AMX; one OpenMP or one OpenBLAS thread where the pools outnumber the
+// cores; channels_last; anomaly detection off). A change that clears its threshold is timed again
+// with the config as given once more, and counts only if the means still clear it. What is read from the
 // config and the model: workers vs cores, conv bias before BatchNorm, the schedule, and on CUDA
 // cudnn_benchmark, channels_last, tensor-core-friendly sizes, variable shapes without warm-up.
 // Every rule, its threshold and what it measures is listed in docs/TECHNIQUES.md ("Doctor").
