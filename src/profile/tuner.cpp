@@ -63,12 +63,12 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     }
   };
 
-  // Thread counts other than the one in effect (train.threads = 0 is the physical cores).
+  // train.threads = 0 is the physical cores.
+  auto threads_in_effect = [&] { return best.train.threads() > 0 ? best.train.threads() : physical_cores(); };
   auto thread_candidates = [&] {
     std::vector<Candidate> threads;
-    const int effective = best.train.threads() > 0 ? best.train.threads() : physical_cores();
     for (int count = 1; count <= physical_cores(); ++count) {
-      if (count == effective) continue;
+      if (count == threads_in_effect()) continue;
       threads.push_back(
           {fmt::format("train.threads = {}", count), [count](Config& c) { c.train.threads(count); }});
     }
@@ -99,11 +99,11 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     workers.push_back(
         {fmt::format("data.workers = {}", count), [count](Config& c) { c.data.workers(count); }});
   try_candidates(workers);
-  if (device.is_cuda() || cpu_has_native_bf16()) {
+  if (best.train.precision() == "fp32" && (device.is_cuda() || cpu_has_native_bf16())) {
     // With each thread count: bf16 matmuls leave OpenBLAS for oneDNN on the intra-op threads, so the
     // best count in fp32 may be the worst in bf16 (the gpt: 1 thread in fp32, 2 in bf16).
     std::vector<Candidate> bf16;
-    const int effective = best.train.threads() > 0 ? best.train.threads() : physical_cores();
+    const int effective = threads_in_effect();
     for (int count = 1; count <= physical_cores(); ++count) {
       if (count == effective) {
         bf16.push_back({"train.precision = \"bf16\"", [](Config& c) { c.train.precision("bf16"); }});
