@@ -40,6 +40,7 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   result.baseline_samples_per_s = best_speed;
 
   const torch::Device device = parse_device(best.train.device());
+  bool kept_any = false;
   auto try_candidates = [&](const std::vector<Candidate>& candidates) {
     for (const auto& candidate : candidates) {
       Config changed = best;
@@ -48,14 +49,24 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
       TuneTrial trial;
       trial.change = candidate.change;
       try {
-        trial.samples_per_s = measure(changed, "trial-" + std::to_string(result.trials.size()));
+        const std::string name = "trial-" + std::to_string(result.trials.size());
+        trial.samples_per_s = measure(changed, name);
         trial.speedup = trial.samples_per_s / std::max(best_speed, 1e-9);
+        if (trial.speedup >= options.min_gain()) {
+          // One pair of runs is no gain: both again, and the means must still clear min_gain.
+          best_speed = (best_speed + measure(best, name + "-best-again")) / 2;
+          // Still the config as given: the re-measure refines the baseline the result compares with.
+          if (!kept_any) result.baseline_samples_per_s = best_speed;
+          trial.samples_per_s = (trial.samples_per_s + measure(changed, name + "-again")) / 2;
+          trial.speedup = trial.samples_per_s / std::max(best_speed, 1e-9);
+        }
         trial.kept = trial.speedup >= options.min_gain();
         if (!trial.kept) trial.note = fmt::format("less than {:.2f}x", options.min_gain());
       } catch (const Error& error) {
         trial.note = std::string("failed: ") + error.what();
       }
       if (trial.kept) {
+        kept_any = true;
         best = changed;
         best_speed = trial.samples_per_s;
       }

@@ -23,7 +23,7 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   ASSERT_FALSE(result.trials.empty());
   bool failed_reported = false;
   for (const auto& trial : result.trials) {
-    if (trial.kept) EXPECT_GE(trial.speedup, 1.05) << trial.change;
+    if (trial.kept) EXPECT_GE(trial.speedup, TuneOptions().min_gain()) << trial.change;
     if (trial.change.rfind("data.batch_size x4", 0) == 0) {
       // 4 x 128 exceeds the 300 samples: the trial fails, is reported and changes nothing.
       EXPECT_FALSE(trial.kept);
@@ -37,6 +37,8 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   int kept = 0;
   for (const auto& trial : result.trials) kept += trial.kept ? 1 : 0;
   EXPECT_EQ(kept == 0, to_toml(result.tuned) == to_toml(config)) << result.table();
+  // Nothing kept: the tuned speed is the baseline's (its re-measures refine both alike).
+  if (kept == 0) EXPECT_EQ(result.tuned_samples_per_s, result.baseline_samples_per_s);
   // tuned.toml is the tuned config, loadable as it is; tune.md the table.
   EXPECT_EQ(to_toml(load_config(dir.file("tuned.toml"))), to_toml(result.tuned));
   EXPECT_EQ(testing::read_text(dir.file("tune.md")), result.table());
