@@ -480,6 +480,14 @@ def gpt_lr_warmup(config, steps):
     return min(config.get("schedule", {}).get("warmup_steps", 0), steps - 1)
 
 
+def fasttrain_gpt(opts, config, run_name, seed, overrides):
+    """fasttrain on configs/gpt_text.toml for --steps steps with `overrides`, no evaluation, and the LR
+    warm-up fitted to the run's length; its summary.json."""
+    return fasttrain(opts.build, GPT_CONFIG, run_name,
+                     [f"train.max_steps={opts.steps}", f"train.seed={seed}"] + overrides + GPT_NO_EVAL
+                     + [f"schedule.warmup_steps={gpt_lr_warmup(config, opts.steps)}"])
+
+
 def gpt_peer_args(config, steps, warmup, layers=None, batch_size=None):
     data, model, optim, train = config["data"], config["model"], config.get("optim", {}), config["train"]
     return ["--path", str(data["path"]), "--include", str(data.get("include", "*")),
@@ -535,10 +543,7 @@ def gpt_bench(opts):
     ours, theirs = [], []
     for i in range(opts.repeats):
         name = f"gpt-{i}"
-        summary = fasttrain(opts.build, GPT_CONFIG, name,
-                            [f"train.max_steps={opts.steps}", f"log.every_steps={GPT_LOG_EVERY}",
-                             f"train.seed={i}"] + extra + GPT_NO_EVAL
-                            + [f"schedule.warmup_steps={gpt_lr_warmup(config, opts.steps)}"])
+        summary = fasttrain_gpt(opts, config, name, i, [f"log.every_steps={GPT_LOG_EVERY}"] + extra)
         run_dir = os.path.join(OUT, name)
         summary["steady_tokens_per_s"] = fasttrain_steady_samples_per_s(run_dir, tokens_per_step, GPT_WARMUP_STEPS)
         summary["final_loss"] = last_train_loss(run_dir)
@@ -637,11 +642,10 @@ def gpt_checkpoint_bench(opts):
     for i in range(opts.repeats):
         for label, size, mode in variants:
             name = f"gpt-checkpoint-{label.replace(' ', '')}-{i}"
-            summary = fasttrain(opts.build, GPT_CONFIG, name,
-                                [f"model.layers={layers}", f"data.batch_size={size}", f"memory.checkpoint={mode}",
-                                 f"train.max_steps={opts.steps}", f"log.every_steps={warmup}", f"train.seed={i}"]
-                                + (["data.eval_batch_size=1"] if size == 1 else []) + GPT_NO_EVAL
-                            + [f"schedule.warmup_steps={gpt_lr_warmup(config, opts.steps)}"])
+            summary = fasttrain_gpt(opts, config, name, i,
+                                    [f"model.layers={layers}", f"data.batch_size={size}",
+                                     f"memory.checkpoint={mode}", f"log.every_steps={warmup}"]
+                                    + (["data.eval_batch_size=1"] if size == 1 else []))
             summary["steady_tokens_per_s"] = fasttrain_steady_samples_per_s(os.path.join(OUT, name),
                                                                             size * context, warmup)
             ours[label].append(summary)
@@ -730,10 +734,8 @@ def gpt_bucketing_bench(opts):
     runs = {label: [] for label, _ in variants}
     for i in range(opts.repeats):
         for label, overrides in variants:
-            runs[label].append(fasttrain(opts.build, GPT_CONFIG, f"gpt-bucketing-{label}-{i}",
-                                         ["data.batching=tokens", f"train.max_steps={opts.steps}",
-                                          f"train.seed={i}"] + extra + overrides + GPT_NO_EVAL
-                            + [f"schedule.warmup_steps={gpt_lr_warmup(config, opts.steps)}"]))
+            runs[label].append(fasttrain_gpt(opts, config, f"gpt-bucketing-{label}-{i}", i,
+                                             ["data.batching=tokens"] + extra + overrides))
 
     def med(label, key):
         return statistics.median(r[key] for r in runs[label])

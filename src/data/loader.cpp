@@ -131,40 +131,41 @@ int64_t DataLoader::batches_per_epoch() const {
   return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
 
-EpochPlan DataLoader::shard_of(EpochPlan whole) const {
-  // Whole batches to ranks, as the samples in epoch_plan: padded by repeating the first batches
-  // when ranks must step together.
+std::vector<int64_t> DataLoader::rank_share(int64_t n) const {
   const int64_t world = options_.world_size();
-  if (world == 1) return whole;
-  const int64_t n = whole.batches();
   const int64_t dealt = options_.even_shards() ? (n + world - 1) / world * world : n;
-  EpochPlan shard;
-  for (int64_t b = options_.rank(); b < dealt; b += world) {
-    const int64_t from = whole.starts[b % n], to = whole.starts[b % n + 1];
+  std::vector<int64_t> share;
+  share.reserve(static_cast<size_t>((dealt + world - 1) / world));
+  for (int64_t i = options_.rank(); i < dealt; i += world) share.push_back(i % n);
+  return share;
+}
+
+EpochPlan DataLoader::shard_of(EpochPlan whole) const {
+  if (options_.world_size() == 1) return whole;
+  EpochPlan shard;  // whole batches, dealt as the samples are
+  for (int64_t b : rank_share(whole.batches())) {
+    const int64_t from = whole.starts[b], to = whole.starts[b + 1];
     shard.add_batch(whole.samples.data() + from, to - from);
   }
   return shard;
 }
 
 EpochPlan DataLoader::epoch_plan(int64_t epoch) const {
-  const int64_t world = options_.world_size(), rank = options_.rank();
   if (std::optional<EpochPlan> whole = source_->batch_plan(epoch, options_.shuffle(), options_.seed())) {
     return shard_of(std::move(*whole));
   }
 
-  std::vector<int64_t> order(source_->size());
-  std::iota(order.begin(), order.end(), int64_t{0});
+  std::vector<int64_t> order;
   if (options_.shuffle()) {
-    // Fisher-Yates driven by a generator keyed on (seed, epoch) and an index no sample has.
-    SampleRng rng(options_.seed(), static_cast<uint64_t>(epoch), ~uint64_t{0});
-    for (size_t i = order.size() - 1; i > 0; --i) std::swap(order[i], order[rng.below(i + 1)]);
+    order = shuffled_order(source_->size(), options_.seed(), epoch);
+  } else {
+    order.resize(static_cast<size_t>(source_->size()));
+    std::iota(order.begin(), order.end(), int64_t{0});
   }
-  if (world > 1) {
-    const int64_t n = static_cast<int64_t>(order.size());
-    const int64_t dealt = options_.even_shards() ? samples_per_epoch() * world : n;
+  if (options_.world_size() > 1) {
     std::vector<int64_t> shard;
-    shard.reserve(static_cast<size_t>(samples_per_epoch()));
-    for (int64_t i = rank; i < dealt; i += world) shard.push_back(order[static_cast<size_t>(i % n)]);
+    for (int64_t i : rank_share(static_cast<int64_t>(order.size())))
+      shard.push_back(order[static_cast<size_t>(i)]);
     order = std::move(shard);
   }
   // Consecutive slices of batch_size; with drop_last the samples after the last full batch stay in

@@ -230,13 +230,9 @@ std::optional<EpochPlan> TextDocumentSource::batch_plan(int64_t epoch, bool shuf
   if (!shuffle) return sorted;
 
   // ---- batches in an order drawn per epoch (long and short ones mixed over the epoch) ----
-  std::vector<int64_t> batches(static_cast<size_t>(sorted.batches()));
-  std::iota(batches.begin(), batches.end(), int64_t{0});
-  SampleRng rng(seed, static_cast<uint64_t>(epoch), ~uint64_t{0});
-  for (size_t i = batches.size() - 1; i > 0; --i) std::swap(batches[i], batches[rng.below(i + 1)]);
   EpochPlan plan;
   plan.samples.reserve(sorted.samples.size());
-  for (int64_t b : batches) {
+  for (int64_t b : shuffled_order(sorted.batches(), seed, epoch)) {
     plan.add_batch(sorted.samples.data() + sorted.starts[b], sorted.starts[b + 1] - sorted.starts[b]);
   }
   return plan;

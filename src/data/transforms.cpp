@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 
 #include "fasttrain/util/check.h"
 
@@ -53,6 +54,14 @@ uint64_t SampleRng::below(uint64_t bound) {
 
 double SampleRng::uniform() {
   return static_cast<double>(next() >> 11) * 0x1.0p-53;
+}
+
+std::vector<int64_t> shuffled_order(int64_t count, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(static_cast<size_t>(count));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  SampleRng rng(seed, static_cast<uint64_t>(epoch), ~uint64_t{0});
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+  return order;
 }
 
 RandomCrop::RandomCrop(int padding) : padding_(padding) {

@@ -219,6 +219,14 @@ void clear_run_outputs(const std::string& run_dir, bool fresh) {
   }
 }
 
+// train.threads (a share of the cores each when `processes_sharing` ranks share this machine) and
+// train.blas_threads, set before anything computes. Returns the intra-op thread count.
+int set_threads(const TrainOptions& train, int processes_sharing = 1) {
+  const int threads = set_intra_op_threads(train.threads(), processes_sharing);
+  set_blas_threads(train.blas_threads());
+  return threads;
+}
+
 }  // namespace
 
 Experiment Experiment::build(const Config& config, bool announce, const ImageSplits* data_in) {
@@ -241,8 +249,7 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   if (experiment.device.is_cpu()) track_cpu_allocations();
   // The ranks on this machine share its cores: "auto" threads and workers take a share each.
   const int local_ranks = experiment.group ? experiment.group->local_size() : 1;
-  experiment.threads = set_intra_op_threads(config.train.threads(), local_ranks);
-  set_blas_threads(config.train.blas_threads());
+  experiment.threads = set_threads(config.train, local_ranks);
   experiment.blas = blas_library();
   compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
                                config.train.deterministic());
@@ -323,21 +330,19 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
                                                           experiment.blas.threads, experiment.blas.name),
                experiment.train_loader->workers());
     if (experiment.group) {
+      // The ranks on this machine asking for more threads of a pool than it has take turns.
       const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-      if (experiment.threads * local_ranks > hardware) {
-        fmt::print(
-            stderr,
-            "fasttrain: warning: {} ranks x {} intra-op threads on {} hardware threads: they will take "
-            "turns; set train.threads = 0 (a share of the cores each) or 1\n",
-            local_ranks, experiment.threads, hardware);
-      }
-      if (experiment.blas.threads * local_ranks > hardware) {
+      auto warn_oversubscribed = [&](int per_rank, const std::string& pool, const std::string& remedy) {
+        if (per_rank * local_ranks <= hardware) return;
         fmt::print(stderr,
                    "fasttrain: warning: {} ranks x {} {} threads on {} hardware threads: they will take "
-                   "turns in matmuls; set train.blas_threads = {}\n",
-                   local_ranks, experiment.blas.threads, experiment.blas.name, hardware,
-                   std::max(1, hardware / local_ranks));
-      }
+                   "turns; set {}\n",
+                   local_ranks, per_rank, pool, hardware, remedy);
+      };
+      warn_oversubscribed(experiment.threads, "intra-op",
+                          "train.threads = 0 (a share of the cores each) or 1");
+      warn_oversubscribed(experiment.blas.threads, experiment.blas.name + " (matmul)",
+                          fmt::format("train.blas_threads = {}", std::max(1, hardware / local_ranks)));
       const int64_t token_budget = experiment.token_budget();
       const int64_t per_rank = token_budget > 0 ? token_budget : data.batch_size();
       fmt::print(stderr, "fasttrain: {} ranks ({}), {}, {} {} per rank = {} global\n", world_size,
@@ -494,8 +499,7 @@ std::string generate_run(const Config& config, const std::string& weights_path, 
                   config.model.name());
   FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
   const torch::Device device = parse_device(config.train.device());
-  set_intra_op_threads(config.train.threads());
-  set_blas_threads(config.train.blas_threads());
+  set_threads(config.train);
   auto model = make_model(ModelOptions(config.model).num_classes(kByteVocabulary));
   load_module_safetensors(*model, weights_path);
   model->to(device);

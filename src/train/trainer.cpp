@@ -227,8 +227,10 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
   if (parallel_) parallel_->all_reduce_sum(totals);
   const auto total_samples = static_cast<int64_t>(totals[2].item<double>());
   FT_CHECK(total_samples > 0, "evaluation set is empty");
-  EvalResult result{totals[0].item<double>() / total_samples, totals[1].item<double>() / total_samples,
-                    total_samples};
+  EvalResult result;
+  result.loss = totals[0].item<double>() / total_samples;
+  result.accuracy = totals[1].item<double>() / total_samples;
+  result.samples = total_samples;
   if (const double bytes = loader.source().bytes_per_target(); bytes > 0)
     result.bits_per_byte = result.loss / std::log(2.0) / bytes;
   return result;

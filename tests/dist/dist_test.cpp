@@ -316,7 +316,9 @@ TEST_F(DistRun, SigtermToTheLauncherCheckpointsEveryRankAndTheResumeEndsBitIdent
     for (const char* file : {"rng-rank0.safetensors", "rng-rank1.safetensors"}) {
       EXPECT_TRUE(fs::exists(checkpoints[0].dir + "/" + file)) << file;
     }
-    if (zero > 0) EXPECT_TRUE(fs::exists(checkpoints[0].dir + "/optimizer-rank1.safetensors"));
+    if (zero > 0) {
+      EXPECT_TRUE(fs::exists(checkpoints[0].dir + "/optimizer-rank1.safetensors"));
+    }
     std::printf("[          ] ZeRO-%d stopped at step %lld\n", zero,
                 static_cast<long long>(checkpoints[0].step));
 
@@ -363,7 +365,9 @@ TEST_F(DistRun, ADeadOrHungRankMakesTheOthersFailWithinTheTimeout) {
     const std::string log = testing::read_text(dir.file("log0"));
     EXPECT_EQ(code, 1) << log;
     EXPECT_LT(waited, timeout_s + 5) << log;
-    if (signal == SIGSTOP) EXPECT_GT(waited, timeout_s - 1) << "failed before dist.timeout_s: " << log;
+    if (signal == SIGSTOP) {
+      EXPECT_GT(waited, timeout_s - 1) << "failed before dist.timeout_s: " << log;
+    }
     EXPECT_TRUE(testing::contains_all(log, {"error: rank 0 of 2:", "failed", "dist.timeout_s"})) << log;
     std::printf("[          ] rank 0 exited %.2f s after rank 1 got %s\n", waited, strsignal(signal));
   }

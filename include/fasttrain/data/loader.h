@@ -98,6 +98,9 @@ class DataLoader {
 
  private:
   struct Impl;
+  // The indices of n units (samples, or a source's batches) this rank gets: every world_size-th
+  // from its rank, wrapping round to the first ones when ranks must step together (even_shards).
+  std::vector<int64_t> rank_share(int64_t n) const;
   // This rank's batches of a source's plan of the whole epoch.
   EpochPlan shard_of(EpochPlan whole) const;
   // Builds batch `index` of `plan`; returns nullopt when the loader's generation moved on from

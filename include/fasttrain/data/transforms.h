@@ -29,6 +29,10 @@ class SampleRng {
   uint64_t state_;
 };
 
+// 0 .. count-1 in an order drawn from (seed, epoch): Fisher-Yates driven by a SampleRng keyed on an
+// index no sample has. The epoch order of a loader, and of a source's batches.
+std::vector<int64_t> shuffled_order(int64_t count, uint64_t seed, int64_t epoch);
+
 struct SampleShape {
   int64_t channels = 1;
   int64_t height = 0;
