@@ -32,16 +32,34 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "bench", "out")
 
 
+# The CPU flags that decide how fast these runs go: vector width and native bfloat16.
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+
+
 def machine():
-    model = "unknown CPU"
+    model, flags = "unknown CPU", set()
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
+            if line.startswith("model name") and model == "unknown CPU":
                 model = line.split(":", 1)[1].strip()
-                break
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}"
+    shown = " ".join(f for f in CPU_FLAGS if f in flags) or "no AVX2"
+    forced = os.environ.get("FASTTRAIN_NATIVE_BF16")
+    note = f", FASTTRAIN_NATIVE_BF16={forced}" if forced else ""
+    return (f"{model} [{shown}]{note}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
+            f"torch {torch_version()}")
+
+
+def torch_version():
+    try:
+        out = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def run(cmd):

@@ -10,6 +10,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -41,6 +43,40 @@ class TempDir {
 
  private:
   std::string path_;
+};
+
+// Sets environment variables for one test (and unsets `cleared`), putting the previous values back.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(const std::map<std::string, std::string>& values,
+                     const std::vector<std::string>& cleared = {}) {
+    for (const auto& name : cleared) save_and_unset(name);
+    for (const auto& [name, value] : values) {
+      save_and_unset(name);
+      ::setenv(name.c_str(), value.c_str(), 1);
+    }
+  }
+  ScopedEnv(const std::string& name, const std::string& value) : ScopedEnv(std::map<std::string, std::string>{{name, value}}) {}
+  ~ScopedEnv() {
+    for (const auto& [name, value] : saved_) {
+      if (value) {
+        ::setenv(name.c_str(), value->c_str(), 1);
+      } else {
+        ::unsetenv(name.c_str());
+      }
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  void save_and_unset(const std::string& name) {
+    if (saved_.count(name)) return;
+    const char* old = std::getenv(name.c_str());
+    saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
+    ::unsetenv(name.c_str());
+  }
+  std::map<std::string, std::optional<std::string>> saved_;
 };
 
 // The message of the fasttrain::Error `fn` throws; a test failure (and "") when it throws none.

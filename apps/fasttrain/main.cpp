@@ -196,10 +196,10 @@ int run(int argc, char** argv) {
   if (*train) {
     fasttrain::Config cfg = build_config(train_args);
     if (run_dir.empty()) run_dir = cfg.run.root() + "/" + cfg.run.name();
-    // A distributed job prints once, from rank 0 (the other ranks run the same config).
+    // A distributed job prints once, from rank 0 (the other ranks run the same config). The full
+    // effective config goes to RUN_DIR/config.toml (`fasttrain config` prints it), not the terminal.
     const std::shared_ptr<fasttrain::ProcessGroup> group = fasttrain::default_process_group(cfg.dist);
     const bool rank0 = !group || group->rank() == 0;
-    if (rank0) std::cerr << "fasttrain: effective config\n" << fasttrain::to_toml(cfg) << "\n";
     // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
     fasttrain::StopSignals stop_signals;
     fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir, run_options);

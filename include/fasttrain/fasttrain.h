@@ -1,5 +1,6 @@
 #pragma once
 // fasttrain: the whole public API. Each folder also has headers that can be included alone.
+#include "fasttrain/config/auto.h"
 #include "fasttrain/config/config.h"
 #include "fasttrain/data/batch_source.h"
 #include "fasttrain/data/dataset.h"

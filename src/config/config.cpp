@@ -2,7 +2,9 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -394,18 +396,22 @@ const std::vector<Field>& schema() {
       field<int64_t>(
           "train", "seed", [](Config& c) -> int64_t& { return c.train.seed(); },
           "Seed of initialisation, shuffling and augmentation", at_least<int64_t>(0)),
-      field<int>(
-          "train", "threads", [](Config& c) -> int& { return c.train.threads(); },
-          "Intra-op threads (0 = physical cores)", at_least(0)),
-      field<int>(
-          "train", "blas_threads", [](Config& c) -> int& { return c.train.blas_threads(); },
-          "Threads of OpenBLAS's own pool, which runs the matmuls when LibTorch's BLAS is OpenBLAS "
-          "(0 = the library's count: OPENBLAS_NUM_THREADS or every core)",
-          at_least(0)),
+      int_or_auto_field<int>(
+          "train", "threads", [](Config& c) -> int& { return c.train.threads(); }, 0, 0,
+          "Intra-op (OpenMP) threads, or \"auto\" (also 0): the physical cores (this rank's share), "
+          "except an fp32 matmul model (mlp, gpt) on OpenBLAS, which gets 1 and leaves the cores to "
+          "OpenBLAS's pool; the run says what it chose"),
+      int_or_auto_field<int>(
+          "train", "blas_threads", [](Config& c) -> int& { return c.train.blas_threads(); }, -1, 0,
+          "Threads of OpenBLAS's own pool, which runs the fp32 matmuls when LibTorch's BLAS is OpenBLAS "
+          "(0 = the library's count: OPENBLAS_NUM_THREADS or every core), or \"auto\": 1 for a conv "
+          "net in fp32 (its convs run on the OpenMP threads), the cores for an fp32 matmul model"),
       field<S>(
           "train", "precision", [](Config& c) -> S& { return c.train.precision(); },
-          "fp32, bf16 (autocast to bfloat16) or fp16 (autocast to float16 with a GradScaler; CUDA only)",
-          one_of({"fp32", "bf16", "fp16"})),
+          "fp32, bf16 (autocast to bfloat16), fp16 (autocast to float16 with a GradScaler; CUDA only) or "
+          "auto: bf16 where the hardware runs it natively (CPU with AVX512-BF16 or AMX, CUDA compute "
+          "capability >= 8.0), fp32 elsewhere",
+          one_of({"auto", "fp32", "bf16", "fp16"})),
       field<bool>(
           "train", "channels_last", [](Config& c) -> bool& { return c.train.channels_last(); },
           "Conv kernels and input batches in channels_last (NHWC) layout: faster conv kernels"),
@@ -668,6 +674,11 @@ std::string to_toml(const Config& config) {
 
 namespace {
 
+// train.epochs and train.max_steps say how long the run is, not what each step computes.
+bool is_run_length(const Field& field) {
+  return field.section == "train" && (field.key == "epochs" || field.key == "max_steps");
+}
+
 // Keys that change how fast or how visibly a run trains, never what it computes: a resume may
 // change them (more workers on a bigger machine, another log cadence). [memory] too: checkpointed
 // blocks recompute the same values, and the warm-up puts back everything it touches. [dist] too: a
@@ -678,6 +689,7 @@ bool shapes_training(const Field& field) {
       "train.threads",        "train.blas_threads",    "train.device",         "train.eval_every_steps",
       "train.eval_from_step", "train.target_accuracy", "train.stop_at_target", "train.init_from",
       "train.detect_anomaly"};
+  if (is_run_length(field)) return false;  // a resume may extend the run: run_length_change
   if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
       field.section == "memory" || field.section == "dist")
     return false;
@@ -702,6 +714,26 @@ std::vector<std::string> training_differences(const Config& a, const Config& b) 
     }
   }
   return keys;
+}
+
+RunLengthChange run_length_change(const Config& saved, const Config& now) {
+  RunLengthChange change;
+  // max_steps = 0 leaves the length to the epochs: no step limit at all.
+  auto step_limit = [](const Config& c) {
+    return c.train.max_steps() > 0 ? c.train.max_steps() : std::numeric_limits<int64_t>::max();
+  };
+  auto note = [&](const std::string& key, int64_t before, int64_t after) {
+    if (before == after) return;
+    (after > before ? change.longer : change.shorter)
+        .push_back(fmt::format("train.{} {} -> {}", key, before, after));
+  };
+  note("epochs", saved.train.epochs(), now.train.epochs());
+  if (step_limit(saved) != step_limit(now)) {
+    const bool longer = step_limit(now) > step_limit(saved);
+    (longer ? change.longer : change.shorter)
+        .push_back(fmt::format("train.max_steps {} -> {}", saved.train.max_steps(), now.train.max_steps()));
+  }
+  return change;
 }
 
 std::string config_reference() {

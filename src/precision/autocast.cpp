@@ -1,6 +1,8 @@
 #include "fasttrain/precision/autocast.h"
 
+#include "fasttrain/config/auto.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/hardware.h"
 
 namespace fasttrain {
 
@@ -17,6 +19,7 @@ bool autocast_supports(c10::DeviceType type, torch::ScalarType dtype) {
 }  // namespace
 
 torch::ScalarType parse_precision(const std::string& name, const torch::Device& device) {
+  if (name == "auto") return parse_precision(auto_precision(detect_hardware(device)).value, device);
   torch::ScalarType dtype;
   if (name == "fp32") {
     dtype = torch::kFloat;
@@ -25,7 +28,7 @@ torch::ScalarType parse_precision(const std::string& name, const torch::Device& 
   } else if (name == "fp16") {
     dtype = torch::kHalf;
   } else {
-    throw ConfigError(fmt::format("train.precision must be one of fp32, bf16, fp16; got '{}'", name));
+    throw ConfigError(fmt::format("train.precision must be one of auto, fp32, bf16, fp16; got '{}'", name));
   }
   if (dtype == torch::kFloat) return dtype;
   FT_CONFIG_CHECK(

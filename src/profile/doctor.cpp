@@ -8,12 +8,14 @@
 #include <limits>
 #include <numeric>
 
+#include "fasttrain/config/auto.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/profile/profiler.h"
 #include "fasttrain/train/batch_finder.h"
 #include "fasttrain/train/run.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
+#include "fasttrain/util/hardware.h"
 
 namespace fasttrain {
 
@@ -74,7 +76,9 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
   const bool profiler_was_on = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
 
   // ---- the run as configured: a short profile ----
-  const Config config = with_room_to_profile(resolve_batch_size(requested));
+  // "auto" precision and threads as this machine resolves them: what the run would do here.
+  const Hardware hardware = detect_hardware(parse_device(requested.train.device()));
+  const Config config = with_room_to_profile(resolve_auto(resolve_batch_size(requested), hardware).config);
   const ProfileOptions profile_options =
       ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
   Experiment experiment = Experiment::build(config, /*announce=*/false);
@@ -172,7 +176,19 @@ DoctorReport diagnose(const Config& requested, const std::string& out_dir, const
                         const std::string& what) {
     add_if_faster(rule, title, compare(rule, changed, kSwitchSpeedup), what);
   };
-  if (config.train.precision() == "fp32" && (cuda || cpu_has_native_bf16())) {
+  if (!cuda && config.train.precision() == "bf16" && !hardware.native_bf16()) {
+    // Flagged whatever the measurement says: emulated bf16 is never the right setting.
+    Config fp32 = config;
+    fp32.train.precision("fp32");
+    const Comparison result = compare("emulated_bf16", fp32, 1.0);
+    add({"emulated_bf16",
+         "Train in fp32 (train.precision = \"fp32\" or \"auto\"): this CPU has no native bfloat16 "
+         "(AVX512-BF16 or AMX), so every bf16 op is emulated",
+         fmt::format("{:.0f} samples/s in fp32 vs {:.0f} in emulated bf16 ({:.2f}x) on {}", result.changed,
+                     result.configured, result.speedup, hardware.describe()),
+         fmt::format("{:.2f}x samples/s", result.speedup), "high", 1 - 1 / std::max(result.speedup, 1.0)});
+  }
+  if (config.train.precision() == "fp32" && hardware.native_bf16()) {
     Config bf16 = config;
     bf16.train.precision("bf16");
     try_switch("mixed_precision",

@@ -8,7 +8,9 @@
 #include "fasttrain/profile/profiler.h"
 #include "fasttrain/train/batch_finder.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/config/auto.h"
 #include "fasttrain/util/device.h"
+#include "fasttrain/util/hardware.h"
 
 namespace fasttrain {
 
@@ -25,7 +27,10 @@ struct Candidate {
 TuneResult tune(const Config& requested, const std::string& run_dir, const TuneOptions& options) {
   FT_CONFIG_CHECK(options.min_gain() >= 1, "tune --min-gain must be >= 1, got {}", options.min_gain());
   TuneResult result;
-  Config best = resolve_batch_size(requested);
+  const torch::Device device = parse_device(requested.train.device());
+  const Hardware hardware = detect_hardware(device);
+  // "auto" precision and threads start as this machine resolves them; the trials go from there.
+  Config best = resolve_auto(resolve_batch_size(requested), hardware).config;
   const ProfileOptions profile = ProfileOptions()
                                      .steps(options.steps())
                                      .warmup_steps(options.warmup_steps())
@@ -39,7 +44,6 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   double best_speed = measure(best, "baseline");
   result.baseline_samples_per_s = best_speed;
 
-  const torch::Device device = parse_device(best.train.device());
   bool kept_any = false;
   auto try_candidates = [&](const std::vector<Candidate>& candidates) {
     for (const auto& candidate : candidates) {
@@ -103,6 +107,10 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     // no longer be the best.
     if (best.train.blas_threads() != kept_blas) try_candidates(thread_candidates());
   };
+  if (best.train.precision() == "bf16" && !hardware.native_bf16()) {
+    // Emulated bf16 (a CPU without AVX512-BF16 / AMX) is never proposed, and fp32 is tried before anything else.
+    try_candidates({{"train.precision = \"fp32\"", [](Config& c) { c.train.precision("fp32"); }}});
+  }
   try_thread_counts();
   const Config after_threads = best;
   std::vector<Candidate> workers;
@@ -110,7 +118,7 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
     workers.push_back(
         {fmt::format("data.workers = {}", count), [count](Config& c) { c.data.workers(count); }});
   try_candidates(workers);
-  if (best.train.precision() == "fp32" && (device.is_cuda() || cpu_has_native_bf16())) {
+  if (best.train.precision() == "fp32" && hardware.native_bf16()) {
     // With each thread count: bf16 matmuls leave OpenBLAS for oneDNN on the intra-op threads, so the
     // best count in fp32 may be the worst in bf16 (the gpt: 1 thread in fp32, 2 in bf16).
     std::vector<Candidate> bf16;

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "fasttrain/config/auto.h"
 #include "fasttrain/data/text.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/progress.h"
@@ -176,14 +177,22 @@ std::optional<Config> saved_config(const std::string& checkpoint) {
   return load_config(saved_path);
 }
 
-// The checkpoint's config against this run's: the keys that would change the trajectory.
-void check_same_training(const std::string& checkpoint, const Config& saved, const Config& config) {
+// The checkpoint's config against this run's: the keys that would change the trajectory. The run
+// may be made longer (returned: "train.epochs 2 -> 3"), not shorter.
+std::vector<std::string> check_same_training(const std::string& checkpoint, const Config& saved,
+                                             const Config& config) {
   std::vector<std::string> differences = training_differences(saved, config);
   FT_CONFIG_CHECK(
       differences.empty(),
       "cannot resume from '{}': it was trained with another config; differing keys (checkpoint vs "
       "now): {}",
       checkpoint, fmt::join(differences, ", "));
+  const RunLengthChange length = run_length_change(saved, config);
+  FT_CONFIG_CHECK(length.shorter.empty(),
+                  "cannot resume from '{}' with a shorter run ({}): a resume may extend train.epochs or "
+                  "train.max_steps, not cut them",
+                  checkpoint, fmt::join(length.shorter, ", "));
+  return length.longer;
 }
 
 // Resuming step `step` from `checkpoint` into `root`: checkpoints of `root` after it belong to the
@@ -220,35 +229,60 @@ void clear_run_outputs(const std::string& run_dir, bool fresh) {
 }
 
 // train.threads (a share of the cores each when `processes_sharing` ranks share this machine) and
-// train.blas_threads, set before anything computes. Returns the intra-op thread count.
+// train.blas_threads, as resolve_auto left them, set before anything computes. Returns the intra-op
+// thread count.
 int set_threads(const TrainOptions& train, int processes_sharing = 1) {
   const int threads = set_intra_op_threads(train.threads(), processes_sharing);
   set_blas_threads(train.blas_threads());
   return threads;
 }
 
+// The schedule of a run of `total_steps` steps, from its [optim] and [schedule].
+std::unique_ptr<Schedule> run_schedule(const Config& config, int64_t total_steps) {
+  const double momentum = config.optim.name() == "sgd" ? config.optim.momentum() : config.optim.beta1();
+  return make_schedule(config.schedule, config.optim.lr(), momentum, total_steps);
+}
+
+// A resumed run made longer: its schedule is recomputed over the new total, and the LR moves.
+void announce_extension(const Trainer& trainer, const Config& saved, const Config& now,
+                        const std::vector<std::string>& changes, const Experiment& experiment) {
+  const int64_t batches = experiment.train_loader->batches_per_epoch();
+  const int64_t before = planned_steps(saved.train, batches), after = planned_steps(now.train, batches);
+  const auto old_schedule = run_schedule(saved, before), new_schedule = run_schedule(now, after);
+  const int64_t step = trainer.step();
+  fmt::print(stderr,
+             "fasttrain: extending the run ({}): {} steps instead of {}; the {} schedule is recomputed over "
+             "the new total (at step {} the LR is {:.3g}; the old schedule had {:.3g})\n",
+             fmt::join(changes, ", "), after, before, now.schedule.name(), step, new_schedule->lr(step),
+             old_schedule->lr(std::min(step, std::max<int64_t>(before - 1, 0))));
+}
+
 }  // namespace
 
-Experiment Experiment::build(const Config& config, bool announce, const ImageSplits* data_in) {
-  validate(config);
-  FT_CHECK(config.data.batch_size() > 0,
+Experiment Experiment::build(const Config& requested, bool announce, const ImageSplits* data_in) {
+  validate(requested);
+  FT_CHECK(requested.data.batch_size() > 0,
            "data.batch_size is \"auto\": resolve it first (resolve_batch_size, as train_run does)");
   // Before CUDA allocates anything: the allocator reads its settings once.
-  if (config.memory.expandable_segments() && !compat::enable_expandable_segments()) {
+  if (requested.memory.expandable_segments() && !compat::enable_expandable_segments()) {
     fmt::print(stderr, "fasttrain: memory.expandable_segments needs LibTorch >= 2.1 (this is {}): ignored\n",
                compat::torch_version());
   }
   Experiment experiment;
-  experiment.config = config;
-  experiment.device = parse_device(config.train.device());
-  experiment.group = default_process_group(config.dist);
+  experiment.device = parse_device(requested.train.device());
+  experiment.group = default_process_group(requested.dist);
   const int64_t rank = experiment.group ? experiment.group->rank() : 0;
   const int64_t world_size = experiment.group ? experiment.group->size() : 1;
   announce = announce && rank == 0;
-  // From the start, so that peak_memory_bytes counts the dataset and the model too.
-  if (experiment.device.is_cpu()) track_cpu_allocations();
   // The ranks on this machine share its cores: "auto" threads and workers take a share each.
   const int local_ranks = experiment.group ? experiment.group->local_size() : 1;
+  // "auto" precision and threads become what this hardware runs best.
+  experiment.hardware = detect_hardware(experiment.device);
+  const AutoResolution resolved = resolve_auto(requested, experiment.hardware, local_ranks);
+  experiment.config = resolved.config;
+  const Config& config = experiment.config;
+  // From the start, so that peak_memory_bytes counts the dataset and the model too.
+  if (experiment.device.is_cpu()) track_cpu_allocations();
   experiment.threads = set_threads(config.train, local_ranks);
   experiment.blas = blas_library();
   compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
@@ -323,12 +357,17 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
   if (config.train.channels_last()) to_channels_last(*experiment.model);
 
   if (announce) {
-    fmt::print(stderr, "fasttrain: device {}, {} intra-op threads{}, {} loader workers\n",
-               experiment.device.str(), experiment.threads,
+    // A short start: the machine, what runs where (and what "auto" chose), the data and the model.
+    fmt::print(stderr, "fasttrain: {}; LibTorch {}\n", experiment.hardware.describe(), compat::torch_version());
+    fmt::print(stderr, "fasttrain: {}, {}, {} intra-op thread{}{}, {} loader worker{}\n", experiment.device.str(),
+               config.train.precision(), experiment.threads, experiment.threads == 1 ? "" : "s",
                experiment.blas.name.empty() ? ""
-                                            : fmt::format(" ({} threads of {}'s own pool for matmuls)",
+                                            : fmt::format(" + {} of {}'s own pool for fp32 matmuls",
                                                           experiment.blas.threads, experiment.blas.name),
-               experiment.train_loader->workers());
+               experiment.train_loader->workers(), experiment.train_loader->workers() == 1 ? "" : "s");
+    for (const AutoChoice& choice : resolved.choices)
+      fmt::print(stderr, "fasttrain:   auto: {} = {}: {}\n", choice.key, choice.value, choice.reason);
+    for (const std::string& warning : resolved.warnings) fmt::print(stderr, "fasttrain: warning: {}\n", warning);
     if (experiment.group) {
       // The ranks on this machine asking for more threads of a pool than it has take turns.
       const int hardware = static_cast<int>(std::thread::hardware_concurrency());
@@ -350,20 +389,18 @@ Experiment Experiment::build(const Config& config, bool announce, const ImageSpl
                  config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
                  token_budget > 0 ? "tokens per batch at most" : "batch", per_rank, per_rank * world_size);
     }
-    fmt::print(stderr, "fasttrain: train: {}; {} batches per epoch\n",
-               experiment.train_loader->source().describe(), experiment.train_loader->batches_per_epoch());
-    fmt::print(stderr, "fasttrain: {}: {}\n", experiment.is_text() ? "validation" : "test",
-               experiment.test_loader->source().describe());
-    fmt::print(stderr, "fasttrain: model {}", experiment.model->describe());
+    fmt::print(stderr, "fasttrain: data: train {}, {} batches per epoch; {} {}\n",
+               experiment.train_loader->source().describe(), experiment.train_loader->batches_per_epoch(),
+               experiment.is_text() ? "validation" : "test", experiment.test_loader->source().describe());
+    fmt::print(stderr, "fasttrain: model {}, {} parameters\n", config.model.name(),
+               experiment.model->parameter_count());
   }
   return experiment;
 }
 
 std::unique_ptr<Trainer> Experiment::make_trainer() const {
   auto optimizer = make_optimizer(model->named_parameters(), config.optim);
-  int64_t total_steps = planned_steps(config.train, train_loader->batches_per_epoch());
-  double momentum = config.optim.name() == "sgd" ? config.optim.momentum() : config.optim.beta1();
-  auto schedule = make_schedule(config.schedule, config.optim.lr(), momentum, total_steps);
+  auto schedule = run_schedule(config, planned_steps(config.train, train_loader->batches_per_epoch()));
   auto trainer =
       std::make_unique<Trainer>(model, std::move(optimizer), std::move(schedule), config.train, device);
   if (config.ema.enabled()) {
@@ -412,16 +449,23 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
   // ---- where the run starts: a checkpoint, or new ----
   Config config = requested;
   std::optional<std::string> checkpoint;
+  std::optional<Config> saved;
+  std::vector<std::string> extended;  // "train.epochs 2 -> 3": the resumed run is made longer
   if (!options.resume().empty()) {
     const std::string target =
         on_rank0([&] { return resume_target(options.resume(), run_dir).value_or(""); });
     if (!target.empty()) checkpoint = target;
     if (!checkpoint) {
       fmt::print(stderr, "fasttrain: no checkpoint in {}/checkpoints: starting fresh\n", run_dir);
-    } else if (const std::optional<Config> saved = saved_config(*checkpoint)) {
+    } else if ((saved = saved_config(*checkpoint))) {
       // "auto" resumes with the size the run was searched to, not a new search.
       if (config.data.batch_size() == 0) config.data.batch_size(saved->data.batch_size());
-      check_same_training(*checkpoint, *saved, config);
+      // The checkpoint recorded what "auto" chose then; this machine's choice is compared with it.
+      const Config resolved =
+          resolve_auto(config, detect_hardware(parse_device(config.train.device())),
+                       group ? group->local_size() : 1)
+              .config;
+      extended = check_same_training(*checkpoint, *saved, resolved);
     }
   }
   if (!checkpoint) {
@@ -439,16 +483,20 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
   config = resolve_batch_size(config);
 
   Experiment experiment = Experiment::build(config, /*announce=*/true);
+  // What ran: "auto" resolved; checkpoints record it, so a resume elsewhere compares what ran.
+  const Config& effective = experiment.config;
   if (rank0) {
     fs::create_directories(run_dir + "/final");
-    write_text_file(run_dir + "/config.toml", to_toml(experiment.config));
+    write_text_file(run_dir + "/config.toml", to_toml(effective));
+    write_text_file(run_dir + "/model.txt", experiment.model->describe());
+    fmt::print(stderr, "fasttrain: run directory {} (effective config: {}/config.toml)\n", run_dir, run_dir);
   }
   auto trainer = experiment.make_trainer();
   trainer->enable_checkpoints(RunCheckpointOptions(run_dir + "/checkpoints")
-                                  .every_steps(config.checkpoint.every_steps())
-                                  .keep(config.checkpoint.keep())
-                                  .config_toml(to_toml(config))
-                                  .fingerprint(training_fingerprint(config)));
+                                  .every_steps(effective.checkpoint.every_steps())
+                                  .keep(effective.checkpoint.keep())
+                                  .config_toml(to_toml(effective))
+                                  .fingerprint(training_fingerprint(effective)));
   if (checkpoint) {
     trainer->load_checkpoint(*checkpoint, experiment.train_loader->batches_per_epoch());
     const int64_t step = trainer->step();
@@ -457,6 +505,7 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
       truncate_metrics(run_dir + "/metrics.jsonl", step);
       fmt::print(stderr, "fasttrain: resuming from {} (step {}, epoch {}, batch {} of the epoch)\n",
                  *checkpoint, step, trainer->progress().epoch, trainer->progress().batch_in_epoch);
+      if (!extended.empty()) announce_extension(*trainer, *saved, effective, extended, experiment);
     }
   } else if (!config.train.init_from().empty()) {
     load_module_safetensors(*experiment.model, config.train.init_from());
@@ -499,7 +548,7 @@ std::string generate_run(const Config& config, const std::string& weights_path, 
                   config.model.name());
   FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
   const torch::Device device = parse_device(config.train.device());
-  set_threads(config.train);
+  set_threads(resolve_auto(config, detect_hardware(device)).config.train);
   auto model = make_model(ModelOptions(config.model).num_classes(kByteVocabulary));
   load_module_safetensors(*model, weights_path);
   model->to(device);

@@ -317,7 +317,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
     checkpoint_s += seconds_since(save_start);
   };
 
-  for (; step_ < total_steps && !at.target_stop && !summary.interrupted; ++at.epoch, at.batch_in_epoch = 0) {
+  while (step_ < total_steps && !at.target_stop && !summary.interrupted) {
     train.start_epoch(at.epoch, at.batch_in_epoch);
     while (step_ < total_steps && at.batch_in_epoch < batches_per_epoch) {
       // ---- the accumulation window: micro-batches already prefetched to the device ----
@@ -393,6 +393,10 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
     if (test && !at.target_stop && !periodic_eval_due() && (step_ >= options_.eval_from_step() || run_ends)) {
       record_eval();
     }
+    // A run that ends inside an epoch keeps its place there: a longer resume continues from it.
+    if (at.batch_in_epoch < batches_per_epoch) break;
+    ++at.epoch;
+    at.batch_in_epoch = 0;
   }
 
   // ---- the final checkpoint and the summary ----

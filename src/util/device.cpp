@@ -100,14 +100,4 @@ int set_blas_threads(int threads) {
   return count;
 }
 
-bool cpu_has_native_bf16() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line)) {
-    if (line.rfind("flags", 0) == 0)
-      return line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
-  }
-  return false;
-}
-
 }  // namespace fasttrain

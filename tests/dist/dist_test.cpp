@@ -57,31 +57,12 @@ nlohmann::json summary_of(const std::string& run_dir) {
   return nlohmann::json::parse(read_text_file(run_dir + "/summary.json"));
 }
 
-// Sets environment variables for one test and puts the previous values back.
-class ScopedEnv {
+// The rendezvous variables of torchrun and Slurm: only `values` set, for one test.
+class RendezvousEnv : public testing::ScopedEnv {
  public:
-  ScopedEnv(std::map<std::string, std::string> values) {
-    for (const char* name :
-         {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) {
-      const char* old = std::getenv(name);
-      saved_[name] = old ? std::optional<std::string>(old) : std::nullopt;
-      ::unsetenv(name);
-    }
-    for (const auto& [name, value] : values) ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    for (const auto& [name, value] : saved_) {
-      if (value) {
-        ::setenv(name.c_str(), value->c_str(), 1);
-      } else {
-        ::unsetenv(name.c_str());
-      }
-    }
-  }
-
- private:
-  std::map<std::string, std::optional<std::string>> saved_;
+  explicit RendezvousEnv(const std::map<std::string, std::string>& values)
+      : ScopedEnv(values, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) {}
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -89,12 +70,12 @@ class ScopedEnv {
 // ---------------------------------------------------------------------------------------------
 
 TEST(DistEnv, NoVariablesMeanOneProcess) {
-  ScopedEnv env({});
+  RendezvousEnv env({});
   EXPECT_FALSE(DistEnv::from_environment().has_value());
 }
 
 TEST(DistEnv, ReadsTorchrunsVariables) {
-  ScopedEnv env({{"RANK", "3"},
+  RendezvousEnv env({{"RANK", "3"},
                  {"WORLD_SIZE", "4"},
                  {"LOCAL_RANK", "1"},
                  {"LOCAL_WORLD_SIZE", "2"},
@@ -112,7 +93,7 @@ TEST(DistEnv, ReadsTorchrunsVariables) {
 }
 
 TEST(DistEnv, ReadsSlurmsVariablesWithTheDefaultPort) {
-  ScopedEnv env({{"SLURM_PROCID", "5"},
+  RendezvousEnv env({{"SLURM_PROCID", "5"},
                  {"SLURM_NTASKS", "8"},
                  {"SLURM_LOCALID", "1"},
                  {"SLURM_NTASKS_PER_NODE", "4(x2)"},
@@ -129,22 +110,22 @@ TEST(DistEnv, ReadsSlurmsVariablesWithTheDefaultPort) {
 
 TEST(DistEnv, ABadVariableIsAnErrorNamingIt) {
   {
-    ScopedEnv env({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
+    RendezvousEnv env({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "1"}});
     EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
                                       {"RANK='one'", "not an integer"}));
   }
   {
-    ScopedEnv env({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}});
+    RendezvousEnv env({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}});
     EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
                                       {"rank 2", "world size 2"}));
   }
   {
-    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}});
+    RendezvousEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}});
     EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
                                       {"MASTER_ADDR is not set"}));
   }
   {
-    ScopedEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}});
+    RendezvousEnv env({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}});
     EXPECT_TRUE(testing::contains_all(testing::error_message([] { DistEnv::from_environment(); }),
                                       {"MASTER_PORT=70000"}));
   }

@@ -1,4 +1,5 @@
 #include "fasttrain/precision/autocast.h"
+#include "fasttrain/util/hardware.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -32,6 +33,9 @@ TEST(ParsePrecision, NamesMapToDtypes) {
   EXPECT_EQ(precision_name(torch::kHalf), "fp16");
   EXPECT_EQ(precision_name(parse_precision("bf16", kCpu)), "bf16");
   EXPECT_THROW(precision_name(torch::kDouble), Error);
+  // "auto": bf16 exactly where this CPU runs it natively.
+  EXPECT_EQ(parse_precision("auto", kCpu),
+            detect_hardware(kCpu).native_bf16() ? torch::kBFloat16 : torch::kFloat);
 }
 
 TEST(ParsePrecision, ErrorsNameKeyValueAndChoices) {

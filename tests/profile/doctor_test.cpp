@@ -17,13 +17,14 @@ std::set<std::string> rules(const DoctorReport& report) {
   return names;
 }
 
-// A small conv net on part of Fashion-MNIST, one thread, a one-cycle schedule: nothing planted.
+// A small conv net on part of Fashion-MNIST, one thread, a one-cycle schedule, the precision this
+// CPU runs best ("auto": bf16 where native, fp32 elsewhere): nothing planted, on any CPU.
 Config clean_config() {
   Config config;
   config.data.train_limit(8192).batch_size(128);
   config.model.name("cnn").widths({8, 16}).hidden({32}).batchnorm(true);
   config.schedule.name("one-cycle");
-  config.train.threads(1).precision("bf16").channels_last(true);
+  config.train.threads(1).precision("auto").channels_last(true);
   return config;
 }
 
@@ -72,6 +73,28 @@ TEST(Doctor, NamesEachPlantedProblem) {
       EXPECT_TRUE(finding.contains(key)) << key;
   }
   EXPECT_TRUE(json.at("measurements").contains("as_configured"));
+}
+
+TEST(Doctor, FlagsBf16ThatThisCpuWouldEmulate) {
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  // Whatever this CPU has, the doctor is told it has no native bf16: the finding must appear.
+  testing::ScopedEnv no_native_bf16("FASTTRAIN_NATIVE_BF16", "0");
+  Config emulated = clean_config();
+  emulated.train.precision("bf16");
+  DoctorReport report = diagnose(emulated, dir.path(), DoctorOptions().steps(6).warmup_steps(2).min_seconds(0.3));
+  ASSERT_TRUE(rules(report).count("emulated_bf16")) << report.text();
+  for (const auto& finding : report.findings) {
+    if (finding.rule != "emulated_bf16") continue;
+    EXPECT_EQ(finding.severity, "high");
+    EXPECT_TRUE(testing::contains_all(finding.title, {"fp32", "emulated"})) << finding.title;
+    EXPECT_NE(finding.evidence.find("samples/s in fp32"), std::string::npos) << finding.evidence;
+  }
+  // And an fp32 run there is never told to switch to bf16.
+  Config fp32 = clean_config();
+  fp32.train.precision("fp32");
+  DoctorReport quiet = diagnose(fp32, dir.path(), DoctorOptions().steps(6).warmup_steps(2).min_seconds(0.3));
+  EXPECT_FALSE(rules(quiet).count("mixed_precision")) << quiet.text();
 }
 
 TEST(Doctor, StaysQuietOnATunedConfig) {

@@ -134,11 +134,21 @@ void validate(const Config& config);
 // The effective config as TOML, every key present.
 std::string to_toml(const Config& config);
 // SHA-256 of the keys that decide the training trajectory (everything but [log], [run],
-// [checkpoint], threads, loader workers and prefetch, pinning, evaluation cadence and target): a
-// checkpoint records it, and resuming under a different one is an error that names the keys.
+// [checkpoint], threads, loader workers and prefetch, pinning, evaluation cadence and target, and
+// the run's length, train.epochs and train.max_steps): a checkpoint records it, and resuming under
+// a different one is an error that names the keys.
 std::string training_fingerprint(const Config& config);
 // The keys (section.key) whose values differ between `a` and `b` and enter the fingerprint.
 std::vector<std::string> training_differences(const Config& a, const Config& b);
+
+// How train.epochs and train.max_steps (0 = no step limit) changed from a checkpoint's config to
+// this run's: "train.epochs 2 -> 3" entries. A resume may make the run longer (the schedule is then
+// recomputed over the new total), never shorter.
+struct RunLengthChange {
+  std::vector<std::string> longer;
+  std::vector<std::string> shorter;
+};
+RunLengthChange run_length_change(const Config& saved, const Config& now);
 
 // Markdown reference of every key with its default and meaning (docs/CONFIG.md).
 std::string config_reference();

@@ -23,7 +23,8 @@
 
 namespace fasttrain {
 
-// "fp32" -> kFloat (no autocast), "bf16" -> kBFloat16, "fp16" -> kHalf. Anything else, or a dtype
+// "fp32" -> kFloat (no autocast), "bf16" -> kBFloat16, "fp16" -> kHalf, "auto" -> what
+// auto_precision (config/auto.h) chooses for `device`'s hardware. Anything else, or a dtype
 // the device's autocast lacks (fp16 on CPU), is a ConfigError naming train.precision, the value
 // and what is allowed.
 torch::ScalarType parse_precision(const std::string& name, const torch::Device& device);

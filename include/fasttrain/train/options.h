@@ -20,13 +20,14 @@ struct TrainOptions {
   FT_ARG(double, clip_norm) = 0.0;
   FT_ARG(double, label_smoothing) = 0.0;
   FT_ARG(int64_t, seed) = 0;
-  // Intra-op threads (0 = the physical cores; LibTorch would otherwise pick 1 here).
+  // Intra-op threads; 0 = "auto": chosen for the hardware, precision and model (config/auto.h).
   FT_ARG(int, threads) = 0;
   // Threads of the BLAS library's own pool, where the BLAS is OpenBLAS (Debian's LibTorch runs its
-  // matmuls there, outside `threads`); 0 = the library's own count (OPENBLAS_NUM_THREADS, or every
-  // core).
-  FT_ARG(int, blas_threads) = 0;
-  // "fp32" | "bf16" (autocast; CPU and CUDA) | "fp16" (autocast + GradScaler; CUDA only).
+  // fp32 matmuls there, outside `threads`); 0 = the library's own count (OPENBLAS_NUM_THREADS, or
+  // every core); -1 = "auto" (config/auto.h).
+  FT_ARG(int, blas_threads) = -1;
+  // "fp32" | "bf16" (autocast; CPU and CUDA) | "fp16" (autocast + GradScaler; CUDA only) | "auto"
+  // (bf16 where the hardware runs it natively, else fp32: config/auto.h).
   FT_ARG(std::string, precision) = "fp32";
   // Conv kernels and input batches in channels_last (NHWC) layout.
   FT_ARG(bool, channels_last) = false;

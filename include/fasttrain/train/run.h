@@ -20,14 +20,16 @@
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/arg.h"
 #include "fasttrain/util/device.h"
+#include "fasttrain/util/hardware.h"
 
 namespace fasttrain {
 
 // Everything a run is made of, built from a config: device and threads set, data loaded, model
 // initialised from train.seed. `announce` prints what was built (threads, data, model) to stderr.
 struct Experiment {
-  Config config;
+  Config config;  // as it runs: "auto" precision and threads resolved for `hardware`
   torch::Device device = torch::kCPU;
+  Hardware hardware;
   int threads = 1;
   BlasLibrary blas;  // its threads as train.blas_threads set them
   ImageSplits data;  // image datasets

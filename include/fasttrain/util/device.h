@@ -16,9 +16,6 @@ torch::Device parse_device(const std::string& spec);
 // Physical cores of this machine (hyper-threads counted once); at least 1.
 int physical_cores();
 
-// This CPU runs bfloat16 matmuls and convolutions natively (AVX512-BF16 or AMX, which oneDNN uses).
-bool cpu_has_native_bf16();
-
 // Sets LibTorch's intra-op threads: `threads` > 0 as given, 0 = this process's share of the physical
 // cores when `processes_sharing` processes (the ranks of a job on this machine) share them, at least
 // 1. Returns the count set.

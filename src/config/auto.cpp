@@ -1,0 +1,99 @@
+#include "fasttrain/config/auto.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "fasttrain/util/device.h"
+
+namespace fasttrain {
+
+AutoChoice auto_precision(const Hardware& hardware) {
+  if (hardware.device.is_cuda()) {
+    if (hardware.native_bf16())
+      return {"train.precision", "bf16",
+              fmt::format("{} has bf16 tensor cores (compute capability >= 8.0)", hardware.gpu_name)};
+    return {"train.precision", "fp32",
+            fmt::format("{} (sm_{}) has no native bf16; fp16 with loss scaling is train.precision = "
+                        "\"fp16\"",
+                        hardware.gpu_name, hardware.cuda_capability)};
+  }
+  if (hardware.native_bf16())
+    return {"train.precision", "bf16", "this CPU runs bfloat16 natively (AVX512-BF16 or AMX)"};
+  return {"train.precision", "fp32",
+          "this CPU has no native bfloat16 (AVX512-BF16 or AMX): bf16 would be emulated, many times "
+          "slower than fp32"};
+}
+
+namespace {
+
+// Where the bulk of a model's fp32 work runs on a CPU: a conv net's convolutions in oneDNN on the
+// OpenMP (intra-op) threads, an mlp's or gpt's matmuls in the BLAS.
+bool matmul_model(const std::string& model) {
+  return model == "mlp" || model == "gpt";
+}
+
+// train.threads and train.blas_threads = "auto" on a CPU. Where OpenBLAS runs fp32 matmuls in a
+// pool of its own, both pools on every core spin against each other (BENCHMARKS.md "Hardware-aware
+// defaults": the main job 3.9k samples/s at 2 + 2 threads, 5.7k at 2 + 1; the gpt 7.2k tokens/s at
+// 2 + 2, 15.1k at 1 + 2): the pool that runs the model's bulk gets the cores, the other one thread.
+void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing) {
+  TrainOptions& train = resolved.config.train;
+  const int share = std::max(1, hardware.physical_cores / std::max(1, processes_sharing));
+  const std::string cores =
+      processes_sharing > 1 ? fmt::format("this rank's share of the {} physical cores ({} ranks here)",
+                                          hardware.physical_cores, processes_sharing)
+                            : fmt::format("one per physical core ({})", hardware.physical_cores);
+  const bool pools_compete = hardware.openblas_pool && train.precision() == "fp32";
+  const bool bulk_in_blas = pools_compete && matmul_model(resolved.config.model.name());
+  if (train.threads() == 0) {
+    const int threads = bulk_in_blas ? 1 : share;
+    train.threads(threads);
+    resolved.choices.push_back(
+        {"train.threads", std::to_string(threads),
+         bulk_in_blas ? fmt::format("{}'s fp32 matmuls run in OpenBLAS's own pool, which gets the cores; "
+                                    "more OpenMP threads would spin against it",
+                                    resolved.config.model.name())
+                      : cores});
+  }
+  if (train.blas_threads() == -1) {
+    if (!pools_compete) {
+      train.blas_threads(0);  // the library's own count: it runs little or nothing here
+    } else if (bulk_in_blas) {
+      train.blas_threads(share);
+      resolved.choices.push_back({"train.blas_threads", std::to_string(share), cores});
+    } else {
+      train.blas_threads(1);
+      resolved.choices.push_back(
+          {"train.blas_threads", "1",
+           fmt::format("{}'s convolutions run on the OpenMP threads; OpenBLAS's pool runs only the small "
+                       "fp32 matmuls and, on every core, would spin against them",
+                       resolved.config.model.name())});
+    }
+  }
+}
+
+}  // namespace
+
+AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int processes_sharing) {
+  AutoResolution resolved{config, {}, {}};
+  TrainOptions& train = resolved.config.train;
+  if (train.precision() == "auto") {
+    AutoChoice precision = auto_precision(hardware);
+    train.precision(precision.value);
+    resolved.choices.push_back(std::move(precision));
+  } else if (train.precision() == "bf16" && hardware.device.is_cpu() && !hardware.native_bf16()) {
+    resolved.warnings.push_back(
+        "train.precision = \"bf16\" on a CPU without native bfloat16 (no AVX512-BF16 or AMX): every bf16 "
+        "op is emulated, 16x slower than fp32 for the main job on an AVX2 CPU (BENCHMARKS.md "
+        "\"Hardware-aware defaults\"); set train.precision = \"auto\" or \"fp32\"");
+  }
+  if (hardware.device.is_cpu()) {
+    resolve_threads(resolved, hardware, processes_sharing);
+  } else if (train.blas_threads() == -1) {
+    train.blas_threads(0);  // the GPU computes; the BLAS pool stays as the library set it
+  }
+  return resolved;
+}
+
+}  // namespace fasttrain
