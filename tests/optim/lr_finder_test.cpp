@@ -3,6 +3,7 @@
 #include "fasttrain/optim/lr_finder.h"
 
 #include <gtest/gtest.h>
+#include <torch/linalg.h>  // torch/torch.h includes it in 1.13, not in 2.x
 #include <torch/torch.h>
 
 #include <cmath>
