@@ -24,15 +24,14 @@ inline const char* torch_version() {
 namespace fasttrain::compat {
 
 // Drops every gradient (grad = None) so the next backward writes instead of accumulating and the
-// memory is freed between steps. LibTorch 2.x has zero_grad(set_to_none); 1.13 only zeroes.
+// memory is freed between steps. 1.13's zero_grad only zeroes; 2.x's zero_grad(set_to_none) calls
+// detach_() on each gradient first, which throws for a gradient that is a view (ZeRO-1's shard
+// gradient is a slice of the all-reduced buffer), so every release drops them itself, as Python's
+// zero_grad(set_to_none=True) does.
 inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
-#if FASTTRAIN_TORCH_AT_LEAST(2, 0)
-  optimizer.zero_grad(/*set_to_none=*/true);
-#else
   for (auto& group : optimizer.param_groups()) {
     for (auto& parameter : group.params()) parameter.mutable_grad() = torch::Tensor();
   }
-#endif
 }
 
 // The key of Optimizer::state(): the parameter's TensorImpl address as text (the form
