@@ -8,6 +8,7 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 
@@ -63,9 +64,9 @@ DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<
   for (const auto& item : model_->named_parameters()) {
     if (item.value().requires_grad()) names[index++] = item.key();
   }
-  reducer_ = std::make_shared<c10d::Reducer>(parameters_, buckets, limits, group_->c10d_group(), sparse,
-                                             bucket_bytes, /*find_unused_parameters=*/false,
-                                             /*gradient_as_bucket_view=*/false, names, kFirstBucketBytes);
+  reducer_ = compat::make_reducer<c10d::Reducer>(parameters_, buckets, limits, group_->c10d_group(), sparse,
+                                                 bucket_bytes, /*gradient_as_bucket_view=*/false, names,
+                                                 kFirstBucketBytes);
   logger_ = std::make_shared<c10d::Logger>(reducer_);
   reducer_->set_logger(logger_);
 }

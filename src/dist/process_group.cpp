@@ -6,11 +6,19 @@
 
 #include <cstdlib>
 #include <mutex>
+// Against PyTorch 2.x's wheel, which ships no Gloo headers, ProcessGroupGloo.hpp is compiled with
+// Debian's libgloo-dev (a 2022 snapshot); the Gloo built into the wheel's libtorch_cpu.so is a
+// late-2025 one whose classes differ. That is safe because this file compiles no code that depends
+// on Gloo's layouts: Gloo objects are only held through shared_ptr, and only ProcessGroupGloo's
+// out-of-line members (in libtorch_cpu.so) are called. Keep it so: construct no GlooStore, call no
+// inline ProcessGroupGloo member that touches Gloo (setTimeout), link no libgloo. The test
+// Dist.NoGlooCodeCompiledAgainstForeignHeaders checks the object files.
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 
@@ -123,8 +131,10 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
     result->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(result->timeout_);
     gloo_options->devices.push_back(gloo_device(env.master_addr));
-    result->impl_->group = c10::make_intrusive<c10d::ProcessGroupGloo>(result->impl_->store, env.rank,
-                                                                       env.world_size, gloo_options);
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(result->impl_->store, env.rank, env.world_size,
+                                                            gloo_options);
+    result->impl_->group =
+        compat::gloo_process_group<c10d::ProcessGroup>(result->impl_->store, env.rank, env.world_size, gloo);
   } catch (const std::exception& error) {
     std::string message = error.what();
     message = message.substr(0, message.find("\nException raised from"));

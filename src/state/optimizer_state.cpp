@@ -6,14 +6,15 @@
 #include <set>
 
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 
 namespace {
 
 // Optimizer state is keyed by the parameter's TensorImpl address (LibTorch's own convention).
-std::string state_key(const torch::Tensor& parameter) {
-  return c10::guts::to_string(parameter.unsafeGetTensorImpl());
+compat::OptimizerStateKey state_key(const torch::Tensor& parameter) {
+  return compat::optimizer_state_key(parameter);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -162,7 +163,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer,
              "optimizer state has {} parameter groups, the optimizer {}", groups.size(), param_groups.size());
 
     // Build everything first, then swap it in: an error leaves the optimizer untouched.
-    std::vector<std::pair<std::string, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
+    std::vector<std::pair<compat::OptimizerStateKey, std::unique_ptr<torch::optim::OptimizerParamState>>> states;
     std::vector<typename K::Options> options;
     std::set<std::string> used;
     for (size_t g = 0; g < param_groups.size(); ++g) {

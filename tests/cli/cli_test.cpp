@@ -151,13 +151,14 @@ TEST(Cli, ConfigErrorsExitWithCodeTwoAndNameTheKey) {
 
 // find-batch prints each size it tried and the answer; train with data.batch_size = "auto" runs
 // the same search and records the size it trained with, and a resume reuses it without a search.
+// On the CPU, where memory.budget binds (device = auto would take a GPU where there is one).
 TEST(Cli, FindBatchAndAutoBatchSize) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
   const std::string common =
       " --set model.name=mlp --set model.hidden=[256] --set data.train_limit=4096 --set "
       "data.eval_batch_size=256"
-      " --set train.threads=1 --set memory.budget=90MiB --set log.progress=none";
+      " --set train.device=cpu --set train.threads=1 --set memory.budget=90MiB --set log.progress=none";
   auto found = run_command(kCli + " find-batch " FASTTRAIN_SOURCE_DIR "/configs/classic.toml" + common);
   ASSERT_EQ(found.exit_code, 0) << found.output;
   EXPECT_NE(found.output.find("samples/s"), std::string::npos) << found.output;

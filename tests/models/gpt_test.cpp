@@ -48,12 +48,11 @@ TEST(Attention, MathPathMatchesAReferenceLoop) {
   EXPECT_TRUE(torch::allclose(causal_attention(q, k, v), reference_attention(q, k, v), 1e-5, 1e-6));
 }
 
+// Skips only where the LibTorch has no fused attention (1.13); on 2.x a missing fused path fails.
 TEST(Attention, FusedAttentionMatchesTheMathPath) {
-  torch::Tensor unused;
-  if (!compat::fused_causal_attention(torch::zeros({1, 1, 1, 1}), torch::zeros({1, 1, 1, 1}),
-                                      torch::zeros({1, 1, 1, 1}), unused)) {
-    GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no scaled_dot_product_attention";
-  }
+#if !FASTTRAIN_HAS_SDPA
+  GTEST_SKIP() << "LibTorch " << compat::torch_version() << " has no scaled_dot_product_attention";
+#endif
   torch::manual_seed(1);
   auto q = torch::randn({2, 4, 33, 8}, torch::requires_grad()), k = torch::randn({2, 4, 33, 8}),
        v = torch::randn({2, 4, 33, 8});

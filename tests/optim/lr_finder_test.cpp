@@ -31,7 +31,8 @@ struct Regression {
     model->to(torch::kDouble);
     const torch::Tensor design = torch::cat({x, torch::ones({n, 1}, torch::kDouble)}, 1);
     const torch::Tensor hessian = 2.0 / n * design.t().matmul(design);
-    critical_lr = 2.0 / torch::linalg::eigvalsh(hessian, "L").max().item<double>();
+    // ATen's op: the torch::linalg C++ namespace (torch/linalg.h) is not in the 2.x LibTorch.
+    critical_lr = 2.0 / torch::linalg_eigvalsh(hessian, "L").max().item<double>();
     optimizer = make_optimizer(model->named_parameters(), OptimizerOptions("sgd").momentum(0));
   }
 

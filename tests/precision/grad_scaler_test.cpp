@@ -43,7 +43,7 @@ std::vector<torch::Tensor> optimizer_state(torch::optim::Optimizer& optimizer) {
   std::vector<torch::Tensor> tensors;
   for (auto& group : optimizer.param_groups()) {
     for (auto& parameter : group.params()) {
-      auto found = optimizer.state().find(c10::guts::to_string(parameter.unsafeGetTensorImpl()));
+      auto found = optimizer.state().find(compat::optimizer_state_key(parameter));
       if (found == optimizer.state().end()) continue;
       if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get())) {
         tensors.push_back(sgd->momentum_buffer());

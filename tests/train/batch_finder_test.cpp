@@ -11,9 +11,11 @@
 namespace fasttrain {
 namespace {
 
-// A small run: 4096 Fashion-MNIST samples, a cnn whose activations grow with the batch.
+// A small run: 4096 Fashion-MNIST samples, a cnn whose activations grow with the batch. On the CPU
+// (memory.budget binds there; device = auto would take a GPU where there is one).
 Config small_config() {
   Config config;
+  config.train.device("cpu");
   config.data.train_limit(4096).eval_batch_size(256).workers(1).prefetch(2);
   config.model.name("cnn").widths({8, 16}).hidden({32});
   config.train.threads(1);

@@ -16,18 +16,47 @@ inline const char* torch_version() {
 
 #include <torch/optim/optimizer.h>
 
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+
 namespace fasttrain::compat {
 
 // Drops every gradient (grad = None) so the next backward writes instead of accumulating and the
-// memory is freed between steps. LibTorch 2.x has zero_grad(set_to_none); 1.13 only zeroes.
+// memory is freed between steps. 1.13's zero_grad only zeroes; 2.x's zero_grad(set_to_none) calls
+// detach_() on each gradient first, which throws for a gradient that is a view (ZeRO-1's shard
+// gradient is a slice of the all-reduced buffer), so every release drops them itself, as Python's
+// zero_grad(set_to_none=True) does.
 inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
-#if FASTTRAIN_TORCH_AT_LEAST(2, 0)
-  optimizer.zero_grad(/*set_to_none=*/true);
-#else
   for (auto& group : optimizer.param_groups()) {
     for (auto& parameter : group.params()) parameter.mutable_grad() = torch::Tensor();
   }
-#endif
+}
+
+// The key of Optimizer::state(): the parameter's TensorImpl address as text (the form
+// c10::guts::to_string wrote) in 1.13, the TensorImpl* itself in later releases (which also drop
+// c10::guts::to_string). Chosen from the map's own key type, so no release number is guessed.
+using OptimizerStateKey =
+    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+
+namespace detail {
+template <typename Key>
+Key optimizer_state_key(const torch::Tensor& parameter) {
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << static_cast<const void*>(parameter.unsafeGetTensorImpl());
+    return text.str();
+  } else {
+    static_assert(std::is_same_v<Key, void*>, "Optimizer::state() has a key type compat.h does not know");
+    return parameter.unsafeGetTensorImpl();
+  }
+}
+}  // namespace detail
+
+// The key under which `optimizer.state()` holds `parameter`'s state.
+inline OptimizerStateKey optimizer_state_key(const torch::Tensor& parameter) {
+  return detail::optimizer_state_key<OptimizerStateKey>(parameter);
 }
 
 }  // namespace fasttrain::compat
@@ -213,6 +242,72 @@ inline bool fused_causal_attention(const torch::Tensor& q, const torch::Tensor& 
   (void)q, (void)k, (void)v, (void)out;
   return false;
 #endif
+}
+
+}  // namespace fasttrain::compat
+
+// ---- c10d (distributed): the Reducer's constructor and how a Gloo backend becomes a ProcessGroup ----
+// Templates over the c10d types, so that only dist/, which includes c10d's headers, instantiates
+// them. Each form is chosen by what the types accept, not by a release number: the Reducer's
+// arguments changed more than once within 2.x.
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace fasttrain::compat {
+
+namespace detail {
+template <typename>
+inline constexpr bool kUnknownForm = false;
+}  // namespace detail
+
+// c10d::Reducer for a DDP without unused parameters. 1.13 takes each bucket's size limit as the
+// third argument; 2.11 drops it and adds skip_all_reduce_unused_params, use_python_reducer and
+// bucket_bytes_cap_list (per-bucket caps for rebuilt buckets; empty = PyTorch DDP's default of
+// first_bucket_bytes_cap, then bucket_bytes_cap, which is what 1.13 does).
+template <typename Reducer, typename Group>
+std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> parameters, std::vector<std::vector<size_t>> buckets,
+                                      std::vector<size_t> bucket_limits, Group group, std::vector<bool> sparse,
+                                      int64_t bucket_bytes, bool gradient_as_bucket_view,
+                                      std::unordered_map<size_t, std::string> names, int64_t first_bucket_bytes) {
+  using Names = std::unordered_map<size_t, std::string>;
+  using Buckets = std::vector<std::vector<size_t>>;
+  if constexpr (std::is_constructible_v<Reducer, std::vector<at::Tensor>, Buckets, std::vector<size_t>, Group,
+                                        std::vector<bool>, int64_t, bool, bool, Names, int64_t>) {
+    return std::make_shared<Reducer>(std::move(parameters), std::move(buckets), std::move(bucket_limits),
+                                     std::move(group), std::move(sparse), bucket_bytes,
+                                     /*find_unused_parameters=*/false, gradient_as_bucket_view, std::move(names),
+                                     first_bucket_bytes);
+  } else if constexpr (std::is_constructible_v<Reducer, std::vector<at::Tensor>, Buckets, Group, std::vector<bool>,
+                                               int64_t, bool, bool, Names, int64_t, bool, bool,
+                                               std::vector<int64_t>>) {
+    (void)bucket_limits;  // the Reducer derives them from the caps
+    return std::make_shared<Reducer>(std::move(parameters), std::move(buckets), std::move(group),
+                                     std::move(sparse), bucket_bytes, /*find_unused_parameters=*/false,
+                                     gradient_as_bucket_view, std::move(names), first_bucket_bytes,
+                                     /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+                                     /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
+  } else {
+    static_assert(detail::kUnknownForm<Reducer>,
+                  "this LibTorch's c10d::Reducer constructor is neither 1.13's nor 2.11's: add its form here");
+  }
+}
+
+// The c10d::ProcessGroup that runs `backend` (a ProcessGroupGloo) on the CPU. In 1.13
+// ProcessGroupGloo is itself a ProcessGroup; in 2.x it is a c10d::Backend, which a ProcessGroup
+// dispatches to by device type.
+template <typename ProcessGroup, typename Store, typename Backend>
+c10::intrusive_ptr<ProcessGroup> gloo_process_group(const c10::intrusive_ptr<Store>& store, int rank, int size,
+                                                    c10::intrusive_ptr<Backend> backend) {
+  if constexpr (std::is_base_of_v<ProcessGroup, Backend>) {
+    (void)store, (void)rank, (void)size;
+    return backend;
+  } else {
+    auto group = c10::make_intrusive<ProcessGroup>(store, rank, size);
+    group->setBackend(c10::DeviceType::CPU, ProcessGroup::BackendType::GLOO, backend);
+    group->setDefaultBackend(ProcessGroup::BackendType::GLOO);
+    return group;
+  }
 }
 
 }  // namespace fasttrain::compat
