@@ -718,21 +718,16 @@ std::vector<std::string> training_differences(const Config& a, const Config& b) 
 
 RunLengthChange run_length_change(const Config& saved, const Config& now) {
   RunLengthChange change;
-  // max_steps = 0 leaves the length to the epochs: no step limit at all.
+  // `before` and `after` as written; compared as `from` and `to` (max_steps = 0 is no step limit).
+  auto note = [&](const std::string& key, int64_t before, int64_t after, int64_t from, int64_t to) {
+    if (from == to) return;
+    (to > from ? change.longer : change.shorter).push_back(fmt::format("train.{} {} -> {}", key, before, after));
+  };
   auto step_limit = [](const Config& c) {
     return c.train.max_steps() > 0 ? c.train.max_steps() : std::numeric_limits<int64_t>::max();
   };
-  auto note = [&](const std::string& key, int64_t before, int64_t after) {
-    if (before == after) return;
-    (after > before ? change.longer : change.shorter)
-        .push_back(fmt::format("train.{} {} -> {}", key, before, after));
-  };
-  note("epochs", saved.train.epochs(), now.train.epochs());
-  if (step_limit(saved) != step_limit(now)) {
-    const bool longer = step_limit(now) > step_limit(saved);
-    (longer ? change.longer : change.shorter)
-        .push_back(fmt::format("train.max_steps {} -> {}", saved.train.max_steps(), now.train.max_steps()));
-  }
+  note("epochs", saved.train.epochs(), now.train.epochs(), saved.train.epochs(), now.train.epochs());
+  note("max_steps", saved.train.max_steps(), now.train.max_steps(), step_limit(saved), step_limit(now));
   return change;
 }
 
