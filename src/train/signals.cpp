@@ -11,16 +11,27 @@ namespace fasttrain {
 namespace {
 
 std::atomic<int> g_received{0};
+std::atomic<bool> g_announced{false};
 std::atomic<bool> g_installed{false};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
+static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
 void on_signal(int signal) {
   int expected = 0;
-  if (!g_received.compare_exchange_strong(expected, signal)) _exit(128 + signal);  // the second one
+  if (!g_received.compare_exchange_strong(expected, signal)) {
+    // The second signal. Another thread may be handling the first one right now: let its notice
+    // reach the terminal before the process ends, or the user never learns why it quit. (Both
+    // signals are in sa_mask, so the first handler is never interrupted on its own thread, and
+    // this wait cannot be waiting on itself.) The bound keeps a stuck write from holding the exit.
+    for (long spins = 0; !g_announced.load() && spins < 200'000'000L; ++spins) {
+    }
+    _exit(128 + signal);
+  }
   const char message[] =
       "\nfasttrain: stopping after this micro-batch and saving a checkpoint (signal again to quit now)\n";
   ssize_t ignored = write(STDERR_FILENO, message, sizeof(message) - 1);
   (void)ignored;
+  g_announced.store(true);
 }
 
 }  // namespace
@@ -28,9 +39,12 @@ void on_signal(int signal) {
 StopSignals::StopSignals() {
   FT_CHECK(!g_installed.exchange(true), "only one StopSignals guard may exist at a time");
   g_received.store(0);
+  g_announced.store(false);
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
+  sigaddset(&action.sa_mask, SIGINT);
+  sigaddset(&action.sa_mask, SIGTERM);
   action.sa_flags = SA_RESTART;  // reads and writes in flight continue instead of failing with EINTR
   sigaction(SIGINT, &action, &previous_int_);
   sigaction(SIGTERM, &action, &previous_term_);
