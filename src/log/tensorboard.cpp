@@ -273,7 +273,7 @@ std::string encode_session_start_event(double wall_time, int64_t step) {
   put_fixed(event, 1, wall_time);
   put_key(event, 2, kVarint);
   put_varint(event, static_cast<uint64_t>(step));
-  put_bytes(event, 6, session_log);
+  put_bytes(event, 7, session_log);
   return event;
 }
 
@@ -306,7 +306,7 @@ TensorBoardEvent decode_event(const std::string& record, const std::string& sour
       in.expect(field, type, kLengthDelimited);
       const auto [b, e] = in.span();
       event.file_version = record.substr(b, e - b);
-    } else if (field == 6) {
+    } else if (field == 7) {
       in.expect(field, type, kLengthDelimited);
       const auto log_span = in.span();
       WireReader session_log(record, log_span.first, log_span.second, source, "SessionLog");

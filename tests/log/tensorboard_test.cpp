@@ -91,10 +91,11 @@ TEST(TensorBoard, EncodesEventsAsTheProtobufWireFormat) {
   EXPECT_EQ(negative.substr(9, 11),
             bytes_of({0x10, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}));
   EXPECT_EQ(decode_event(negative).step, -1);
-  // Event{wall_time: 2, step: 7, session_log: {status: START}}: key 0x32 (field 6, length-delimited),
-  // length 2, key 0x08 (field 1, varint) and 1 (START).
+  // Event{wall_time: 2, step: 7, session_log: {status: START}}: key 0x3a (field 7, length-delimited),
+  // length 2, key 0x08 (field 1, varint) and 1 (START); the bytes event_pb2.Event.SerializeToString()
+  // gives. (Field 6 is the deprecated LogMessage: TensorBoard ignores a START written there.)
   const std::string start = encode_session_start_event(2.0, 7);
-  EXPECT_EQ(start, bytes_of({0x09, 0, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 7, 0x32, 2, 0x08, 1}));
+  EXPECT_EQ(start, bytes_of({0x09, 0, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 7, 0x3a, 2, 0x08, 1}));
   EXPECT_EQ(decode_event(start).session_status, 1);
   EXPECT_EQ(decode_event(start).step, 7);
   EXPECT_EQ(decode_event(big).session_status, 0);
@@ -233,9 +234,10 @@ TEST(TensorBoard, DetectsCorruptionAndTruncation) {
                        }),
                        {"field 2", "wire type 1"}));
   EXPECT_TRUE(mentions(error_of([&] { decode_event(bytes_of({0x10, 0x80}), "ev"); }), {"truncated varint"}));
-  // Unknown fields are skipped (TensorBoard's own files carry many).
+  // Unknown fields are skipped (TensorBoard's own files carry many): a varint field 15 and a
+  // LogMessage (field 6, length-delimited).
   const TensorBoardEvent skipped =
-      decode_event(bytes_of({0x38, 7, 0x42, 1, 'x'}) + encode_scalar_event(1, 2, "a", 3));
+      decode_event(bytes_of({0x78, 7, 0x32, 1, 'x'}) + encode_scalar_event(1, 2, "a", 3));
   EXPECT_EQ(skipped.step, 2);
   EXPECT_EQ(skipped.scalars.size(), 1u);
 }

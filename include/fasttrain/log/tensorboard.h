@@ -41,7 +41,8 @@ std::vector<std::string> read_tfrecords(const std::string& path);
 // Event protobuf encoders (exposed for tests and tools).
 std::string encode_file_version_event(double wall_time);
 std::string encode_scalar_event(double wall_time, int64_t step, const std::string& tag, float value);
-// Event { step, session_log = SessionLog { status = START } } (SessionLog is Event field 6).
+// Event { step, session_log = SessionLog { status = START } } (SessionLog is Event field 7; field 6
+// is the deprecated LogMessage, which TensorBoard ignores).
 std::string encode_session_start_event(double wall_time, int64_t step);
 
 struct TensorBoardScalar {
