@@ -12,20 +12,12 @@
 
 namespace fasttrain {
 
-namespace {
+namespace portable_amp {
 
-// The arithmetic of ATen's two fused kernels (aten/src/ATen/native/cuda/AmpKernels.cu), as tensor
-// ops, for devices where the build registers no kernel (CPU in LibTorch 1.13). Neither reads a
-// value back to the host.
-
-// For each gradient: found_inf = 1 if it holds an inf/NaN (checked before unscaling), then
-// gradient *= inv_scale.
+// The arithmetic of aten/src/ATen/native/cuda/AmpKernels.cu, as tensor ops; neither reads a value
+// back to the host.
 void non_finite_check_and_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
                                   const torch::Tensor& inv_scale) {
-  if (compat::has_amp_kernels(found_inf.device())) {
-    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
-    return;
-  }
   std::vector<torch::Tensor> all_finite;
   all_finite.reserve(grads.size());
   for (const torch::Tensor& grad : grads) {
@@ -36,14 +28,8 @@ void non_finite_check_and_unscale(const std::vector<torch::Tensor>& grads, torch
   found_inf.copy_(torch::maximum(found_inf, found));
 }
 
-// found_inf > 0: scale *= backoff_factor, tracker = 0. Otherwise tracker + 1 == growth_interval:
-// scale *= growth_factor unless that overflows fp32, tracker = 0; else tracker += 1.
 void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const torch::Tensor& found_inf,
                   double growth_factor, double backoff_factor, int64_t growth_interval) {
-  if (compat::has_amp_kernels(scale.device())) {
-    at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
-    return;
-  }
   torch::Tensor found = found_inf > 0;
   torch::Tensor successful = growth_tracker + 1;
   torch::Tensor grow = torch::logical_and(found.logical_not(), successful == growth_interval);
@@ -52,6 +38,29 @@ void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const tor
   scale.copy_(torch::where(found, scale * backoff_factor, kept_or_grown));
   growth_tracker.copy_(
       torch::where(torch::logical_or(found, grow), torch::zeros_like(successful), successful));
+}
+
+}  // namespace portable_amp
+
+namespace {
+
+// ATen's fused kernel where the build has one for the device, else the same arithmetic as tensor ops.
+void non_finite_check_and_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                                  const torch::Tensor& inv_scale) {
+  if (compat::has_amp_kernels(found_inf.device())) {
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale);
+  } else {
+    portable_amp::non_finite_check_and_unscale(grads, found_inf, inv_scale);
+  }
+}
+
+void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const torch::Tensor& found_inf,
+                  double growth_factor, double backoff_factor, int64_t growth_interval) {
+  if (compat::has_amp_kernels(scale.device())) {
+    at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+  } else {
+    portable_amp::update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+  }
 }
 
 }  // namespace

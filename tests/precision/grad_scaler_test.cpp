@@ -587,5 +587,52 @@ TEST(GradScaler, FusedKernelsMatchPortablePath_CUDA) {
   for (size_t i = 0; i < weights[0].size(); ++i) EXPECT_TRUE(torch::allclose(weights[0][i], weights[1][i]));
 }
 
+// Where LibTorch registers ATen's fused loss-scaling kernels for the CPU (2.x), the portable
+// arithmetic that GradScaler runs elsewhere (1.13's CPU) must equal them, step by step: unscaling
+// with and without non-finite values, a found_inf that is already set, growth, backoff, and growth
+// that would overflow fp32.
+TEST(GradScaler, PortableArithmeticEqualsAtensFusedKernelsOnTheCpu) {
+  if (!compat::has_amp_kernels(torch::kCPU)) {
+    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " registers no CPU kernels for _amp_foreach_non_finite_check_"
+                 << "and_unscale_ / _amp_update_scale_ (they came with 2.x); the _CUDA test checks them on a GPU";
+  }
+  const double nan = std::nan("");
+  const std::vector<std::vector<torch::Tensor>> unscale_cases = {
+      {torch::tensor({1.0f, -2.0f, 3.0f}), torch::tensor({0.5f})},
+      {torch::tensor({1.0f, static_cast<float>(kInf)}), torch::tensor({4.0f, 5.0f})},
+      {torch::tensor({static_cast<float>(nan), 1.0f}), torch::tensor({-kInf}).to(torch::kFloat32)},
+      {torch::full({1000}, 3e-3f), torch::arange(17, torch::kFloat32)}};
+  for (size_t c = 0; c < unscale_cases.size(); ++c) {
+    for (float found_before : {0.0f, 1.0f}) {
+      std::vector<torch::Tensor> fused, portable;
+      for (const auto& g : unscale_cases[c]) {
+        fused.push_back(g.clone());
+        portable.push_back(g.clone());
+      }
+      torch::Tensor found_fused = torch::full({1}, found_before), found_portable = torch::full({1}, found_before);
+      const torch::Tensor inv_scale = torch::full({1}, 1.0f / 1024.0f);
+      at::_amp_foreach_non_finite_check_and_unscale_(fused, found_fused, inv_scale);
+      portable_amp::non_finite_check_and_unscale(portable, found_portable, inv_scale);
+      EXPECT_TRUE(torch::equal(found_fused, found_portable)) << "case " << c << ": " << found_fused << found_portable;
+      for (size_t i = 0; i < fused.size(); ++i) {
+        EXPECT_TRUE(torch::allclose(fused[i], portable[i], 0, 0, /*equal_nan=*/true)) << "case " << c << " grad " << i;
+      }
+    }
+  }
+  // update: (found_inf per step) from a scale of 2^15, growth 2, backoff 0.5, interval 2; then from
+  // 3e38, where growing overflows fp32 and the scale must stay.
+  for (float start : {32768.0f, 3e38f}) {
+    torch::Tensor scale_fused = torch::full({1}, start), scale_portable = torch::full({1}, start);
+    torch::Tensor tracker_fused = torch::zeros({1}, torch::kInt32), tracker_portable = torch::zeros({1}, torch::kInt32);
+    for (float found : {0.0f, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 0.0f, 0.0f, 0.0f}) {
+      const torch::Tensor found_inf = torch::full({1}, found);
+      at::_amp_update_scale_(scale_fused, tracker_fused, found_inf, 2.0, 0.5, 2);
+      portable_amp::update_scale(scale_portable, tracker_portable, found_inf, 2.0, 0.5, 2);
+      ASSERT_TRUE(torch::equal(scale_fused, scale_portable)) << scale_fused << scale_portable;
+      ASSERT_TRUE(torch::equal(tracker_fused, tracker_portable)) << tracker_fused << tracker_portable;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace fasttrain

@@ -122,4 +122,19 @@ class GradScaler {
   std::function<void(torch::Tensor&)> found_inf_reducer_;
 };
 
+// The arithmetic of ATen's two fused loss-scaling kernels as plain tensor ops, which GradScaler runs
+// where the build registers no kernel for the device (CPU in LibTorch 1.13; 2.x has CPU kernels).
+// Public so that a test holds them to ATen's kernels where both exist.
+namespace portable_amp {
+// For each gradient: found_inf = 1 if it holds an inf/NaN (checked before unscaling), then
+// gradient *= inv_scale. (at::_amp_foreach_non_finite_check_and_unscale_)
+void non_finite_check_and_unscale(const std::vector<torch::Tensor>& grads, torch::Tensor& found_inf,
+                                  const torch::Tensor& inv_scale);
+// found_inf > 0: scale *= backoff_factor, tracker = 0. Otherwise tracker + 1 == growth_interval:
+// scale *= growth_factor unless that overflows fp32, tracker = 0; else tracker += 1.
+// (at::_amp_update_scale_)
+void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const torch::Tensor& found_inf,
+                  double growth_factor, double backoff_factor, int64_t growth_interval);
+}  // namespace portable_amp
+
 }  // namespace fasttrain
