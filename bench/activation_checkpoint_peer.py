@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The Python PyTorch peer of fasttrain's memory.checkpoint: the same small ResNet (stem conv-BN-ReLU,
 basic blocks conv-BN-ReLU-conv-BN + shortcut, ReLU; stages after the first halve the resolution;
 global average pool, linear head) trained with AdamW on random 28x28 batches, with every residual
@@ -6,7 +6,7 @@ block under torch.utils.checkpoint (use_reentrant=True, like fasttrain's) or non
 line: the median milliseconds per step of each. PyTorch's CPU allocator keeps no statistics, so
 the peer's memory is not measured.
 
-  /usr/bin/python3 bench/activation_checkpoint_peer.py --widths 32 64 --blocks 8 --batch 128 --threads 1
+  .venv/bin/python bench/activation_checkpoint_peer.py --widths 32 64 --blocks 8 --batch 128 --threads 1
 """
 import argparse
 import json

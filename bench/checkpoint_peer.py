@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The Python PyTorch peer of a fasttrain checkpoint: the default config's model and AdamW state
 saved with torch.save the way a careful PyTorch script does it (temporary file, fsync, rename,
 fsync of the directory), timed over --saves saves. Prints one JSON line.
 
-  /usr/bin/python3 bench/checkpoint_peer.py [--saves 20] [--threads 2]
+  .venv/bin/python bench/checkpoint_peer.py [--saves 20] [--threads 2]
 """
 import argparse
 import json

@@ -1,19 +1,22 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Runs fasttrain and its Python PyTorch peer side by side and reports the ratios (BENCHMARKS.md).
 
-  /usr/bin/python3 bench/compare.py classic   [--epochs 2]   # (a) same model and recipe: epoch time
-  /usr/bin/python3 bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
-  /usr/bin/python3 bench/compare.py ablation                 # each switch of the default config on/off
-  /usr/bin/python3 bench/compare.py checkpoint [--repeats 3] # checkpoint save time vs torch.save
-  /usr/bin/python3 bench/compare.py activations              # memory.checkpoint on a deep ResNet
-  /usr/bin/python3 bench/compare.py find-batch               # batch finder vs the true largest batch
-  /usr/bin/python3 bench/compare.py dist [--steps 300] [--repeats 1]  # 2 ranks x 1 thread vs 1 x 2: DDP, ZeRO
-  /usr/bin/python3 bench/compare.py gpt [--steps 300] [--repeats 3]   # byte-level GPT: tokens/s, MFU
-  /usr/bin/python3 bench/compare.py gpt-checkpoint [--steps 30]       # 12-layer GPT, memory.checkpoint = blocks
-  /usr/bin/python3 bench/compare.py gpt-bucketing [--steps 100]      # token-count buckets vs random batches
-  /usr/bin/python3 bench/compare.py all
+  .venv/bin/python bench/compare.py classic   [--epochs 2]   # (a) same model and recipe: epoch time
+  .venv/bin/python bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
+  .venv/bin/python bench/compare.py ablation                 # each switch of the default config on/off
+  .venv/bin/python bench/compare.py checkpoint [--repeats 3] # checkpoint save time vs torch.save
+  .venv/bin/python bench/compare.py activations              # memory.checkpoint on a deep ResNet
+  .venv/bin/python bench/compare.py find-batch               # batch finder vs the true largest batch
+  .venv/bin/python bench/compare.py dist [--steps 300] [--repeats 1]  # 2 ranks x 1 thread vs 1 x 2: DDP, ZeRO
+  .venv/bin/python bench/compare.py gpt [--steps 300] [--repeats 3]   # byte-level GPT: tokens/s, MFU
+  .venv/bin/python bench/compare.py gpt-checkpoint [--steps 30]       # 12-layer GPT, memory.checkpoint = blocks
+  .venv/bin/python bench/compare.py gpt-bucketing [--steps 100]      # token-count buckets vs random batches
+  .venv/bin/python bench/compare.py all
 
-Needs a Release build in build/ (scripts/build) and /usr/bin/python3 with Debian's python3-torch.
+Needs a Release build (scripts/build: build/, against PyTorch 2.11's LibTorch) and a Python with
+torch for the peers: --python, by default the pinned .venv of scripts/install-deps (PyTorch 2.11).
+To compare LibTorch 1.13 with itself: --build build-debian --python /usr/bin/python3 (python3-torch).
+On PyTorch 2.x, classic and gpt also run the peer under torch.compile.
 Each run's raw JSON goes to bench/out/. Both sides use 2 intra-op threads (dist: 2 ranks x 1 thread
 against 1 process x 2 threads; gpt, gpt-checkpoint: configs/gpt_text.toml's train.threads). --repeats
 defaults to 3, to 1 for dist and gpt-checkpoint; --steps to 300, to 30 for gpt-checkpoint. The gpt
@@ -50,15 +53,34 @@ def machine():
     forced = os.environ.get("FASTTRAIN_NATIVE_BF16")
     note = f", FASTTRAIN_NATIVE_BF16={forced}" if forced else ""
     return (f"{model} [{shown}]{note}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
-            f"torch {torch_version()}")
+            f"peer torch {torch_version()}")
+
+
+# The interpreter that runs the peers (--python).
+PYTHON = os.path.join(ROOT, ".venv", "bin", "python")
 
 
 def torch_version():
     try:
-        out = subprocess.run(["/usr/bin/python3", "-c", "import torch; print(torch.__version__)"],
+        out = subprocess.run([PYTHON, "-c", "import torch; print(torch.__version__)"],
                              capture_output=True, text=True, check=True)
         return out.stdout.strip()
     except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def peer_has_compile():
+    return not torch_version().startswith(("0.", "1."))
+
+
+def fasttrain_libtorch(build):
+    """The LibTorch version the build in `build` was configured against (from its CMake cache)."""
+    try:
+        torch_dir = next(line.split("=", 1)[1].strip() for line in open(os.path.join(build, "CMakeCache.txt"))
+                         if line.startswith("Torch_DIR:"))
+        text = open(os.path.join(torch_dir, "TorchConfigVersion.cmake")).read()
+        return text.split('set(PACKAGE_VERSION "', 1)[1].split('"', 1)[0]
+    except (OSError, StopIteration, IndexError):
         return "unknown"
 
 
@@ -82,19 +104,29 @@ def fasttrain(build, config, run_name, overrides):
 
 
 def peer(args):
-    out = run(["/usr/bin/python3", os.path.join(ROOT, "bench", "peer_classic.py"), "--json"] + args)
+    out = run([PYTHON, os.path.join(ROOT, "bench", "peer_classic.py"), "--json"] + args)
     return json.loads(out.strip().splitlines()[-1])
 
 
 def classic(opts):
     """(a) The same model and recipe: epoch time and data wait, at 1 and 2 intra-op threads.
-    fasttrain runs twice: as configured (NCHW) and with train.channels_last (same math)."""
+    fasttrain runs twice: as configured (NCHW) and with train.channels_last (same math). On PyTorch
+    2.x the peer also runs under torch.compile: its epoch is the steady rate after 20 warm-up steps
+    (which pay for the compilation, reported apart) over the first 900 steps (the epoch's last,
+    smaller batch would compile again)."""
     rows, raw = [], {}
     samples_per_epoch = 60000
     for threads in (1, 2):
         theirs = peer(["--epochs", str(opts.epochs), "--threads", str(threads), "--target-accuracy", "1.1"])
         theirs_epoch = statistics.mean(theirs["epoch_train_s"])
         raw[f"peer-{threads}"] = theirs
+        compiled_epoch = compile_s = None
+        if peer_has_compile():
+            compiled = peer(["--epochs", "1", "--threads", str(threads), "--target-accuracy", "1.1", "--compile",
+                             "--max-steps", "900", "--warmup-steps", "20"])
+            raw[f"peer-{threads}-compiled"] = compiled
+            compiled_epoch = samples_per_epoch / compiled["train_samples_per_s"]
+            compile_s = round(compiled["train_s_total"] - 880 * 64 / compiled["train_samples_per_s"], 1)
         for layout in ("nchw", "channels_last"):
             ours = fasttrain(opts.build, "configs/classic.toml", f"classic-{threads}-{layout}",
                              [f"train.epochs={opts.epochs}", f"train.threads={threads}",
@@ -105,6 +137,9 @@ def classic(opts):
                 "threads": threads, "fasttrain_layout": layout,
                 "fasttrain_epoch_s": round(ours_epoch, 2), "peer_epoch_s": round(theirs_epoch, 2),
                 "speedup": round(theirs_epoch / ours_epoch, 2),
+                "peer_compiled_epoch_s": round(compiled_epoch, 2) if compiled_epoch else None,
+                "speedup_vs_compiled": round(compiled_epoch / ours_epoch, 2) if compiled_epoch else None,
+                "peer_compile_and_warmup_s": compile_s,
                 "fasttrain_data_wait_fraction": round(ours["data_wait_fraction"], 5),
                 "fasttrain_test_accuracy": ours["test_accuracy"],
                 "peer_test_accuracy": theirs["evals"][-1]["test_accuracy"] if theirs["evals"] else None,
@@ -185,7 +220,7 @@ def checkpointing(opts):
             saves += [r["save_s"] for r in map(json.loads, f) if r["kind"] == "checkpoint"]
     step_dir = os.path.join(OUT, "checkpoint-50-0", "checkpoints", "step-50")
     ours_bytes = sum(os.path.getsize(os.path.join(step_dir, name)) for name in os.listdir(step_dir))
-    theirs = json.loads(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "checkpoint_peer.py"),
+    theirs = json.loads(run([PYTHON, os.path.join(ROOT, "bench", "checkpoint_peer.py"),
                              "--threads", str(opts.threads or 2)]).strip())
     ours_ms = 1000 * statistics.median(saves)
     wall = {k: statistics.median(r["wall_s"] for r in v) for k, v in runs.items()}
@@ -224,7 +259,7 @@ def activations(opts):
                        for i in range(opts.repeats)]
     peak = {k: statistics.median(r["peak_memory_bytes"] for r in v) for k, v in runs.items()}
     sps = {k: statistics.median(r["train_samples_per_s"] for r in v) for k, v in runs.items()}
-    theirs = json.loads(run(["/usr/bin/python3", os.path.join(ROOT, "bench", "activation_checkpoint_peer.py"),
+    theirs = json.loads(run([PYTHON, os.path.join(ROOT, "bench", "activation_checkpoint_peer.py"),
                              "--widths", "32", "64", "--blocks", "8", "--batch", "128", "--threads", "1"]).strip())
     act_none, act_blocks = peak["none"] - peak["batch 1"], peak["blocks"] - peak["batch 1"]
     row = {
@@ -353,7 +388,7 @@ def dist_bench(opts):
             ours[key].append(summary)
             if zero == 2:
                 continue
-            peer_cmd = ["/usr/bin/python3", os.path.join(ROOT, "bench", "peer_classic.py"), "--json",
+            peer_cmd = [PYTHON, os.path.join(ROOT, "bench", "peer_classic.py"), "--json",
                         "--threads", str(threads), "--batch-size", str(batch), "--max-steps", str(opts.steps),
                         "--warmup-steps", str(DIST_WARMUP_STEPS), "--epochs", str(epochs),
                         "--target-accuracy", "1.1", "--seed", str(i)] + (["--zero", str(zero)] if zero else [])
@@ -523,7 +558,7 @@ def gpt_peer_args(config, steps, warmup, layers=None, batch_size=None):
 
 
 def peer_gpt(args):
-    out = run(["/usr/bin/python3", os.path.join(ROOT, "bench", "peer_gpt.py")] + args)
+    out = run([PYTHON, os.path.join(ROOT, "bench", "peer_gpt.py")] + args)
     return json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
 
 
@@ -558,7 +593,7 @@ def gpt_bench(opts):
     tokens_per_step = batch * context
     if opts.steps <= GPT_WARMUP_STEPS:
         sys.exit(f"gpt: --steps must exceed the {GPT_WARMUP_STEPS} warm-up steps")
-    ours, theirs = [], []
+    ours, theirs, compiled = [], [], []
     for i in range(opts.repeats):
         name = f"gpt-{i}"
         summary = fasttrain_gpt(opts, config, name, i, [f"log.every_steps={GPT_LOG_EVERY}"] + extra)
@@ -566,7 +601,10 @@ def gpt_bench(opts):
         summary["steady_tokens_per_s"] = fasttrain_steady_samples_per_s(run_dir, tokens_per_step, GPT_WARMUP_STEPS)
         summary["final_loss"] = last_train_loss(run_dir)
         ours.append(summary)
-        theirs.append(peer_gpt(gpt_peer_args(config, opts.steps, GPT_WARMUP_STEPS) + ["--seed", str(i)]))
+        peer_args = gpt_peer_args(config, opts.steps, GPT_WARMUP_STEPS) + ["--seed", str(i)]
+        theirs.append(peer_gpt(peer_args))
+        if peer_has_compile():
+            compiled.append(peer_gpt(peer_args + ["--compile"]))
 
     # train.threads (torch.set_num_threads) sets OpenMP's threads, not OpenBLAS's own pool, which runs the
     # fp32 matmuls on every core: the fp32 ceiling is measured at the BLAS threads training used. bf16
@@ -588,7 +626,11 @@ def gpt_bench(opts):
     ft_loss = round(statistics.median(r["final_loss"] for r in ours), 4)
     pr_loss = round(statistics.median(r["final_loss"] for r in theirs), 4)
     thread_words = f"{threads} thread{'s' if threads != 1 else ''}"
+    pc = statistics.median(r["tokens_per_s"] for r in compiled) if compiled else None
+    pc_loss = round(statistics.median(r["final_loss"] for r in compiled), 4) if compiled else None
     mfu = {"fasttrain": ft * flops_per_token / peak, "peer": pr * flops_per_token / peak}
+    if pc:
+        mfu["peer_compiled"] = pc * flops_per_token / peak
     row = {
         "benchmark": f"byte-level GPT (L={layers}, H={config['model']['heads']}, C={embed}, T={context}, "
                      f"batch {batch}, {thread_words}, {precision}, {opts.steps} steps; median of {opts.repeats})"
@@ -596,6 +638,9 @@ def gpt_bench(opts):
         "fasttrain_tokens_per_s": round(ft, 1),
         "peer_tokens_per_s": round(pr, 1),
         "fasttrain_over_peer": round(ft / pr, 3),
+        "peer_compiled_tokens_per_s": round(pc, 1) if pc else None,
+        "fasttrain_over_peer_compiled": round(ft / pc, 3) if pc else None,
+        "peer_compiled_final_loss": pc_loss,
         "fasttrain_tokens_per_s_runs": [round(r["steady_tokens_per_s"], 1) for r in ours],
         "peer_tokens_per_s_runs": [r["tokens_per_s"] for r in theirs],
         "fasttrain_ms_per_step": round(1000 * tokens_per_step / ft, 2),
@@ -631,13 +676,17 @@ def gpt_bench(opts):
         f"| MFU | {100 * mfu['fasttrain']:.1f}% | {100 * mfu['peer']:.1f}% | |",
         f"| training loss at step {opts.steps} (mean of the last {GPT_LOG_EVERY} steps) | {ft_loss:.3f} | "
         f"{pr_loss:.3f} | |",
+    ] + ([
+        f"| peer under torch.compile: tokens/s, MFU, loss | {ft:,.0f} | {pc:,.0f} ({100 * mfu['peer_compiled']:.1f}%, "
+        f"{pc_loss:.3f}) | {ft / pc:.2f} |",
+    ] if pc else []) + [
         "",
         f"MFU = tokens/s x (6N + 12LTC) / {peak / 1e9:.0f} GFLOP/s, with N = {non_embedding:,} non-embedding "
         f"parameters (all {theirs[0]['parameters']:,} but the position embedding) and the ceiling the best "
         f"median {ceiling_words} (sizes 512, 1024 and 2048; {thread_words} is OpenMP's count; torch {theirs[0]['torch']}, the "
         f"LibTorch both sides run on). Peer attention: {theirs[0]['attention']}. Machine: {machine()}.",
     ])
-    return row, {"fasttrain": ours, "peer": theirs, "matmul_ceiling": ceiling}
+    return row, {"fasttrain": ours, "peer": theirs, "peer_compiled": compiled, "matmul_ceiling": ceiling}
 
 
 def gpt_checkpoint_bench(opts):
@@ -780,6 +829,7 @@ def gpt_bucketing_bench(opts):
 
 
 def main():
+    global PYTHON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
                                      "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "all"])
@@ -792,7 +842,10 @@ def main():
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     p.add_argument("--set", action="append",
                    help="gpt, gpt-bucketing: a config override SECTION.KEY=VALUE for both sides (repeatable)")
+    p.add_argument("--python", default=PYTHON,
+                   help="the interpreter of the peers (default: .venv/bin/python, PyTorch 2.11)")
     opts = p.parse_args()
+    PYTHON = opts.python
     require_fasttrain(opts.build)
     os.makedirs(OUT, exist_ok=True)
     benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
@@ -805,6 +858,7 @@ def main():
         opts.steps = steps if steps is not None else {"gpt-checkpoint": 30, "gpt-bucketing": 100}.get(name, 300)
         row, raw = benches[name](opts)
         row["machine"] = machine()
+        row["fasttrain_libtorch"] = fasttrain_libtorch(opts.build)
         markdown = row.pop("markdown", None)
         with open(os.path.join(OUT, f"{name}.json"), "w") as f:
             json.dump({"result": row, "raw": raw}, f, indent=2)

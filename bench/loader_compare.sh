@@ -3,14 +3,16 @@
 #
 #   bench/loader_compare.sh [BIN_DIR] [extra args for both, e.g. --epochs 2 --workers 0,2]
 #
-# BIN_DIR holds loader_bench (default: build/bin). The peer runs with /usr/bin/python3, the
-# interpreter that has Debian's torch. Prints both JSON lines per worker count, then a ratio table.
+# BIN_DIR holds loader_bench (default: build/bin, built against PyTorch 2.11's LibTorch). The peer
+# runs with $PYTHON: by default the pinned .venv of scripts/install-deps (PyTorch 2.11); for Debian's
+# 1.13 on both sides: PYTHON=/usr/bin/python3 bench/loader_compare.sh build-debian/bin.
+# Prints both JSON lines per worker count, then a ratio table.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 bin_dir="${1:-build/bin}"
 shift || true
-python=/usr/bin/python3
+python="${PYTHON:-$here/../.venv/bin/python}"
 
 if [[ ! -x "$bin_dir/loader_bench" ]]; then
   echo "error: $bin_dir/loader_bench not found; build the bench target (complete build) or pass its directory" >&2

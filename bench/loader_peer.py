@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Peer of bench/loader_bench.cpp: the same pipeline with torch.utils.data.DataLoader.
 
 Fashion-MNIST train set, batch 256, per-sample pad(2) + random 28x28 crop, horizontal flip (p=0.5),
@@ -6,8 +6,8 @@ ToTensor-style scaling and normalisation, all with torch ops on each sample as t
 RandomCrop / RandomHorizontalFlip / ToTensor / Normalize do (torchvision itself is not installed).
 Prints one JSON line per worker count.
 
-Run with /usr/bin/python3 (Debian's torch 1.13):
-    /usr/bin/python3 bench/loader_peer.py [--data DIR] [--workers 0,2] [--epochs 1] [--batch-size 256]
+Run with .venv/bin/python (PyTorch 2.11, scripts/install-deps) or /usr/bin/python3 (Debian's 1.13):
+    .venv/bin/python bench/loader_peer.py [--data DIR] [--workers 0,2] [--epochs 1] [--batch-size 256]
 """
 import argparse
 import gzip

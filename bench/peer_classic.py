@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Python PyTorch peer: the classic Fashion-MNIST CNN, written the standard way.
 
 Model: conv3x3(1->32,pad 1) ReLU maxpool2, conv3x3(32->64,pad 1) ReLU maxpool2, flatten,
@@ -24,9 +24,12 @@ rank 0 prints; throughputs are global (every rank's samples over rank 0's clock)
 world_size, ddp_logging (the avg_* entries of DDP's _get_ddp_logging_data(), nanoseconds),
 optimizer_state_bytes (rank 0's; _per_rank: every rank's) and gradient_bytes.
 
-Run with /usr/bin/python3 (the interpreter that has torch):
-  /usr/bin/python3 bench/peer_classic.py --epochs 5 --json
-  fasttrain launch --nproc 2 -- /usr/bin/python3 bench/peer_classic.py --threads 1 --max-steps 300 \
+--compile: torch.compile(model) (PyTorch 2.x), the same loop around it.
+
+Run with the pinned environment's Python (scripts/install-deps: PyTorch 2.11), or /usr/bin/python3
+(Debian's python3-torch, 1.13):
+  .venv/bin/python bench/peer_classic.py --epochs 5 --json [--compile]
+  fasttrain launch --nproc 2 -- .venv/bin/python bench/peer_classic.py --threads 1 --max-steps 300 \
       --target-accuracy 1.1 --json [--zero 1]
 """
 import argparse
@@ -115,8 +118,13 @@ def main():
     p.add_argument("--bucket-cap-mb", type=float, default=25.0, help="distributed: DDP's bucket_cap_mb")
     p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2],
                    help="distributed: 1 or 2 = ZeroRedundancyOptimizer (PyTorch has only stage 1)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (PyTorch 2.x; its compilation counts in the first steps, "
+                        "so train_samples_per_s, which leaves out the warm-up steps, is the steady rate)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
+    if args.compile and not hasattr(torch, "compile"):
+        p.error(f"--compile needs PyTorch 2.x; this is torch {torch.__version__}")
 
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     distributed = world_size > 1
@@ -156,6 +164,8 @@ def main():
     test_loader = DataLoader(test_ds, batch_size=1000, shuffle=False, num_workers=args.workers)
 
     model = ClassicCNN()
+    if args.compile:
+        model = torch.compile(model)
     if distributed:
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=args.bucket_cap_mb)
     if args.zero:
@@ -273,7 +283,7 @@ def main():
     dist_info["gradient_bytes"] = sum(q.grad.numel() * q.grad.element_size()
                                       for q in model.parameters() if q.grad is not None)
     result = {
-        "peer": "classic",
+        "peer": "classic", "torch": torch.__version__, "compiled": args.compile,
         "threads": args.threads, "workers": args.workers, "batch_size": args.batch_size,
         "seed": args.seed, "epochs_run": len(epoch_seconds),
         "epoch_train_s": epoch_seconds, "samples_per_s": samples_per_s,

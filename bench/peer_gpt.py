@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Python PyTorch peer: fasttrain's byte-level GPT (src/models/gpt.cpp), written the standard way.
 
 Data, as fasttrain's text dataset (src/data/text.cpp): every file under --path (walked recursively,
@@ -35,9 +35,12 @@ Progress goes to stderr every --log-every steps; stdout gets one JSON line at th
 threads of its pool; bf16: oneDNN, on --threads OpenMP threads) : square matmuls of 512, 1024 and 2048 (2 n^3 flops each), warmed up, then repeated for at least 0.5 s and 3 times per size;
 prints each size's median FLOP/s and the largest.
 
-Run with /usr/bin/python3 (the interpreter that has torch):
-  /usr/bin/python3 bench/peer_gpt.py --steps 300 --warmup-steps 20 --threads 2
-  /usr/bin/python3 bench/peer_gpt.py --matmul-ceiling --threads 2
+--compile runs the model under torch.compile (PyTorch 2.x); the same loop around it.
+
+Run with the pinned environment's Python (scripts/install-deps: PyTorch 2.11) or /usr/bin/python3
+(Debian's python3-torch, 1.13):
+  .venv/bin/python bench/peer_gpt.py --steps 300 --warmup-steps 20 --threads 2 [--compile]
+  .venv/bin/python bench/peer_gpt.py --matmul-ceiling --threads 2
 """
 import argparse
 import ctypes
@@ -255,6 +258,8 @@ def train(args):
     model = GPT(args.layers, args.heads, args.embed, args.context, args.dropout, args.checkpoint_blocks)
     model.train()
     params = list(model.parameters())
+    if args.compile:
+        model = torch.compile(model)  # same parameters; forward and backward compiled on the first step
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() <= 1]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
@@ -319,6 +324,7 @@ def train(args):
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "rss_at_train_start_bytes": rss_start,
         "torch": torch.__version__,
+        "compiled": args.compile,
         "threads": args.threads,
         "precision": args.precision,
         "blas_threads": openblas.openblas_get_num_threads() if openblas is not None else None,
@@ -361,7 +367,11 @@ def main():
                    help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling)")
     p.add_argument("--blas-threads", type=int, default=0, help="OpenBLAS's own threads (0: its count)")
     p.add_argument("--matmul-ceiling", action="store_true", help="measure torch.mm FLOP/s instead of training")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (PyTorch 2.x; the warm-up steps pay for the compilation)")
     args = p.parse_args()
+    if args.compile and not hasattr(torch, "compile"):
+        p.error(f"--compile needs PyTorch 2.x; this is torch {torch.__version__}")
     if args.threads < 1:
         p.error("--threads must be >= 1")
     if args.matmul_ceiling:

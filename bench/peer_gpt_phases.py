@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Where the peer's GPT step goes: bench/peer_gpt.py's model (configs/gpt_text.toml's sizes: L=4,
 H=4, C=128, T=128, batch 32) timed around forward + loss, backward, and clipping + AdamW, on one
 fixed random batch, --steps steps after --warmup; prints ms per step of each. The counterpart is
 fasttrain's step_phases_s in summary.json (forward, backward, optimizer).
 
-  /usr/bin/python3 bench/peer_gpt_phases.py --threads 1
+  .venv/bin/python bench/peer_gpt_phases.py --threads 1
 """
 import argparse
 import os

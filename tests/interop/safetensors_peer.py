@@ -1,14 +1,13 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Loads a fasttrain final/model.safetensors into the PyTorch peer model and evaluates it.
 
 The peer is the same network written in plain torch.nn (built from the run's config.toml), so this
-checks that the weights file is standard safetensors with PyTorch's state_dict names: every
-tensor maps onto a parameter or buffer (strict=True), and the test accuracy equals fasttrain's.
-The safetensors file is parsed here with the standard library, struct and torch only (Debian has
-no python3-safetensors): 8-byte little-endian header length, JSON header, raw little-endian data.
+checks that the weights file is standard safetensors with PyTorch's state_dict names: the
+`safetensors` package opens it, every tensor maps onto a parameter or buffer (strict=True), and the
+test accuracy equals fasttrain's.
 
-  /usr/bin/python3 tests/interop/safetensors_peer.py RUN_DIR/config.toml RUN_DIR/final/model.safetensors
-prints {"test_accuracy": ..., "test_loss": ..., "samples": ...} like `fasttrain eval`.
+  .venv/bin/python tests/interop/safetensors_peer.py RUN_DIR/config.toml RUN_DIR/final/model.safetensors
+prints {"test_accuracy": ..., "test_loss": ..., "samples": ..., "torch": VERSION} like `fasttrain eval`.
 """
 import gzip
 import json
@@ -20,27 +19,7 @@ import tomllib
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-          "U8": torch.uint8, "BOOL": torch.bool}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + header_len])
-    header.pop("__metadata__", None)
-    buffer = data[8 + header_len:]
-    tensors = {}
-    for name, info in header.items():
-        begin, end = info["data_offsets"]
-        raw = bytearray(buffer[begin:end])
-        flat = torch.frombuffer(raw, dtype=DTYPES[info["dtype"]]) if raw else torch.empty(0, dtype=DTYPES[info["dtype"]])
-        tensors[name] = flat.reshape(info["shape"]).clone()
-    return tensors
-
+from safetensors.torch import load_file
 
 def read_idx(directory, stem):
     for name in (stem, stem + ".gz"):
@@ -127,7 +106,7 @@ def main():
     if kind is None:
         raise SystemExit(f"error: the peer has no {config['model']['name']} model (mlp and cnn only)")
     model = kind(config, 1, 28, 28)
-    model.load_state_dict(load_safetensors(sys.argv[2]), strict=True)
+    model.load_state_dict(load_file(sys.argv[2]), strict=True)
     model.eval()
     torch.set_num_threads(1)
     loss_sum, correct = 0.0, 0
@@ -138,7 +117,7 @@ def main():
             loss_sum += F.cross_entropy(logits, target, reduction="sum").item()
             correct += (logits.argmax(1) == target).sum().item()
     print(json.dumps({"test_accuracy": correct / len(labels), "test_loss": loss_sum / len(labels),
-                      "samples": len(labels)}))
+                      "samples": len(labels), "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Generates schedule_references.json: PyTorch's own LR (and momentum) sequences that
 tests/optim/schedule_test.cpp compares fasttrain's schedules against.
 
-Regenerate (needs PyTorch; on Debian /usr/bin/python3 has python3-torch) from the repo root:
+Regenerate (needs PyTorch: the pinned .venv of scripts/install-deps, 2.11) from the repo root:
 
-    /usr/bin/python3 tests/optim/make_schedule_references.py
+    .venv/bin/python tests/optim/make_schedule_references.py
+
+(PyTorch 1.13 and 2.11 give the same 20 sequences to the last bit; the file records which one wrote it.)
 
 It writes tests/optim/schedule_references.json next to this script; commit the result.
 
