@@ -612,9 +612,12 @@ def gpt_bench(opts):
     blas_threads = theirs[0].get("blas_threads") or threads
     ceiling_threads = threads if precision == "bf16" else blas_threads
     ceiling = peer_gpt(["--matmul-ceiling", "--threads", str(ceiling_threads), "--precision", precision])
-    ceiling_words = (f"bf16 torch.mm (oneDNN) at {threads} OpenMP threads, as training ran its autocast matmuls"
-                     if precision == "bf16" else
-                     f"fp32 torch.mm with OpenBLAS at {blas_threads} threads, as training ran its matmuls")
+    if precision == "bf16":
+        ceiling_words = f"bf16 torch.mm (oneDNN) at {threads} OpenMP threads, as training ran its autocast matmuls"
+    elif theirs[0].get("blas_threads"):
+        ceiling_words = f"fp32 torch.mm with OpenBLAS at {blas_threads} threads, as training ran its matmuls"
+    else:  # MKL (PyTorch 2.x's wheel) and other BLAS libraries run on the OpenMP threads
+        ceiling_words = f"fp32 torch.mm (the BLAS on the OpenMP threads) at {threads} threads, as training ran its matmuls"
     expected = gpt_parameters(layers, embed, context)
     if theirs[0]["parameters"] != expected:
         sys.exit(f"the peer has {theirs[0]['parameters']} parameters, fasttrain's gpt {expected}")
