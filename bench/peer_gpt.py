@@ -41,8 +41,33 @@ Run with the pinned environment's Python (scripts/install-deps: PyTorch 2.11) or
 (Debian's python3-torch, 1.13):
   .venv/bin/python bench/peer_gpt.py --steps 300 --warmup-steps 20 --threads 2 [--compile]
   .venv/bin/python bench/peer_gpt.py --matmul-ceiling --threads 2
+
+--device cuda (or cuda:N) trains on a GPU; the CPU behaviour above is unchanged (--device cpu, the default).
+On CUDA: the model is built and initialised on the CPU as above (same seed, same weights) and moved to the
+GPU; the training tokens live on the GPU (uint8) and each batch is drawn there (torch.randint on the device,
+seeded by --seed); --precision auto (the default) is bf16 autocast on CUDA (weights and optimizer fp32) and
+fp32 on the CPU; fp32 on CUDA allows TF32 matmuls (fasttrain's train.tf32 = true); AdamW runs fused
+(fused=True); clipping is clip_grad_norm_ (foreach, no host read); attention is
+F.scaled_dot_product_attention(is_causal=True) restricted to --sdpa-backend (default on CUDA: flash, which
+takes bf16/fp16 only, so fp32 runs take auto). Nothing reads the device inside a step: the losses stay on the
+GPU and are read only at --log-every steps (as fasttrain reads them at log.every_steps; --log-every 0: never
+before the end). Timing: a torch.cuda.synchronize() at the end of step --warmup-steps and at the end of the
+last step bound the tokens/s clock (host wall time); step_ms is the median of the per-step times between CUDA
+events recorded at each step's end on the stream (no synchronisation). peak_memory_bytes is
+torch.cuda.max_memory_allocated() over training (peak_reserved_bytes: the caching allocator's reserve).
+MFU = tokens/s x flops_per_token / ceiling, flops_per_token = 6 N + 12 L T C (N: the non-embedding
+parameters, as bench/compare.py counts them), ceiling: --ceiling-flops when > 0, else measured after
+training as --matmul-ceiling does on CUDA (< 0: no MFU). --matmul-ceiling on CUDA: torch.mm of random
+(randn, not zeros: power draw and clocks depend on the data) square matrices of --ceiling-sizes (default
+2048, 4096, 8192) in --precision (bf16; fp32 = TF32 tensor cores), warmed up (at least 0.3 s), then timed
+with CUDA events, each sample enough back-to-back products for about 25 ms, at least 5 samples and 0.5 s per
+size; each size's median FLOP/s and the largest (max_flop_per_s).
+  /opt/torch/.venv/bin/python3 bench/peer_gpt.py --device cuda --path . --include '*.cpp' \
+      --layers 12 --heads 12 --embed 768 --context 1024 --batch-size 16 --steps 60 --warmup-steps 10 [--compile]
+  /opt/torch/.venv/bin/python3 bench/peer_gpt.py --device cuda --matmul-ceiling
 """
 import argparse
+import contextlib
 import ctypes
 import fnmatch
 import json
@@ -171,7 +196,7 @@ class GPT(nn.Module):
                     w.normal_(0.0, 0.02 / math.sqrt(2.0 * layers))
 
     def forward(self, tokens):  # [B, T] int64 -> logits [B * T, 256]
-        positions = torch.arange(tokens.size(1), dtype=torch.long)
+        positions = torch.arange(tokens.size(1), dtype=torch.long, device=tokens.device)
         x = self.dropout(self.token_embedding(tokens) + self.position_embedding(positions))
         for block in self.blocks:
             x = checkpoint(block, x, use_reentrant=True) if self.checkpoint_blocks else block(x)
@@ -205,7 +230,68 @@ def resident_bytes():
 
 
 # ---- the two modes ----------------------------------------------------------------------------
+def cuda_flop_ceiling(device, precision, sizes):
+    """torch.mm FLOP/s on a CUDA device: random square matrices of each size in bf16 (or fp32, TF32 allowed),
+    warmed up, then timed with CUDA events. Returns {size: {median_flop_per_s, ...}}."""
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    result = {}
+    for n in sizes:
+        generator = torch.Generator(device=device)
+        generator.manual_seed(n)
+        a = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+        b = torch.randn(n, n, device=device, dtype=dtype, generator=generator)
+        c = torch.empty(n, n, device=device, dtype=dtype)
+        flops = 2.0 * n ** 3
+        start, products = time.perf_counter(), 0
+        while True:  # warm-up: at least 3 products and 0.3 s (clocks and power settle)
+            torch.mm(a, b, out=c)
+            products += 1
+            if products >= 3:
+                torch.cuda.synchronize(device)
+                if time.perf_counter() - start >= 0.3:
+                    break
+        each = (time.perf_counter() - start) / products
+        inner = max(1, math.ceil(0.025 / max(each, 1e-7)))  # products per sample: about 25 ms
+        rates, spent = [], 0.0
+        while spent < 0.5 or len(rates) < 5:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(inner):
+                torch.mm(a, b, out=c)
+            end.record()
+            end.synchronize()
+            seconds = begin.elapsed_time(end) / 1000.0
+            spent += seconds
+            rates.append(inner * flops / seconds)
+        result[str(n)] = {"median_flop_per_s": statistics.median(rates), "max_flop_per_s": max(rates),
+                          "samples": len(rates), "products_per_sample": inner, "seconds": round(spent, 3)}
+        del a, b, c
+    return result
+
+
+def cuda_device(name):
+    device = torch.device(name)
+    if not torch.cuda.is_available():
+        sys.exit(f"--device {name}: this torch ({torch.__version__}) sees no CUDA device")
+    if device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(device)
+    torch.backends.cuda.matmul.allow_tf32 = True  # fasttrain's train.tf32 = true (fp32 matmuls on tensor cores)
+    torch.backends.cudnn.allow_tf32 = True
+    return device
+
+
 def matmul_ceiling(args):
+    if args.device != "cpu":
+        device = cuda_device(args.device)
+        sizes = cuda_flop_ceiling(device, args.precision, args.ceiling_sizes)
+        print(json.dumps({
+            "peer": "matmul-ceiling", "device": str(device), "gpu": torch.cuda.get_device_name(device),
+            "dtype": "bfloat16" if args.precision == "bf16" else "float32 (TF32 allowed)", "op": "torch.mm",
+            "torch": torch.__version__, "cuda": torch.version.cuda, "sizes": sizes,
+            "max_flop_per_s": max(s["median_flop_per_s"] for s in sizes.values()),
+        }), flush=True)
+        return
     torch.set_num_threads(args.threads)
     torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # loads the BLAS
     library, openblas = blas()
@@ -240,6 +326,63 @@ def matmul_ceiling(args):
     }), flush=True)
 
 
+def sdpa_context(name):
+    """A context restricting F.scaled_dot_product_attention to one backend (torch.nn.attention.sdpa_kernel),
+    or nothing for "auto"."""
+    if name == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+    return sdpa_kernel([backend])
+
+
+def cuda_loop(args, model, params, optimizer, lr_at, train_tokens, offsets, device):
+    """The training loop on a GPU: batches drawn on the device, bf16 autocast, no host read inside a step.
+    Returns (losses as floats, per-step seconds of the timed steps, timed seconds, the loss curve)."""
+    T, B, warmup = args.context, args.batch_size, args.warmup_steps
+    amp = args.precision == "bf16"
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(args.steps + 1)]
+    device_losses, curve = [], []
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    mark = time.perf_counter() if warmup == 0 else None
+    log_start = time.perf_counter()
+    events[0].record()
+    with sdpa_context(args.sdpa_backend):
+        for step in range(args.steps):
+            starts = torch.randint(0, train_tokens.numel() - T, (B,), device=device)
+            window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
+            x, y = window[:, :-1], window[:, 1:]
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
+                loss = F.cross_entropy(model(x), y.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, args.clip_norm, foreach=True)
+            optimizer.step()
+            device_losses.append(loss.detach())
+            events[step + 1].record()
+            if step + 1 == warmup:
+                torch.cuda.synchronize(device)
+                mark = time.perf_counter()
+            if args.log_every and ((step + 1) % args.log_every == 0 or step + 1 == args.steps):
+                since = (step // args.log_every) * args.log_every
+                mean = torch.stack(device_losses[since:]).float().mean().item()  # synchronises, as fasttrain's log
+                now = time.perf_counter()
+                curve.append([step + 1, round(mean, 4)])
+                print(f"step {step + 1}: loss {mean:.4f}, {1000 * (now - log_start) / (step + 1 - since):.1f} ms/step",
+                      file=sys.stderr, flush=True)
+                log_start = now
+    torch.cuda.synchronize(device)
+    measured_s = time.perf_counter() - mark
+    step_s = [events[i].elapsed_time(events[i + 1]) / 1000.0 for i in range(warmup, args.steps)]
+    losses = torch.stack(device_losses).float().tolist()
+    return losses, step_s, measured_s, curve
+
+
 def train(args):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -253,9 +396,15 @@ def train(args):
     T, B = args.context, args.batch_size
     if train_tokens.numel() < T + 1:
         sys.exit(f"the training split has {train_tokens.numel()} tokens, fewer than context + 1 = {T + 1}")
-    offsets = torch.arange(T + 1)
+    cuda = args.device != "cpu"
+    device = cuda_device(args.device) if cuda else torch.device("cpu")
+    if cuda:
+        train_tokens = train_tokens.to(device)  # uint8, resident on the GPU
+    offsets = torch.arange(T + 1, device=device)
 
     model = GPT(args.layers, args.heads, args.embed, args.context, args.dropout, args.checkpoint_blocks)
+    if cuda:
+        model.to(device)  # initialised on the CPU (the same weights as a CPU run), then moved
     model.train()
     params = list(model.parameters())
     if args.compile:
@@ -264,7 +413,7 @@ def train(args):
     no_decay = [p for p in params if p.dim() <= 1]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                                    {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=args.lr, betas=(0.9, args.beta2), eps=1e-8)
+                                  lr=args.lr, betas=(0.9, args.beta2), eps=1e-8, **({"fused": True} if cuda else {}))
     parameters = sum(p.numel() for p in params)
     non_embedding = parameters - model.position_embedding.weight.numel()
 
@@ -278,41 +427,48 @@ def train(args):
     if warmup >= args.steps:
         sys.exit(f"--warmup-steps ({warmup}) must be below --steps ({args.steps})")
     rss_start = resident_bytes()
-    step_s, losses, curve = [], [], []
-    mark = time.perf_counter() if warmup == 0 else None
-    measured_s = 0.0
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        starts = torch.randint(0, train_tokens.numel() - T, (B,))
-        window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
-        x, y = window[:, :-1], window[:, 1:]
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = F.cross_entropy(model(x), y.reshape(-1))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if args.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
-        optimizer.step()
-        losses.append(loss.item())
-        now = time.perf_counter()
-        if step + 1 > warmup:
-            step_s.append(now - t0)
-        if mark is not None and step + 1 > warmup:
-            measured_s = now - mark
-        elif step + 1 == warmup:
-            mark = now
-        if args.log_every and ((step + 1) % args.log_every == 0 or step + 1 == args.steps):
-            since = (step // args.log_every) * args.log_every
-            mean = statistics.fmean(losses[since:])
-            curve.append([step + 1, round(mean, 4)])
-            print(f"step {step + 1}: loss {mean:.4f}, {1000 * (now - t0):.1f} ms", file=sys.stderr, flush=True)
+    if cuda:
+        losses, step_s, measured_s, curve = cuda_loop(args, model, params, optimizer, lr_at, train_tokens, offsets,
+                                                      device)
+    else:
+        step_s, losses, curve = [], [], []
+        mark = time.perf_counter() if warmup == 0 else None
+        measured_s = 0.0
+        for step in range(args.steps):
+            t0 = time.perf_counter()
+            starts = torch.randint(0, train_tokens.numel() - T, (B,))
+            window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
+            x, y = window[:, :-1], window[:, 1:]
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                loss = F.cross_entropy(model(x), y.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if args.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+            optimizer.step()
+            losses.append(loss.item())
+            now = time.perf_counter()
+            if step + 1 > warmup:
+                step_s.append(now - t0)
+            if mark is not None and step + 1 > warmup:
+                measured_s = now - mark
+            elif step + 1 == warmup:
+                mark = now
+            if args.log_every and ((step + 1) % args.log_every == 0 or step + 1 == args.steps):
+                since = (step // args.log_every) * args.log_every
+                mean = statistics.fmean(losses[since:])
+                curve.append([step + 1, round(mean, 4)])
+                print(f"step {step + 1}: loss {mean:.4f}, {1000 * (now - t0):.1f} ms", file=sys.stderr, flush=True)
 
     library, openblas = blas()
     tail = losses[-args.log_every:] if args.log_every else losses[-1:]
     timed_steps = args.steps - warmup
-    print(json.dumps({
+    if cuda:
+        peak_allocated = torch.cuda.max_memory_allocated(device)
+        peak_reserved = torch.cuda.max_memory_reserved(device)
+    result = {
         "peer": "gpt",
         "tokens_per_s": round(timed_steps * B * T / measured_s, 1),
         "step_ms": round(1000 * statistics.median(step_s), 3),
@@ -336,7 +492,31 @@ def train(args):
         "train_documents": documents["train"],
         "layers": args.layers, "heads": args.heads, "embed": args.embed, "context": T, "batch_size": B,
         "steps": args.steps, "warmup_steps": warmup, "timed_s": round(measured_s, 3), "seed": args.seed,
-    }), flush=True)
+    }
+    if cuda:
+        tokens_per_s = timed_steps * B * T / measured_s
+        flops_per_token = 6 * non_embedding + 12 * args.layers * T * args.embed
+        if args.ceiling_flops > 0:
+            ceiling, ceiling_from = args.ceiling_flops, "--ceiling-flops"
+        elif args.ceiling_flops == 0:
+            del optimizer  # the GPU's memory back for the matmuls (the model's weights stay)
+            torch.cuda.empty_cache()
+            sizes = cuda_flop_ceiling(device, args.precision, args.ceiling_sizes)
+            ceiling = max(v["median_flop_per_s"] for v in sizes.values())
+            ceiling_from = {"measured": "torch.mm", "sizes": sizes}
+        else:
+            ceiling, ceiling_from = None, None
+        result.update({
+            "device": str(device), "gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda,
+            "sdpa_backend": args.sdpa_backend, "fused_adamw": True, "tf32": torch.backends.cuda.matmul.allow_tf32,
+            "peak_memory_bytes": peak_allocated, "peak_reserved_bytes": peak_reserved,
+            "step_ms_mean": round(1000 * statistics.fmean(step_s), 3),
+            "flops_per_token": flops_per_token,
+            "model_flop_per_s": tokens_per_s * flops_per_token,
+            "ceiling_flop_per_s": ceiling, "ceiling": ceiling_from,
+            "mfu": round(tokens_per_s * flops_per_token / ceiling, 4) if ceiling else None,
+        })
+    print(json.dumps(result), flush=True)
 
 
 def main():
@@ -363,13 +543,34 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-blocks", action="store_true", help="torch.utils.checkpoint around each block")
     p.add_argument("--log-every", type=int, default=10, help="steps per progress line (stderr); 0: none")
-    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling)")
+    p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                   help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling); "
+                        "auto: fp32 on the CPU, bf16 on CUDA")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    p.add_argument("--sdpa-backend", choices=["default", "auto", "flash", "efficient", "cudnn", "math"],
+                   default="default", help="CUDA: the SDPA backend (default: flash with bf16, else auto)")
+    p.add_argument("--ceiling-flops", type=float, default=0.0,
+                   help="CUDA: the FLOP/s that MFU divides by; 0: measure torch.mm after training; < 0: no MFU")
+    p.add_argument("--ceiling-sizes", default="2048,4096,8192",
+                   help="CUDA: square matmul sizes of the ceiling (comma-separated)")
     p.add_argument("--blas-threads", type=int, default=0, help="OpenBLAS's own threads (0: its count)")
     p.add_argument("--matmul-ceiling", action="store_true", help="measure torch.mm FLOP/s instead of training")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (PyTorch 2.x; the warm-up steps pay for the compilation)")
     args = p.parse_args()
+    on_cuda = args.device != "cpu"
+    if on_cuda and not args.device.startswith("cuda"):
+        p.error(f"--device must be cpu or cuda[:N], got {args.device}")
+    if args.precision == "auto":
+        args.precision = "bf16" if on_cuda else "fp32"
+    if args.sdpa_backend == "default":
+        args.sdpa_backend = "flash" if on_cuda and args.precision == "bf16" else "auto"
+    if not on_cuda and args.sdpa_backend != "auto":
+        p.error("--sdpa-backend is for --device cuda")
+    try:
+        args.ceiling_sizes = [int(n) for n in args.ceiling_sizes.split(",") if n.strip()]
+    except ValueError:
+        p.error(f"--ceiling-sizes: comma-separated integers, got {args.ceiling_sizes!r}")
     if args.compile and not hasattr(torch, "compile"):
         p.error(f"--compile needs PyTorch 2.x; this is torch {torch.__version__}")
     if args.threads < 1:

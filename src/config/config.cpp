@@ -199,6 +199,29 @@ Field int_or_auto_field(std::string section, std::string key, Access access, T a
   return result;
 }
 
+// A switch with an "auto" setting: TOML true / false, or "auto"; the option holds "true", "false" or
+// "auto" (the string forms are accepted too).
+template <typename Access>
+Field bool_or_auto_field(std::string section, std::string key, Access access, std::string help) {
+  Field result{section, key, std::move(help), nullptr, nullptr};
+  const std::string name = section + "." + key;
+  result.read = [=](Config& config, const toml::node& node) {
+    if (node.is_boolean()) {
+      access(config) = node.as_boolean()->get() ? "true" : "false";
+      return;
+    }
+    const bool allowed = node.is_string() && (node.as_string()->get() == "auto" || node.as_string()->get() == "true" ||
+                                              node.as_string()->get() == "false");
+    FT_CONFIG_CHECK(allowed, "{} must be true, false or \"auto\", got {}", name, describe(node));
+    access(config) = node.as_string()->get();
+  };
+  result.write = [=](const Config& config) {
+    const std::string value = access(const_cast<Config&>(config));
+    return value == "auto" ? quote("auto") : value;
+  };
+  return result;
+}
+
 const std::vector<Field>& schema() {
   using S = std::string;
   static const std::vector<Field> fields = {
@@ -252,6 +275,10 @@ const std::vector<Field>& schema() {
       field<bool>(
           "data", "pin_memory", [](Config& c) -> bool& { return c.data.pin_memory(); },
           "On CUDA, build batches in pinned memory and copy them non_blocking"),
+      bool_or_auto_field(
+          "data", "device_resident", [](Config& c) -> S& { return c.data.device_resident(); },
+          "Keep the data set on the training device and gather, augment and normalise each batch there: "
+          "\"auto\" (images on a CUDA device, when they take at most a tenth of its memory), true or false"),
       field<bool>(
           "data", "normalize", [](Config& c) -> bool& { return c.data.normalize(); },
           "Normalize with the training set's per-channel mean and std (else scale to [0, 1])"),
@@ -328,6 +355,12 @@ const std::vector<Field>& schema() {
       field<double>(
           "optim", "eps", [](Config& c) -> double& { return c.optim.eps(); }, "adam/adamw epsilon",
           above(0.0)),
+      field<S>(
+          "optim", "kernel", [](Config& c) -> S& { return c.optim.kernel(); },
+          "How the optimizer steps on the device: fused (ATen's fused multi-tensor kernel, one launch per "
+          "group; CUDA, and CPU from LibTorch 2.4), foreach (multi-tensor ops; every LibTorch) or auto "
+          "(fused where the device has it)",
+          one_of(optimizer_kernel_names())),
       // [schedule]
       field<S>(
           "schedule", "name", [](Config& c) -> S& { return c.schedule.name(); },
@@ -429,6 +462,10 @@ const std::vector<Field>& schema() {
           "Autograd anomaly detection: NaN checks and forward stack traces in backward (debugging; slow)"),
       field<S>(
           "train", "device", [](Config& c) -> S& { return c.train.device(); }, "auto, cpu, cuda or cuda:N"),
+      bool_or_auto_field(
+          "train", "cuda_graphs", [](Config& c) -> S& { return c.train.cuda_graphs(); },
+          "Capture the whole optimizer step in a CUDA graph and replay it: \"auto\" (where it applies; "
+          "otherwise eager, and the run says why), true (an error where it cannot) or false"),
       field<int64_t>(
           "train", "eval_every_steps", [](Config& c) -> int64_t& { return c.train.eval_every_steps(); },
           "Evaluate every N optimizer steps (0 = at the end of each epoch only)", at_least<int64_t>(0)),
@@ -679,16 +716,18 @@ bool is_run_length(const Field& field) {
   return field.section == "train" && (field.key == "epochs" || field.key == "max_steps");
 }
 
-// Keys that change how fast or how visibly a run trains, never what it computes: a resume may
-// change them (more workers on a bigger machine, another log cadence). [memory] too: checkpointed
+// Keys that change how fast or how visibly a run trains, never what it computes beyond rounding: a
+// resume may change them (more workers on a bigger machine, another log cadence, the fused or
+// foreach optimizer kernels, eager or captured steps). [memory] too: checkpointed
 // blocks recompute the same values, and the warm-up puts back everything it touches. [dist] too: a
 // checkpoint records its world size and dist.zero, and load_checkpoint checks them itself.
 bool shapes_training(const Field& field) {
   static const std::vector<std::string> neutral = {
       "data.eval_batch_size", "data.workers",          "data.prefetch",        "data.pin_memory",
+      "data.device_resident",
       "train.threads",        "train.blas_threads",    "train.device",         "train.eval_every_steps",
       "train.eval_from_step", "train.target_accuracy", "train.stop_at_target", "train.init_from",
-      "train.detect_anomaly"};
+      "train.detect_anomaly", "train.cuda_graphs",    "optim.kernel"};
   if (is_run_length(field)) return false;  // a resume may extend the run: run_length_change
   if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
       field.section == "memory" || field.section == "dist")

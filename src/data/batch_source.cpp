@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "fasttrain/data/device_resident.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -13,6 +14,11 @@ void EpochPlan::add_batch(const int64_t* first, int64_t count) {
 
 std::optional<EpochPlan> BatchSource::batch_plan(int64_t, bool, uint64_t) const {
   return std::nullopt;
+}
+
+std::unique_ptr<ResidentBatches> BatchSource::make_resident(torch::Device device) const {
+  FT_CONFIG_FAIL("data.device_resident: {} cannot build its batches on {}; set data.device_resident = false",
+                 describe(), device.str());
 }
 
 ImageBatchSource::ImageBatchSource(ImageDataset dataset, TransformPipeline pipeline)
@@ -34,6 +40,15 @@ ImageBatchSource::ImageBatchSource(ImageDataset dataset, TransformPipeline pipel
 std::string ImageBatchSource::describe() const {
   return fmt::format("{} images of {}x{}x{}", dataset_.size(), dataset_.channels(), dataset_.height(),
                      dataset_.width());
+}
+
+int64_t ImageBatchSource::resident_bytes() const {
+  if (!pipeline_.maps_pixels()) return 0;
+  return dataset_.images.numel() + dataset_.labels.numel() * static_cast<int64_t>(sizeof(int64_t));
+}
+
+std::unique_ptr<ResidentBatches> ImageBatchSource::make_resident(torch::Device device) const {
+  return std::make_unique<ResidentImageBatches>(dataset_, pipeline_, device);
 }
 
 Batch ImageBatchSource::build(const BatchRequest& request) const {

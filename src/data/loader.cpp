@@ -89,7 +89,9 @@ DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions 
                     samples_per_epoch());
   }
 
-  workers_ = options_.workers() == -1 ? auto_worker_count() : options_.workers();
+  if (options_.device_resident()) resident_ = source_->make_resident(options_.device());
+  // Resident batches are a few kernels queued from the caller's thread: no workers to feed it.
+  workers_ = resident_ ? 0 : options_.workers() == -1 ? auto_worker_count() : options_.workers();
   impl_ = std::make_unique<Impl>();
   impl_->threads.reserve(workers_);
   try {
@@ -129,6 +131,11 @@ int64_t DataLoader::batches_per_epoch() const {
   const int64_t n = samples_per_epoch();
   const int64_t b = options_.batch_size();
   return options_.drop_last() ? n / b : (n + b - 1) / b;
+}
+
+bool DataLoader::fixed_batch_shape() const {
+  if (!source_->fixed_shape() || planned_batches_ >= 0) return false;
+  return options_.drop_last() || samples_per_epoch() % options_.batch_size() == 0;
 }
 
 std::vector<int64_t> DataLoader::rank_share(int64_t n) const {
@@ -217,7 +224,7 @@ std::optional<Batch> DataLoader::build_batch(int64_t epoch, int64_t index, const
   request.abandoned = [&current, generation] {
     return current.load(std::memory_order_relaxed) != generation;
   };
-  Batch batch = source_->build(request);
+  Batch batch = resident_ ? resident_->build(request) : source_->build(request);
   if (request.abandoned()) return std::nullopt;
   batch.epoch = epoch;
   batch.index = index;
@@ -305,7 +312,7 @@ std::optional<Batch> DataLoader::next() {
     impl.work_cv.notify_all();  // the window moved: one more batch may be claimed
     batch = std::move(slot.batch);
   }
-  if (!options_.device().is_cpu()) {
+  if (!options_.device().is_cpu() && !resident_) {
     // From pinned memory this copy is asynchronous; it is queued on the consumer's current stream,
     // so the compute that follows on that stream sees the data.
     const bool non_blocking = options_.device().is_cuda() && options_.pin_memory();

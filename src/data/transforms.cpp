@@ -64,6 +64,25 @@ std::vector<int64_t> shuffled_order(int64_t count, uint64_t seed, int64_t epoch)
   return order;
 }
 
+PixelMap PixelMap::identity(const SampleShape& shape) {
+  PixelMap map;
+  map.rows.resize(static_cast<size_t>(shape.height));
+  map.cols.resize(static_cast<size_t>(shape.width));
+  std::iota(map.rows.begin(), map.rows.end(), int64_t{0});
+  std::iota(map.cols.begin(), map.cols.end(), int64_t{0});
+  return map;
+}
+
+void PixelMap::then(const PixelMap& next) {
+  auto compose = [](const std::vector<int64_t>& first, const std::vector<int64_t>& second) {
+    std::vector<int64_t> out(second.size());
+    for (size_t i = 0; i < second.size(); ++i) out[i] = second[i] < 0 ? -1 : first[static_cast<size_t>(second[i])];
+    return out;
+  };
+  rows = compose(rows, next.rows);
+  cols = compose(cols, next.cols);
+}
+
 RandomCrop::RandomCrop(int padding) : padding_(padding) {
   FT_CONFIG_CHECK(padding >= 0, "RandomCrop padding must be >= 0 pixels, got {}", padding);
 }
@@ -95,6 +114,20 @@ void RandomCrop::apply(const uint8_t* in, uint8_t* out, const SampleShape& shape
   }
 }
 
+bool RandomCrop::pixel_map(const SampleShape& shape, SampleRng& rng, PixelMap& map) const {
+  const int64_t p = padding_;
+  const int64_t dy = static_cast<int64_t>(rng.below(2 * p + 1)) - p;  // the draws of apply(), in its order
+  const int64_t dx = static_cast<int64_t>(rng.below(2 * p + 1)) - p;
+  auto shifted = [](int64_t size, int64_t by) {
+    std::vector<int64_t> source(static_cast<size_t>(size));
+    for (int64_t i = 0; i < size; ++i) source[static_cast<size_t>(i)] = i + by >= 0 && i + by < size ? i + by : -1;
+    return source;
+  };
+  map.rows = shifted(shape.height, dy);
+  map.cols = shifted(shape.width, dx);
+  return true;
+}
+
 std::string RandomCrop::describe() const {
   return fmt::format("RandomCrop(padding={})", padding_);
 }
@@ -117,6 +150,12 @@ void HorizontalFlip::apply(const uint8_t* in, uint8_t* out, const SampleShape& s
     uint8_t* dst = out + r * w;
     for (int64_t x = 0; x < w; ++x) dst[x] = src[w - 1 - x];
   }
+}
+
+bool HorizontalFlip::pixel_map(const SampleShape& shape, SampleRng& rng, PixelMap& map) const {
+  map = PixelMap::identity(shape);
+  if (rng.uniform() < probability_) std::reverse(map.cols.begin(), map.cols.end());
+  return true;
 }
 
 std::string HorizontalFlip::describe() const {
@@ -180,6 +219,29 @@ void TransformPipeline::apply(const uint8_t* in, const SampleShape& shape, float
     float* o = out + c * plane;
     for (int64_t k = 0; k < plane; ++k) o[k] = table[s[k]];
   }
+}
+
+PixelMap TransformPipeline::pixel_map(const SampleShape& shape, SampleRng rng) const {
+  PixelMap map = PixelMap::identity(shape);
+  for (const auto& augmentation : augmentations_) {
+    PixelMap step;
+    FT_CHECK(augmentation->pixel_map(shape, rng, step),
+             "{} cannot run on a device (it does not move pixels by rows and columns): set "
+             "data.device_resident = false",
+             augmentation->describe());
+    map.then(step);
+  }
+  return map;
+}
+
+bool TransformPipeline::maps_pixels() const {
+  const SampleShape probe{1, 2, 2};
+  for (const auto& augmentation : augmentations_) {
+    SampleRng rng(0, 0, 0);
+    PixelMap map;
+    if (!augmentation->pixel_map(probe, rng, map)) return false;
+  }
+  return true;
 }
 
 std::string TransformPipeline::describe() const {

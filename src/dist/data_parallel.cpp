@@ -6,11 +6,17 @@
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
 #include "fasttrain/optim/optimizer.h"
-#include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 
 namespace fasttrain {
+
+namespace {
+// The name of ZeRO group g's part in checkpoints.
+std::string shard_name(size_t group) {
+  return "zero.group" + std::to_string(group);
+}
+}  // namespace
 
 namespace {
 
@@ -73,17 +79,16 @@ DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<
 
 DataParallel::~DataParallel() = default;
 
-std::unique_ptr<torch::optim::Optimizer> DataParallel::shard_optimizer(
-    std::unique_ptr<torch::optim::Optimizer> optimizer) {
+std::unique_ptr<Optimizer> DataParallel::shard_optimizer(std::unique_ptr<Optimizer> optimizer) {
   if (options_.zero() == 0) return optimizer;
   FT_CHECK(flat_groups_.empty(), "shard_optimizer was already called");
   torch::NoGradGuard no_grad;
   const int64_t world = world_size();
-  std::vector<std::vector<torch::Tensor>> shards;
-  for (const auto& param_group : optimizer->param_groups()) {
+  std::vector<ParamGroup> shards;
+  for (const auto& param_group : optimizer->groups()) {
     FlatGroup flat_group;
     int64_t total = 0;
-    for (const auto& parameter : param_group.params()) {
+    for (const auto& parameter : param_group.params) {
       FT_CHECK(parameter.is_non_overlapping_and_dense(),
                "ZeRO needs dense parameters; one of shape {} has strides {}", parameter.sizes(),
                parameter.strides());
@@ -103,10 +108,10 @@ std::unique_ptr<torch::optim::Optimizer> DataParallel::shard_optimizer(
       parameter.set_data(view);
     }
     flat_group.shard = flat_group.flat.narrow(0, rank() * flat_group.part, flat_group.part);
-    shards.push_back({flat_group.shard});
+    shards.push_back({{shard_name(flat_groups_.size())}, {flat_group.shard}, param_group.weight_decay});
     flat_groups_.push_back(std::move(flat_group));
   }
-  return rebuild_optimizer(*optimizer, shards);
+  return optimizer->rebuild(std::move(shards));
 }
 
 torch::OrderedDict<std::string, torch::Tensor> DataParallel::optimizer_parameters() const {
@@ -118,8 +123,7 @@ torch::OrderedDict<std::string, torch::Tensor> DataParallel::optimizer_parameter
     return named;
   }
   torch::OrderedDict<std::string, torch::Tensor> named;
-  for (size_t g = 0; g < flat_groups_.size(); ++g)
-    named.insert("zero.group" + std::to_string(g), flat_groups_[g].shard);
+  for (size_t g = 0; g < flat_groups_.size(); ++g) named.insert(shard_name(g), flat_groups_[g].shard);
   return named;
 }
 
@@ -211,24 +215,16 @@ std::map<std::string, int64_t> DataParallel::ddp_timings() const {
   return timings;
 }
 
-nlohmann::json DataParallel::describe(const torch::optim::Optimizer& optimizer, int64_t steps,
+nlohmann::json DataParallel::describe(const Optimizer& optimizer, int64_t steps,
                                       int64_t bytes_before) const {
   return {
       {"world_size", world_size()},
       {"backend", group_->backend()},
       {"zero", options_.zero()},
       {"bytes_sent_per_step", steps > 0 ? (group_->bytes_sent() - bytes_before) / steps : 0},
-      {"optimizer_state_bytes", optimizer_state_bytes(optimizer)},
+      {"optimizer_state_bytes", optimizer.state_bytes()},
       {"ddp_timings_ns", ddp_timings()},
   };
-}
-
-int64_t DataParallel::optimizer_state_bytes(const torch::optim::Optimizer& optimizer) const {
-  int64_t bytes = 0;
-  for (const auto& [name, tensor] : optimizer_state(optimizer, optimizer_parameters()).tensors) {
-    bytes += tensor.numel() * static_cast<int64_t>(tensor.element_size());
-  }
-  return bytes;
 }
 
 }  // namespace fasttrain

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
 
@@ -19,21 +20,23 @@ Ema::Ema(torch::nn::Module& model, EmaOptions options) : options_(std::move(opti
   for (const auto& b : model.buffers()) live_.push_back(b);
   shadow_.reserve(live_.size());
   for (const auto& t : live_) shadow_.push_back(t.detach().clone());
+  const torch::Device device = live_.empty() ? torch::Device(torch::kCPU) : live_.front().device();
+  device_updates_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
 }
 
 void Ema::update() {
+  if (record_update()) apply_update();
+}
+
+bool Ema::record_update() {
   FT_CHECK(!swapped_, "Ema::update() inside an Ema::SwapGuard would average the EMA weights into themselves");
   ++steps_;
-  if (steps_ % options_.every() != 0) return;
+  if (steps_ % options_.every() != 0) return false;
+  ++updates_;
+  return true;
+}
 
-  double decay = options_.decay();
-  if (options_.warmup()) {
-    const double t = static_cast<double>(updates_);
-    decay = std::min(decay, (1 + t) / (10 + t));
-  }
-  decay = std::pow(decay, static_cast<double>(options_.every()));
-
-  torch::NoGradGuard no_grad;
+void Ema::apply_update() {
   for (size_t i = 0; i < live_.size(); ++i) {
     FT_CHECK(live_[i].device() == shadow_[i].device() && live_[i].scalar_type() == shadow_[i].scalar_type() &&
                  live_[i].sizes() == shadow_[i].sizes(),
@@ -42,13 +45,21 @@ void Ema::update() {
              i, shadow_[i].device().str(), c10::toString(shadow_[i].scalar_type()), shadow_[i].sizes(),
              live_[i].device().str(), c10::toString(live_[i].scalar_type()), live_[i].sizes());
   }
+  torch::NoGradGuard no_grad;
+  // decay_t in double on the device, as the host would compute it, then in the weights' dtype.
+  torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
+  if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
+  decay = decay.pow(static_cast<double>(options_.every()));
   const auto parameters = torch::TensorList(live_).slice(0, parameter_count_);
   const auto averages = torch::TensorList(shadow_).slice(0, parameter_count_);
-  // One fused multi-tensor op per term instead of a kernel launch per parameter.
-  torch::_foreach_mul_(averages, decay);
-  torch::_foreach_add_(averages, parameters, 1 - decay);
+  if (parameter_count_ > 0) {
+    const auto dtype = averages.front().scalar_type();
+    // One multi-tensor op per term instead of a kernel launch per parameter.
+    compat::foreach_mul_(averages, decay.to(dtype));
+    torch::_foreach_add_(averages, compat::foreach_mul(parameters, (1 - decay).to(dtype)));
+  }
   for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
-  ++updates_;
+  device_updates_.add_(1);
 }
 
 void Ema::load_state(const std::vector<torch::Tensor>& shadow, int64_t calls, int64_t updates) {
@@ -65,6 +76,7 @@ void Ema::load_state(const std::vector<torch::Tensor>& shadow, int64_t calls, in
   for (size_t i = 0; i < shadow.size(); ++i) shadow_[i].copy_(shadow[i]);
   steps_ = calls;
   updates_ = updates;
+  device_updates_.fill_(static_cast<double>(updates));
 }
 
 void Ema::swap() {

@@ -1,16 +1,20 @@
 #include "fasttrain/optim/optimizer.h"
 
-#include <torch/optim/adam.h>
-#include <torch/optim/adamw.h>
-#include <torch/optim/sgd.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
-#include <tuple>
 
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/compat.h"
 
 namespace fasttrain {
+
+// Defined with each kind (optim/adam.cpp, optim/sgd.cpp).
+OptimizerKind sgd_kind();
+OptimizerKind adam_kind();
+OptimizerKind adamw_kind();
+
 namespace {
 
 void check_non_negative(const char* key, double value) {
@@ -22,39 +26,38 @@ void check_unit_interval(const char* key, double value) {
                   value);
 }
 
-// Each group gets its own options object: LibTorch clones the defaults only into groups without one.
-std::unique_ptr<torch::optim::OptimizerOptions> group_options(const OptimizerOptions& o,
-                                                              double weight_decay) {
-  if (o.name() == "sgd") {
-    return std::make_unique<torch::optim::SGDOptions>(torch::optim::SGDOptions(o.lr())
-                                                          .momentum(o.momentum())
-                                                          .nesterov(o.nesterov())
-                                                          .weight_decay(weight_decay));
-  }
-  if (o.name() == "adam") {
-    return std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(o.lr())
-                                                           .betas({o.beta1(), o.beta2()})
-                                                           .eps(o.eps())
-                                                           .weight_decay(weight_decay));
-  }
-  // adamw; set weight_decay explicitly: AdamWOptions defaults it to 1e-2.
-  return std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o.lr())
-                                                          .betas({o.beta1(), o.beta2()})
-                                                          .eps(o.eps())
-                                                          .weight_decay(weight_decay));
-}
-
 }  // namespace
 
-const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"sgd", "adam", "adamw"};
+// ---- the registry ----
+
+const std::vector<OptimizerKind>& optimizer_kinds() {
+  static const std::vector<OptimizerKind> kinds = {sgd_kind(), adam_kind(), adamw_kind()};
+  return kinds;
+}
+
+std::vector<std::string> optimizer_names() {
+  std::vector<std::string> names;
+  for (const auto& kind : optimizer_kinds()) names.push_back(kind.name);
+  return names;
+}
+
+const OptimizerKind& optimizer_kind(const std::string& name) {
+  for (const auto& kind : optimizer_kinds()) {
+    if (kind.name == name) return kind;
+  }
+  FT_CONFIG_FAIL("unknown optim.name '{}'; valid: {}", name, fmt::join(optimizer_names(), ", "));
+}
+
+const std::vector<std::string>& optimizer_kernel_names() {
+  static const std::vector<std::string> names = {"auto", "fused", "foreach"};
   return names;
 }
 
 void validate(const OptimizerOptions& o) {
-  const auto& names = optimizer_names();
-  FT_CONFIG_CHECK(std::find(names.begin(), names.end(), o.name()) != names.end(),
-                  "unknown optim.name '{}'; valid: {}", o.name(), fmt::join(names, ", "));
+  optimizer_kind(o.name());
+  const auto& kernels = optimizer_kernel_names();
+  FT_CONFIG_CHECK(std::find(kernels.begin(), kernels.end(), o.kernel()) != kernels.end(),
+                  "optim.kernel '{}' is not allowed; valid: {}", o.kernel(), fmt::join(kernels, ", "));
   check_non_negative("lr", o.lr());
   check_non_negative("weight_decay", o.weight_decay());
   check_non_negative("eps", o.eps());
@@ -65,109 +68,218 @@ void validate(const OptimizerOptions& o) {
                   "optim.nesterov = true needs optim.momentum > 0, got momentum {}", o.momentum());
 }
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(
-    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options) {
+std::unique_ptr<Optimizer> make_optimizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                                          const OptimizerOptions& options) {
   validate(options);
   // Decaying biases and norm scales toward 0 only hurts (they set offsets and scales, not
   // capacity), so every parameter with dim <= 1 trains without weight decay.
-  std::vector<torch::Tensor> decay, no_decay;
+  ParamGroup decay{{}, {}, options.weight_decay()}, no_decay{{}, {}, 0.0};
   for (const auto& item : named_parameters) {
     const torch::Tensor& p = item.value();
     if (!p.requires_grad()) continue;  // frozen parameters are not the optimizer's to update
-    (p.dim() <= 1 ? no_decay : decay).push_back(p);
+    ParamGroup& group = p.dim() <= 1 ? no_decay : decay;
+    group.names.push_back(item.key());
+    group.params.push_back(p);
   }
-  FT_CHECK(!decay.empty() || !no_decay.empty(),
+  FT_CHECK(!decay.params.empty() || !no_decay.params.empty(),
            "optimizer '{}' got no trainable parameters ({} parameters, none requires grad)", options.name(),
            named_parameters.size());
-
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  if (!decay.empty()) groups.emplace_back(decay, group_options(options, options.weight_decay()));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, group_options(options, 0.0));
-
-  auto defaults = group_options(options, options.weight_decay());
-  if (options.name() == "sgd") {
-    return std::make_unique<torch::optim::SGD>(groups,
-                                               static_cast<const torch::optim::SGDOptions&>(*defaults));
-  }
-  if (options.name() == "adam") {
-    return std::make_unique<torch::optim::Adam>(groups,
-                                                static_cast<const torch::optim::AdamOptions&>(*defaults));
-  }
-  return std::make_unique<torch::optim::AdamW>(groups,
-                                               static_cast<const torch::optim::AdamWOptions&>(*defaults));
+  std::vector<ParamGroup> groups;
+  if (!decay.params.empty()) groups.push_back(std::move(decay));
+  if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
+  return optimizer_kind(options.name()).make(std::move(groups), options);
 }
 
-std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(
-    const torch::optim::Optimizer& prototype,
-    const std::vector<std::vector<torch::Tensor>>& group_parameters) {
-  FT_CHECK(group_parameters.size() == prototype.param_groups().size(),
-           "rebuild_optimizer: {} parameter lists for {} groups", group_parameters.size(),
-           prototype.param_groups().size());
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  for (size_t i = 0; i < group_parameters.size(); ++i) {
-    groups.emplace_back(group_parameters[i], prototype.param_groups()[i].options().clone());
+// ---- Optimizer ----
+
+Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel)
+    : groups_(std::move(groups)),
+      options_(std::move(options)),
+      momentum_(options_.name() == "sgd" ? options_.momentum() : options_.beta1()),
+      fused_kernel_(fused_kernel) {
+  validate(options_);
+  FT_CHECK(!groups_.empty(), "optimizer '{}' got no parameter groups", name());
+  for (const auto& group : groups_) {
+    FT_CHECK(group.names.size() == group.params.size(), "a parameter group has {} names for {} parameters",
+             group.names.size(), group.params.size());
   }
-  const torch::optim::OptimizerOptions& defaults = prototype.defaults();
-  if (dynamic_cast<const torch::optim::SGD*>(&prototype)) {
-    return std::make_unique<torch::optim::SGD>(groups,
-                                               static_cast<const torch::optim::SGDOptions&>(defaults));
-  }
-  if (dynamic_cast<const torch::optim::AdamW*>(&prototype)) {
-    return std::make_unique<torch::optim::AdamW>(groups,
-                                                 static_cast<const torch::optim::AdamWOptions&>(defaults));
-  }
-  if (dynamic_cast<const torch::optim::Adam*>(&prototype)) {
-    return std::make_unique<torch::optim::Adam>(groups,
-                                                static_cast<const torch::optim::AdamOptions&>(defaults));
-  }
-  FT_FAIL("rebuild_optimizer: the optimizer is not SGD, Adam or AdamW (those made by make_optimizer: {})",
-          fmt::join(optimizer_names(), ", "));
+  state_.resize(groups_.size());
+  steps_.resize(groups_.size());
+  fresh_.resize(groups_.size());
+  resolve_kernel(fused_kernel);
 }
 
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr) {
-  for (auto& group : optimizer.param_groups()) group.options().set_lr(lr);
-  optimizer.defaults().set_lr(lr);  // so groups added later start at the current LR
+void Optimizer::resolve_kernel(const char* fused_kernel) {
+  const torch::Device device = groups_.front().params.empty() ? torch::Device(torch::kCPU)
+                                                              : groups_.front().params.front().device();
+  const bool available = compat::has_fused_optimizer_kernel(fused_kernel, device);
+  FT_CONFIG_CHECK(options_.kernel() != "fused" || available,
+                  "optim.kernel = \"fused\": ATen's {} is not available for {} in LibTorch {} (it needs 2.4 or "
+                  "later); use \"foreach\" or \"auto\"",
+                  fused_kernel, device.str(), compat::torch_version());
+  fused_ = options_.kernel() != "foreach" && available;
 }
 
-double learning_rate(const torch::optim::Optimizer& optimizer) {
-  const auto& groups = optimizer.param_groups();
-  return groups.empty() ? optimizer.defaults().get_lr() : groups.front().options().get_lr();
+std::string Optimizer::describe_kernel() const {
+  return fused_ ? fmt::format("fused ({})", fused_kernel_.substr(fused_kernel_.find("::") + 2)) : "foreach";
 }
 
-namespace {
-void set_momentum_on(torch::optim::OptimizerOptions& options, double momentum) {
-  if (auto* sgd = dynamic_cast<torch::optim::SGDOptions*>(&options)) {
-    sgd->momentum(momentum);
-  } else if (auto* adam = dynamic_cast<torch::optim::AdamOptions*>(&options)) {
-    adam->betas({momentum, std::get<1>(adam->betas())});
-  } else if (auto* adamw = dynamic_cast<torch::optim::AdamWOptions*>(&options)) {
-    adamw->betas({momentum, std::get<1>(adamw->betas())});
-  } else {
-    FT_FAIL("set_momentum: the optimizer is not SGD, Adam or AdamW (those made by make_optimizer: {})",
-            fmt::join(optimizer_names(), ", "));
-  }
+std::vector<torch::Tensor> Optimizer::parameters() const {
+  std::vector<torch::Tensor> all;
+  for (const auto& group : groups_) all.insert(all.end(), group.params.begin(), group.params.end());
+  return all;
 }
-}  // namespace
 
-void set_momentum(torch::optim::Optimizer& optimizer, double momentum) {
+void Optimizer::set_momentum(double momentum) {
   FT_CHECK(std::isfinite(momentum) && momentum >= 0 && momentum < 1, "momentum must be in [0, 1), got {}",
            momentum);
-  for (auto& group : optimizer.param_groups()) set_momentum_on(group.options(), momentum);
-  set_momentum_on(optimizer.defaults(), momentum);
+  momentum_ = momentum;
 }
 
-double momentum(const torch::optim::Optimizer& optimizer) {
-  const auto& groups = optimizer.param_groups();
-  const torch::optim::OptimizerOptions& options =
-      groups.empty() ? optimizer.defaults() : groups.front().options();
-  if (const auto* sgd = dynamic_cast<const torch::optim::SGDOptions*>(&options)) return sgd->momentum();
-  if (const auto* adam = dynamic_cast<const torch::optim::AdamOptions*>(&options))
-    return std::get<0>(adam->betas());
-  if (const auto* adamw = dynamic_cast<const torch::optim::AdamWOptions*>(&options)) {
-    return std::get<0>(adamw->betas());
+double Optimizer::momentum() const {
+  return momentum_;
+}
+
+void Optimizer::size_state() {
+  if (!stepped_.empty()) return;
+  stepped_.resize(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const size_t n = groups_[g].params.size();
+    state_[g].assign(state_fields().size(), std::vector<torch::Tensor>(n));
+    steps_[g].assign(n, torch::Tensor());
+    stepped_[g].assign(n, false);
+    fresh_[g].assign(n, false);
   }
-  FT_FAIL("momentum: the optimizer is not SGD, Adam or AdamW (those made by make_optimizer: {})",
-          fmt::join(optimizer_names(), ", "));
+}
+
+bool Optimizer::has_state(size_t group, size_t index) const {
+  return !stepped_.empty() && stepped_[group][index];
+}
+
+void Optimizer::ensure_state(size_t group, const std::vector<size_t>& with_grad) {
+  size_state();
+  const auto& params = groups_[group].params;
+  fresh_[group].assign(params.size(), false);
+  for (size_t i : with_grad) {
+    if (stepped_[group][i]) continue;
+    for (auto& field : state_[group]) field[i] = torch::zeros_like(params[i], torch::MemoryFormat::Preserve);
+    if (counts_steps()) steps_[group][i] = torch::zeros({}, params[i].options().dtype(torch::kFloat));
+    stepped_[group][i] = fresh_[group][i] = true;
+  }
+}
+
+void Optimizer::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
+  FT_CHECK(lr.defined() && lr.dim() == 0 && lr.is_floating_point(),
+           "Optimizer::step takes the learning rate as a 0-dim floating tensor");
+  torch::NoGradGuard no_grad;
+  // The foreach ops cannot skip on the device: decide on the host (one read), as torch.amp does.
+  if (!fused_ && found_inf.defined() && found_inf.item<double>() > 0) return;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<size_t> with_grad;
+    for (size_t i = 0; i < groups_[g].params.size(); ++i) {
+      if (groups_[g].params[i].grad().defined()) with_grad.push_back(i);
+    }
+    if (with_grad.empty()) continue;
+    ensure_state(g, with_grad);
+    if (counts_steps()) {
+      auto steps = gather_steps(g, with_grad);
+      torch::_foreach_add_(steps, 1);
+      if (fused_) {
+        update_fused(g, with_grad, lr, found_inf);
+        // A skipped step is not counted (what torch.optim's fused path does).
+        if (found_inf.defined()) torch::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), found_inf));
+      } else {
+        update_foreach(g, with_grad, lr);
+      }
+    } else if (fused_) {
+      update_fused(g, with_grad, lr, found_inf);
+    } else {
+      update_foreach(g, with_grad, lr);
+    }
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& group : groups_) {
+    for (auto& parameter : group.params) parameter.mutable_grad() = torch::Tensor();
+  }
+}
+
+torch::Tensor Optimizer::fused_lr(const torch::Tensor& lr) {
+  return lr.is_cpu() ? lr : lr.to(torch::kFloat);
+}
+
+std::vector<torch::Tensor> Optimizer::gather(size_t group, size_t field, const std::vector<size_t>& indices) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(indices.size());
+  for (size_t i : indices) out.push_back(state_[group][field][i]);
+  return out;
+}
+
+std::vector<torch::Tensor> Optimizer::gather_params(size_t group, const std::vector<size_t>& indices) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(indices.size());
+  for (size_t i : indices) out.push_back(groups_[group].params[i]);
+  return out;
+}
+
+std::vector<torch::Tensor> Optimizer::gather_grads(size_t group, const std::vector<size_t>& indices) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(indices.size());
+  for (size_t i : indices) out.push_back(groups_[group].params[i].grad());
+  return out;
+}
+
+std::vector<torch::Tensor> Optimizer::gather_steps(size_t group, const std::vector<size_t>& indices) const {
+  std::vector<torch::Tensor> out;
+  out.reserve(indices.size());
+  for (size_t i : indices) out.push_back(steps_[group][i]);
+  return out;
+}
+
+void Optimizer::set_state(size_t group, size_t index, std::vector<torch::Tensor> fields, int64_t step) {
+  FT_CHECK(group < groups_.size() && index < groups_[group].params.size(),
+           "optimizer state for parameter {} of group {}, which the optimizer lacks", index, group);
+  FT_CHECK(fields.size() == state_fields().size(), "optimizer '{}' keeps {} state tensors per parameter, got {}",
+           name(), state_fields().size(), fields.size());
+  size_state();
+  for (size_t f = 0; f < fields.size(); ++f) state_[group][f][index] = std::move(fields[f]);
+  if (counts_steps()) {
+    const torch::Tensor& param = groups_[group].params[index];
+    steps_[group][index] = torch::full({}, static_cast<double>(step), param.options().dtype(torch::kFloat));
+  }
+  stepped_[group][index] = true;
+}
+
+void Optimizer::clear_state() {
+  stepped_.clear();
+  size_state();
+}
+
+int64_t Optimizer::state_bytes() const {
+  int64_t bytes = 0;
+  auto add = [&](const torch::Tensor& t) {
+    if (t.defined()) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  };
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const auto& field : state_[g]) std::for_each(field.begin(), field.end(), add);
+    std::for_each(steps_[g].begin(), steps_[g].end(), add);
+  }
+  return bytes;
+}
+
+std::unique_ptr<Optimizer> Optimizer::rebuild(std::vector<ParamGroup> groups) const {
+  FT_CHECK(groups.size() == groups_.size(), "rebuild: {} parameter groups for an optimizer of {}", groups.size(),
+           groups_.size());
+  OptimizerOptions options = options_;
+  if (name() == "sgd") {
+    options.momentum(momentum_);
+  } else {
+    options.beta1(momentum_);
+  }
+  auto rebuilt = optimizer_kind(name()).make(std::move(groups), options);
+  for (size_t g = 0; g < groups_.size(); ++g) rebuilt->set_group_options(g, group_options(g));
+  return rebuilt;
 }
 
 }  // namespace fasttrain

@@ -1,5 +1,7 @@
 #include "fasttrain/optim/schedule.h"
 
+#include <torch/torch.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -257,6 +259,22 @@ std::unique_ptr<Schedule> make_schedule(const ScheduleOptions& o, double max_lr,
                   o.step_size_down());
   check_momenta(o);
   return std::make_unique<CyclicSchedule>(o, max_lr);
+}
+
+LrTable::LrTable(const Schedule& schedule, int64_t total_steps, torch::Device device) {
+  FT_CHECK(total_steps >= 0, "LrTable needs total_steps >= 0, got {}", total_steps);
+  std::vector<double> lrs(static_cast<size_t>(total_steps + 1));
+  for (int64_t step = 0; step <= total_steps; ++step) lrs[static_cast<size_t>(step)] = schedule.lr(step);
+  values_ = torch::tensor(lrs, torch::kDouble).to(device);
+}
+
+torch::Tensor LrTable::at(int64_t step) const {
+  FT_CHECK(step >= 0, "LrTable::at: step must be >= 0, got {}", step);
+  return values_.select(0, std::min(step, values_.size(0) - 1));
+}
+
+torch::Tensor LrTable::at(const torch::Tensor& step) const {
+  return values_.index_select(0, step.clamp_max(values_.size(0) - 1).reshape({1})).reshape({});
 }
 
 }  // namespace fasttrain

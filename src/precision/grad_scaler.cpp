@@ -115,10 +115,30 @@ void GradScaler::require_scale(const char* caller) const {
            caller);
 }
 
+namespace {
+
+std::vector<torch::Tensor> parameters_of(torch::optim::Optimizer& optimizer) {
+  std::vector<torch::Tensor> parameters;
+  for (auto& group : optimizer.param_groups()) {
+    for (auto& parameter : group.params()) parameters.push_back(parameter);
+  }
+  return parameters;
+}
+
+}  // namespace
+
 void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
+  unscale_parameters(&optimizer, parameters_of(optimizer));
+}
+
+void GradScaler::unscale_(Optimizer& optimizer) {
+  unscale_parameters(&optimizer, optimizer.parameters());
+}
+
+void GradScaler::unscale_parameters(const void* key, const std::vector<torch::Tensor>& parameters) {
   if (!enabled()) return;
   require_scale("unscale_");
-  OptimizerState& state = per_optimizer_[&optimizer];
+  OptimizerState& state = per_optimizer_[key];
   FT_CHECK(state.stage != Stage::kUnscaled,
            "GradScaler::unscale_ was already called on this optimizer since the last update()");
   FT_CHECK(state.stage != Stage::kStepped,
@@ -129,20 +149,17 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
 
   // The fused kernel wants one device and dtype per call: group the gradients that way.
   std::map<std::pair<std::string, int>, std::vector<torch::Tensor>> groups;
-  for (auto& group : optimizer.param_groups()) {
-    for (auto& parameter : group.params()) {
-      torch::Tensor& grad = parameter.mutable_grad();
-      if (!grad.defined()) continue;
-      FT_CHECK(
-          grad.scalar_type() != torch::kHalf,
-          "GradScaler::unscale_: a parameter has an fp16 gradient; keep parameters in fp32 (autocast casts "
-          "them per op) so the unscaled gradients cannot overflow");
-      torch::Tensor values = grad;
-      if (grad.is_sparse()) values = grad._values();
-      groups[{values.device().str(), static_cast<int>(values.scalar_type())}].push_back(values);
-    }
+  for (const auto& parameter : parameters) {
+    const torch::Tensor& grad = parameter.grad();
+    if (!grad.defined()) continue;
+    FT_CHECK(grad.scalar_type() != torch::kHalf,
+             "GradScaler::unscale_: a parameter has an fp16 gradient; keep parameters in fp32 (autocast casts "
+             "them per op) so the unscaled gradients cannot overflow");
+    torch::Tensor values = grad;
+    if (grad.is_sparse()) values = grad._values();
+    groups[{values.device().str(), static_cast<int>(values.scalar_type())}].push_back(values);
   }
-  for (auto& [key, grads] : groups) {
+  for (auto& [group_key, grads] : groups) {
     torch::Device device = grads.front().device();
     torch::Tensor* found_inf = nullptr;
     for (auto& [found_device, flag] : state.found_inf) {
@@ -162,30 +179,52 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   state.stage = Stage::kUnscaled;
 }
 
+GradScaler::OptimizerState& GradScaler::prepare_step(const void* key, const std::function<void()>& unscale) {
+  require_scale("step");
+  FT_CHECK(per_optimizer_[key].stage != Stage::kStepped,
+           "GradScaler::step was already called on this optimizer since the last update()");
+  if (per_optimizer_[key].stage == Stage::kReady) unscale();
+  OptimizerState& state = per_optimizer_[key];
+  if (found_inf_reducer_) {
+    for (auto& [device, flag] : state.found_inf) found_inf_reducer_(flag);
+  }
+  state.stage = Stage::kStepped;
+  return state;
+}
+
 bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (!enabled()) {
     optimizer.step();
     return true;
   }
-  require_scale("step");
-  FT_CHECK(per_optimizer_[&optimizer].stage != Stage::kStepped,
-           "GradScaler::step was already called on this optimizer since the last update()");
-  if (per_optimizer_[&optimizer].stage == Stage::kReady) unscale_(optimizer);
-  OptimizerState& state = per_optimizer_[&optimizer];
-
-  if (found_inf_reducer_) {
-    for (auto& [device, flag] : state.found_inf) found_inf_reducer_(flag);
-  }
+  OptimizerState& state = prepare_step(&optimizer, [&] { unscale_(optimizer); });
   // The one host read of a step: whether to step at all.
   double found = 0;
   for (auto& [device, flag] : state.found_inf) found += flag.item<double>();
-  state.stage = Stage::kStepped;
   if (found != 0) {
     ++skipped_steps_;
     return false;
   }
   optimizer.step();
   return true;
+}
+
+void GradScaler::step(Optimizer& optimizer, const torch::Tensor& lr) {
+  if (!enabled()) {
+    optimizer.step(lr);
+    return;
+  }
+  OptimizerState& state = prepare_step(&optimizer, [&] { unscale_(optimizer); });
+  // Every device's flag, summed where the learning rate lives: the optimizer skips on it.
+  torch::Tensor found;
+  for (auto& [device, flag] : state.found_inf) {
+    torch::Tensor here = flag.to(lr.device(), /*non_blocking=*/true);
+    found = found.defined() ? found + here : here;
+  }
+  found = found.clamp_max(1);
+  if (!skipped_on_device_.defined()) skipped_on_device_ = torch::zeros({}, found.options());
+  skipped_on_device_.add_(found);
+  optimizer.step(lr, found);
 }
 
 void GradScaler::update() {
@@ -220,6 +259,11 @@ double GradScaler::scale() const {
   return scale_.defined() ? scale_.item<double>() : options_.init_scale();
 }
 
+int64_t GradScaler::skipped_steps() const {
+  if (!skipped_on_device_.defined()) return skipped_steps_;
+  return skipped_steps_ + static_cast<int64_t>(skipped_on_device_.item<double>());
+}
+
 int64_t GradScaler::growth_tracker() const {
   if (!enabled()) return 0;
   return growth_tracker_.defined() ? growth_tracker_.item<int64_t>() : initial_growth_tracker_;
@@ -233,7 +277,7 @@ GradScalerState GradScaler::state() const {
   state.growth_factor = options_.growth_factor();
   state.backoff_factor = options_.backoff_factor();
   state.growth_interval = options_.growth_interval();
-  state.skipped_steps = skipped_steps_;
+  state.skipped_steps = skipped_steps();
   return state;
 }
 
@@ -253,6 +297,7 @@ void GradScaler::load_state(const GradScalerState& state) {
            state.growth_tracker);
   options_ = validated.options_.enabled(true);
   skipped_steps_ = state.skipped_steps;
+  skipped_on_device_ = torch::Tensor();
   initial_growth_tracker_ = state.growth_tracker;
   if (scale_.defined()) {
     scale_.fill_(state.scale);

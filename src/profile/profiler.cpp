@@ -98,6 +98,28 @@ class ProfileWindow : public Callback {
 
 }  // namespace
 
+int64_t count_host_reads(const nlohmann::json& trace) {
+  const nlohmann::json& events = trace.is_object() ? trace.at("traceEvents") : trace;
+  struct Span {
+    double begin, end;
+    std::string thread;
+  };
+  std::vector<Span> reads, fused_kernels;
+  for (const auto& event : events) {
+    if (!event.is_object() || event.value("ph", "") != "X") continue;
+    const std::string name = event.at("name").get<std::string>();
+    const double begin = event.at("ts").get<double>();
+    const Span span{begin, begin + event.at("dur").get<double>(), event.value("tid", nlohmann::json()).dump()};
+    if (name == "aten::_local_scalar_dense" || name == "aten::nonzero") reads.push_back(span);
+    if (name.rfind("aten::_fused_", 0) == 0) fused_kernels.push_back(span);
+  }
+  return std::count_if(reads.begin(), reads.end(), [&](const Span& read) {
+    return std::none_of(fused_kernels.begin(), fused_kernels.end(), [&](const Span& kernel) {
+      return kernel.thread == read.thread && kernel.begin <= read.begin && read.end <= kernel.end;
+    });
+  });
+}
+
 std::vector<OperatorStat> operator_stats(const nlohmann::json& trace) {
   const nlohmann::json& events = trace.is_object() ? trace.at("traceEvents") : trace;
   struct Event {
@@ -171,6 +193,8 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
                   options.min_seconds());
   Config& config = experiment.config;
   config.train.eval_every_steps(0).stop_at_target(false);
+  // A recorded profile shows operators, which a replayed CUDA graph hides: "auto" records eager steps.
+  if (options.record() && config.train.cuda_graphs() == "auto") config.train.cuda_graphs("false");
   const int64_t planned = planned_steps(config.train, experiment.train_loader->batches_per_epoch());
   FT_CONFIG_CHECK(
       options.warmup_steps() + options.steps() <= planned,
@@ -207,9 +231,7 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
   const nlohmann::json trace = nlohmann::json::parse(read_text_file(result.trace_path));
   result.trace_events = static_cast<int64_t>((trace.is_object() ? trace.at("traceEvents") : trace).size());
   result.operators = operator_stats(trace);
-  for (const auto& op : result.operators) {
-    if (op.name == "aten::_local_scalar_dense" || op.name == "aten::nonzero") result.host_reads += op.calls;
-  }
+  result.host_reads = count_host_reads(trace);
   if (static_cast<int64_t>(result.operators.size()) > options.top_operators())
     result.operators.resize(static_cast<size_t>(options.top_operators()));
   write_json_file(out_dir + "/profile.json", result.to_json());

@@ -137,7 +137,7 @@ std::string Trainer::save_checkpoint() {
                                   : writer->staging_dir();
   auto file = [&](const std::string& name) { return staging + "/" + name; };
   if (rank0 || sharded_optimizer()) {
-    OptimizerStateTensors optimizer = optimizer_state(*optimizer_, optimizer_parameters());
+    OptimizerStateTensors optimizer = optimizer_state(*optimizer_);
     save_safetensors(file(optimizer_file_name()), optimizer.tensors, optimizer.metadata);
   }
   save_safetensors(file(rng_file_name()), generator_states());
@@ -265,15 +265,15 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   }
 
   load_module_safetensors(*model_, dir + "/model.safetensors");
-  load_optimizer_state(*optimizer_, optimizer_parameters(), optimizer_file);
+  load_optimizer_state(*optimizer_, optimizer_file);
   if (ema_)
     ema_->load_state(ema_shadow, json_field<int64_t>(ema_state, "calls", what),
                      json_field<int64_t>(ema_state, "updates", what));
   scaler_.load_state(scaler_state);
   restore_generator_states(rng_file);
   torch::NoGradGuard no_grad;
-  compat::zero_grad_to_none(*optimizer_);
-  window_loss_ = torch::zeros({}, torch::TensorOptions().device(device_));
+  optimizer_->zero_grad();
+  window_loss_.zero_();
   if (window_file) {
     window_loss_.copy_(window_file->at("loss"));
     for (const auto& item : model_->named_parameters()) {
@@ -288,8 +288,9 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
     }
   }
   step_ = step;
+  device_step_.fill_(step);
   progress_ = progress;
-  unchecked_losses_.clear();
+  losses_.reset();
   last_checkpoint_step_ = step;
   last_checkpoint_ = dir;
 }

@@ -18,6 +18,7 @@
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/state/checkpoint_dir.h"
 #include "fasttrain/state/file_io.h"
+#include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/train/batch_finder.h"
 #include "fasttrain/util/check.h"
@@ -56,6 +57,13 @@ class RunLogger : public Callback {
         mode_(mode) {}
 
   void on_fit_start(Trainer& trainer, int64_t total_steps) override {
+    // How the steps run, said once on a GPU: captured, or why train.cuda_graphs = "auto" could not.
+    if (trainer.device().is_cuda()) {
+      const std::string& reason = trainer.engine_reason();
+      fmt::print(stderr, "fasttrain: steps: {}{}; optimizer {}, {}\n", trainer.engine_name(),
+                 reason.empty() ? "" : " (train.cuda_graphs: " + reason + ")", trainer.optimizer().name(),
+                 trainer.optimizer().describe_kernel());
+    }
     progress_ = std::make_unique<Progress>(mode_, total_steps);
     if (trainer.step() > 0) events_->purge_from(trainer.step() + 1);  // resumed: hide the repeated steps
   }
@@ -308,10 +316,10 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
     return loader_options(batch_size).shuffle(false).drop_last(false).even_shards(false);
   };
   ModelOptions model_options = config.model;
+  std::shared_ptr<const BatchSource> train_source, eval_source;
   if (experiment.is_text()) {
     experiment.text = load_text_corpus(
         TextCorpusOptions(data.path()).include(data.include()).val_fraction(data.val_fraction()));
-    std::shared_ptr<const BatchSource> train_source, eval_source;
     const int64_t context = config.model.context();
     if (data.batching() == "windows") {
       train_source = std::make_shared<TextWindowSource>(experiment.text.train, context);
@@ -321,9 +329,6 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
       train_source = std::make_shared<TextDocumentSource>(experiment.text.train, documents);
       eval_source = std::make_shared<TextDocumentSource>(experiment.text.validation, documents);
     }
-    experiment.train_loader = std::make_unique<DataLoader>(
-        train_source, loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
-    experiment.test_loader = std::make_unique<DataLoader>(eval_source, eval_options(data.eval_batch_size()));
     model_options.num_classes(kByteVocabulary);
   } else {
     experiment.data = data_in ? *data_in : load_image_dataset(data.dataset(), data.resolved_path());
@@ -338,17 +343,28 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
                     "data.batch_size {} is larger than the {} training samples", data.batch_size(),
                     train.size());
     const auto stats = normalisation(data, train);
-    experiment.train_loader = std::make_unique<DataLoader>(
-        train, make_pipeline(data, stats, /*augment=*/true),
-        loader_options(data.batch_size()).shuffle(data.shuffle()).drop_last(data.drop_last()));
-    experiment.test_loader = std::make_unique<DataLoader>(
-        experiment.data.test, make_pipeline(data, stats, /*augment=*/false),
-        eval_options(std::min(data.eval_batch_size(), experiment.data.test.size())));
+    train_source = std::make_shared<ImageBatchSource>(train, make_pipeline(data, stats, /*augment=*/true));
+    eval_source =
+        std::make_shared<ImageBatchSource>(experiment.data.test, make_pipeline(data, stats, /*augment=*/false));
     model_options.in_channels(train.channels())
         .height(train.height())
         .width(train.width())
         .num_classes(experiment.data.train.num_classes);
   }
+  // Both splits on the device, or neither.
+  const int64_t resident_bytes = train_source->resident_bytes() > 0 && eval_source->resident_bytes() > 0
+                                     ? train_source->resident_bytes() + eval_source->resident_bytes()
+                                     : 0;
+  experiment.residency = choose_residency(data.device_resident(), experiment.device, resident_bytes,
+                                          experiment.hardware.gpu_memory_bytes);
+  const int64_t eval_batch =
+      experiment.is_text() ? data.eval_batch_size() : std::min(data.eval_batch_size(), experiment.data.test.size());
+  experiment.train_loader = std::make_unique<DataLoader>(train_source, loader_options(data.batch_size())
+                                                                           .shuffle(data.shuffle())
+                                                                           .drop_last(data.drop_last())
+                                                                           .device_resident(experiment.residency.resident));
+  experiment.test_loader = std::make_unique<DataLoader>(
+      eval_source, eval_options(eval_batch).device_resident(experiment.residency.resident));
 
   // ---- model ----
   experiment.model = make_model(model_options);
@@ -365,6 +381,9 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
                                             : fmt::format(" + {} of {}'s own pool for fp32 matmuls",
                                                           experiment.blas.threads, experiment.blas.name),
                experiment.train_loader->workers(), experiment.train_loader->workers() == 1 ? "" : "s");
+    if (experiment.residency.resident || (experiment.device.is_cuda() && data.device_resident() == "auto"))
+      fmt::print(stderr, "fasttrain:   data.device_resident = {}: {}\n", experiment.residency.resident,
+                 experiment.residency.reason);
     for (const AutoChoice& choice : resolved.choices)
       fmt::print(stderr, "fasttrain:   auto: {} = {}: {}\n", choice.key, choice.value, choice.reason);
     for (const std::string& warning : resolved.warnings) fmt::print(stderr, "fasttrain: warning: {}\n", warning);
@@ -557,14 +576,14 @@ std::string generate_run(const Config& config, const std::string& weights_path, 
 
 LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptions& options) {
   // Snapshot what the sweep changes; the caller gets it back untouched.
-  std::stringstream model_state, optimizer_state;
+  std::stringstream model_state;
   {
-    torch::serialize::OutputArchive model_archive, optimizer_archive;
+    torch::serialize::OutputArchive model_archive;
     trainer.model().save(model_archive);
     model_archive.save_to(model_state);
-    trainer.optimizer().save(optimizer_archive);
-    optimizer_archive.save_to(optimizer_state);
   }
+  OptimizerStateTensors optimizer_before = optimizer_state(trainer.optimizer());
+  for (auto& [name, tensor] : optimizer_before.tensors) tensor = tensor.clone();
   int64_t epoch = 0;
   loader.start_epoch(epoch);
   LrFinderResult result = fasttrain::find_lr(options, [&](double lr) {
@@ -577,14 +596,14 @@ LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptio
       }
       window.push_back(std::move(*batch));
     }
-    return trainer.train_step(window, lr).item<double>();
+    const torch::Tensor lr_tensor = torch::full({}, lr, torch::TensorOptions().device(trainer.device()).dtype(torch::kDouble));
+    return trainer.train_step(window, lr_tensor).item<double>();
   });
-  torch::serialize::InputArchive model_archive, optimizer_archive;
+  torch::serialize::InputArchive model_archive;
   model_archive.load_from(model_state);
   trainer.model().load(model_archive);
-  optimizer_archive.load_from(optimizer_state);
-  trainer.optimizer().state().clear();  // load() only adds the saved entries
-  trainer.optimizer().load(optimizer_archive);
+  load_optimizer_state(trainer.optimizer(),
+                       SafetensorsFile(optimizer_before.tensors, optimizer_before.metadata, "the optimizer before find-lr"));
   return result;
 }
 

@@ -98,6 +98,7 @@ Hardware detect_hardware(const torch::Device& device) {
     const cudaDeviceProp* gpu = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);
     hardware.gpu_name = gpu->name;
     hardware.cuda_capability = gpu->major * 10 + gpu->minor;
+    hardware.gpu_memory_bytes = static_cast<int64_t>(gpu->totalGlobalMem);
   }
 #endif
   return hardware;

@@ -46,8 +46,8 @@ TEST(Interop, SafetensorsWeightsScoreTheSameInThePyTorchPeer) {
       " --set train.threads=1" + " --set ema.decay=0.99 --set log.progress=none --run-dir " + run);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   for (const char* weights : {"final/model.safetensors", "final/model_ema.safetensors"}) {
-    // The peer evaluates in fp32 NCHW: so does fasttrain here.
-    auto ours = run_command(kCli + " eval " + run + "/config.toml --set train.precision=fp32" +
+    // The peer evaluates in fp32 NCHW on the CPU: so does fasttrain here (training may have run on a GPU).
+    auto ours = run_command(kCli + " eval " + run + "/config.toml --set train.precision=fp32 --set train.device=cpu" +
                             " --set train.channels_last=false --weights " + run + "/" + weights);
     ASSERT_EQ(ours.exit_code, 0) << ours.output;
     auto peer = run_command(kPython + " " + kInterop + "safetensors_peer.py " + run + "/config.toml " + run +

@@ -76,6 +76,7 @@ class SlowAugmentation : public Augmentation {
     std::this_thread::sleep_for(delay_);
     std::memcpy(out, in, shape.numel());
   }
+  bool pixel_map(const SampleShape&, SampleRng&, PixelMap&) const override { return false; }  // host only
   std::string describe() const override { return "Slow"; }
 
  private:
@@ -90,6 +91,7 @@ class ThrowingAugmentation : public Augmentation {
     FT_CHECK(in[0] != marker_, "augmentation failed on marker {}", marker_);
     std::memcpy(out, in, shape.numel());
   }
+  bool pixel_map(const SampleShape&, SampleRng&, PixelMap&) const override { return false; }  // host only
   std::string describe() const override { return "Throwing"; }
 
  private:

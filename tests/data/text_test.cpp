@@ -253,3 +253,18 @@ TEST(TextDocuments, PlannedBatchesAreDealtWholeToRanks) {
 
 }  // namespace
 }  // namespace fasttrain
+
+namespace fasttrain {
+namespace {
+
+TEST(TextWindows, CannotBeDeviceResidentAndSaysSo) {
+  const TextCorpus corpus = corpus_of({"the quick brown fox", "jumps over", "the lazy dog again and again"});
+  auto source = std::make_shared<TextWindowSource>(corpus, 8);
+  EXPECT_EQ(source->resident_bytes(), 0);
+  const std::string message =
+      testing::error_message([&] { DataLoader loader(source, LoaderOptions(2).device_resident(true)); });
+  EXPECT_TRUE(testing::contains_all(message, {"data.device_resident", "set data.device_resident = false"})) << message;
+}
+
+}  // namespace
+}  // namespace fasttrain

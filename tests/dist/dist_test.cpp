@@ -32,7 +32,8 @@ const std::string kRun =
     " --set model.name=mlp --set model.hidden=[64] --set optim.name=adamw --set optim.lr=2e-3"
     " --set schedule.name=one-cycle --set train.max_steps=20 --set train.accumulation=2"
     " --set train.clip_norm=1.0 --set data.train_limit=4096 --set train.threads=1 --set data.workers=0"
-    " --set log.every_steps=5 --set log.progress=none --set train.eval_every_steps=0";
+    " --set log.every_steps=5 --set log.progress=none --set train.eval_every_steps=0"
+    " --set train.device=cpu";  // Gloo on the CPU: what these tests are about, on a GPU machine too
 
 std::string launch(int nproc) {
   return kCli + " launch --nproc " + std::to_string(nproc) + " --grace-s 5 -- " + kCli + " train";
@@ -231,7 +232,8 @@ TEST(DistText, WindowsOnTwoRanksEqualOneProcessAndTokenBucketsTrain) {
                            " --set model.layers=2 --set model.heads=2 --set model.embed=32"
                            " --set model.context=32 --set optim.name=adamw --set optim.lr=3e-3"
                            " --set schedule.name=constant --set train.max_steps=12 --set train.threads=1"
-                           " --set data.workers=0 --set log.progress=none --set train.eval_every_steps=0";
+                           " --set data.workers=0 --set log.progress=none --set train.eval_every_steps=0"
+                           " --set train.device=cpu";
   auto single =
       run_command(kCli + " train" + text + " --set data.batch_size=8 --run-dir " + dir.file("single"));
   ASSERT_EQ(single.exit_code, 0) << single.output;

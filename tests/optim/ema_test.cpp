@@ -136,7 +136,7 @@ TEST(Ema, OptimizerStillUpdatesTheModelAfterTheGuard) {
   const auto before = snapshot(model.parameters());
   const auto averages = snapshot(ema.shadow());
   for (auto& p : model.parameters()) p.mutable_grad() = torch::ones_like(p);
-  optimizer->step();
+  optimizer->step(torch::full({}, 0.5, torch::kDouble));
   const auto after = model.parameters();
   for (size_t i = 0; i < after.size(); ++i) {
     EXPECT_TRUE(torch::allclose(after[i], before[i] - 0.5)) << i;

@@ -40,14 +40,13 @@ struct Regression {
     optimizer->zero_grad();
     const torch::Tensor loss = torch::mse_loss(model(x), y);
     loss.backward();
-    set_learning_rate(*optimizer, lr);
-    optimizer->step();
+    optimizer->step(torch::full({}, lr, torch::kDouble));
     return loss.item<double>();
   }
 
   torch::Tensor x, y;
   torch::nn::Linear model{nullptr};
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  std::unique_ptr<Optimizer> optimizer;
   double critical_lr = 0;
 };
 

@@ -22,16 +22,16 @@ namespace {
 
 const double kInf = std::numeric_limits<double>::infinity();
 
-enum class OptimizerKind { kSgd, kSgdMomentum, kAdam };
+enum class LibTorchOptimizer { kSgd, kSgdMomentum, kAdam };
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptimizerKind kind,
+std::unique_ptr<torch::optim::Optimizer> make_libtorch_optimizer(LibTorchOptimizer kind,
                                                         const std::vector<torch::Tensor>& params) {
   switch (kind) {
-    case OptimizerKind::kSgd:
+    case LibTorchOptimizer::kSgd:
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1.0));
-    case OptimizerKind::kSgdMomentum:
+    case LibTorchOptimizer::kSgdMomentum:
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
-    case OptimizerKind::kAdam:
+    case LibTorchOptimizer::kAdam:
       return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(0.01));
   }
   return nullptr;
@@ -39,7 +39,7 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(OptimizerKind kind,
 
 // The optimizer's per-parameter state tensors, in parameter order (momentum buffers; Adam's
 // moments and step count).
-std::vector<torch::Tensor> optimizer_state(torch::optim::Optimizer& optimizer) {
+std::vector<torch::Tensor> libtorch_state(torch::optim::Optimizer& optimizer) {
   std::vector<torch::Tensor> tensors;
   for (auto& group : optimizer.param_groups()) {
     for (auto& parameter : group.params()) {
@@ -67,7 +67,7 @@ struct ScalingCase {
   std::vector<std::pair<torch::Tensor, torch::Tensor>> data;
   int skip_iter = 2;
 
-  explicit ScalingCase(OptimizerKind kind) {
+  explicit ScalingCase(LibTorchOptimizer kind) {
     torch::manual_seed(0);
     control = torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
     scaling = torch::nn::Sequential(torch::nn::Linear(8, 8), torch::nn::Linear(8, 8));
@@ -77,8 +77,8 @@ struct ScalingCase {
       auto s = scaling->parameters();
       for (size_t i = 0; i < c.size(); ++i) s[i].copy_(c[i]);
     }
-    control_optimizer = make_optimizer(kind, control->parameters());
-    scaling_optimizer = make_optimizer(kind, scaling->parameters());
+    control_optimizer = make_libtorch_optimizer(kind, control->parameters());
+    scaling_optimizer = make_libtorch_optimizer(kind, scaling->parameters());
     for (int i = 0; i < 4; ++i) data.emplace_back(torch::randn({8, 8}), torch::randn({8, 8}));
   }
 };
@@ -89,7 +89,7 @@ using ScalingRun =
 
 // _run_scaling_case, comparing gradients and optimizer state as well as parameters and the scale.
 void run_scaling_case(const ScalingRun& run, int unskipped, int skipped, double atol,
-                      OptimizerKind kind = OptimizerKind::kSgd) {
+                      LibTorchOptimizer kind = LibTorchOptimizer::kSgd) {
   for (bool enabled : {true, false}) {
     SCOPED_TRACE(enabled ? "scaler enabled" : "scaler disabled");
     ScalingCase c(kind);
@@ -120,10 +120,10 @@ void run_scaling_case(const ScalingRun& run, int unskipped, int skipped, double 
             << "gradient " << i << " max diff " << (cg - sg).abs().max().item<double>();
       }
     }
-    auto control_state = optimizer_state(*c.control_optimizer);
-    auto scaling_state = optimizer_state(*c.scaling_optimizer);
+    auto control_state = libtorch_state(*c.control_optimizer);
+    auto scaling_state = libtorch_state(*c.scaling_optimizer);
     ASSERT_EQ(control_state.size(), scaling_state.size());
-    if (kind != OptimizerKind::kSgd) {
+    if (kind != LibTorchOptimizer::kSgd) {
       EXPECT_FALSE(control_state.empty());
     }
     for (size_t i = 0; i < control_state.size(); ++i) {
@@ -140,7 +140,7 @@ torch::Tensor mse(const torch::Tensor& output, const torch::Tensor& target) {
   return torch::mse_loss(output, target);
 }
 
-class GradScalingCases : public ::testing::TestWithParam<OptimizerKind> {};
+class GradScalingCases : public ::testing::TestWithParam<LibTorchOptimizer> {};
 
 // test_grad_scaling_autocast: scaling + autocast (bf16 on CPU) against fp32 without either.
 TEST_P(GradScalingCases, Autocast) {
@@ -273,15 +273,15 @@ TEST_P(GradScalingCases, AccumulationSkipsTheWindowWithAnInf) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, GradScalingCases,
-                         ::testing::Values(OptimizerKind::kSgd, OptimizerKind::kSgdMomentum,
-                                           OptimizerKind::kAdam),
-                         [](const ::testing::TestParamInfo<OptimizerKind>& info) {
+                         ::testing::Values(LibTorchOptimizer::kSgd, LibTorchOptimizer::kSgdMomentum,
+                                           LibTorchOptimizer::kAdam),
+                         [](const ::testing::TestParamInfo<LibTorchOptimizer>& info) {
                            switch (info.param) {
-                             case OptimizerKind::kSgd:
+                             case LibTorchOptimizer::kSgd:
                                return std::string("Sgd");
-                             case OptimizerKind::kSgdMomentum:
+                             case LibTorchOptimizer::kSgdMomentum:
                                return std::string("SgdMomentum");
-                             case OptimizerKind::kAdam:
+                             case LibTorchOptimizer::kAdam:
                                return std::string("Adam");
                            }
                            return std::string("Unknown");

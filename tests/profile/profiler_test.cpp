@@ -107,9 +107,26 @@ TEST(Profile, OperatorStatsSubtractNestedTime) {
   EXPECT_EQ(stats.count("meta"), 0u);
 }
 
+// Reads inside ATen's fused optimizer kernels (their CPU versions read step counts from host memory)
+// are not the step loop's; the others are, on every thread.
+TEST(Profile, HostReadsLeaveOutTheFusedOptimizerKernelsOwn) {
+  auto span = [](const std::string& name, double ts, double dur, int tid) {
+    return nlohmann::json{{"name", name}, {"ph", "X"}, {"ts", ts}, {"dur", dur}, {"tid", tid}};
+  };
+  const nlohmann::json trace = nlohmann::json::array({
+      span("aten::_fused_adamw_", 0, 100, 1), span("aten::_local_scalar_dense", 10, 2, 1),
+      span("aten::_local_scalar_dense", 20, 2, 1),   // inside the kernel: not counted
+      span("aten::_local_scalar_dense", 20, 2, 2),   // the same time on another thread: counted
+      span("aten::_local_scalar_dense", 150, 2, 1),  // after the kernel: counted
+      span("aten::nonzero", 200, 5, 1),              // counted
+  });
+  EXPECT_EQ(count_host_reads(trace), 3);
+}
+
 // Normal steps never wait for the device: no tensor is read on the host except at log steps (the
 // loss and gradient norm), checked by counting the operators that copy a value to the host
-// (_local_scalar_dense is what .item() runs; nonzero() must size its output on the host).
+// (count_host_reads: _local_scalar_dense is what .item() runs; nonzero() must size its output on the
+// host), and those reads are there: the end of the run reads the loss.
 TEST(Profile, NormalStepsReadNothingBackToTheHost) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
@@ -126,8 +143,7 @@ TEST(Profile, NormalStepsReadNothingBackToTheHost) {
   }
   EXPECT_EQ(summary.steps, 30);
   const nlohmann::json trace = nlohmann::json::parse(testing::read_text(dir.file("trace.json")));
-  const int64_t host_reads =
-      count_events(trace, "aten::_local_scalar_dense") + count_events(trace, "aten::nonzero");
+  const int64_t host_reads = count_host_reads(trace);
   EXPECT_LE(host_reads, 4) << "host reads in 30 steps: the step loop reads values back on the host";
   EXPECT_GE(host_reads, 1) << "the end-of-run log must read the loss: is the profiler recording?";
   // And every run records where its time went.

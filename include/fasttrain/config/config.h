@@ -51,6 +51,9 @@ struct DataConfig {
   FT_ARG(bool, shuffle) = true;
   FT_ARG(bool, drop_last) = true;
   FT_ARG(bool, pin_memory) = true;
+  // Keep the data set on the training device and build batches there (data/device_resident.h):
+  // "auto" (on a CUDA device, when it takes at most a tenth of its memory) | "true" | "false".
+  FT_ARG(std::string, device_resident) = "auto";
   FT_ARG(bool, normalize) = true;
   FT_ARG(int, crop_padding) = 0;
   FT_ARG(double, hflip) = 0.0;

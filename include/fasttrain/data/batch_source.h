@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,6 +62,17 @@ struct EpochPlan {
   void add_batch(const int64_t* first, int64_t count);
 };
 
+// Batches built on a device from a copy of a source's samples held there (data/device_resident.h).
+class ResidentBatches {
+ public:
+  virtual ~ResidentBatches() = default;
+  // The batch of request.samples, built on the device by torch ops on the caller's thread and
+  // current stream (request.pinned is ignored: nothing is staged).
+  virtual Batch build(const BatchRequest& request) const = 0;
+  // Device memory the copy holds.
+  virtual int64_t bytes() const = 0;
+};
+
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -73,6 +85,14 @@ class BatchSource {
   // The epoch's batches, when the source groups samples itself; the number of batches must be the
   // same every epoch (schedules and resumes count on it). nullopt: the loader slices its order.
   virtual std::optional<EpochPlan> batch_plan(int64_t epoch, bool shuffle, uint64_t seed) const;
+  // Whether every full batch has the same shape (images, fixed windows); false where the shape
+  // follows the samples (documents padded to the longest). A CUDA-graph step needs fixed shapes.
+  virtual bool fixed_shape() const { return true; }
+  // Bytes a copy of the samples on a device would take, or 0 when this source cannot build batches
+  // there (then make_resident fails).
+  virtual int64_t resident_bytes() const { return 0; }
+  // A copy of the samples on `device` that builds the same batches there (data.device_resident).
+  virtual std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const;
   // Bytes of raw text per target (1 for byte-level text), or 0 when targets are not text: then
   // evaluation reports no bits per byte.
   virtual double bytes_per_target() const { return 0; }
@@ -90,6 +110,8 @@ class ImageBatchSource : public BatchSource {
 
   int64_t size() const override { return dataset_.size(); }
   Batch build(const BatchRequest& request) const override;
+  int64_t resident_bytes() const override;
+  std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const override;
   std::string describe() const override;
   const ImageDataset& dataset() const { return dataset_; }
 

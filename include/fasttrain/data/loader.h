@@ -51,6 +51,10 @@ struct LoaderOptions {
   FT_ARG(int64_t, rank) = 0;
   FT_ARG(int64_t, world_size) = 1;
   FT_ARG(bool, even_shards) = true;
+  // Build batches on `device` from a copy of the source's samples held there, in the caller's thread
+  // (data/device_resident.h): no workers, no pinned staging, no copies per batch. The batches are
+  // those the workers would build. An error where the source cannot (text).
+  FT_ARG(bool, device_resident) = false;
   // Deliver inputs in channels_last (NHWC) layout, written so by the workers, for conv models
   // whose kernels run faster on it (mkldnn on CPU, tensor cores on GPU).
   FT_ARG(bool, channels_last) = false;
@@ -78,11 +82,16 @@ class DataLoader {
   std::optional<Batch> next();
 
   int64_t batches_per_epoch() const;
+  // Whether every batch of an epoch has the same shape: a fixed-shape source, and no last short
+  // batch (drop_last, or an epoch that divides into whole batches).
+  bool fixed_batch_shape() const;
   // Samples this loader delivers per epoch: the source's, or this rank's shard of them.
   int64_t samples_per_epoch() const;
   const BatchSource& source() const { return *source_; }
   const LoaderOptions& options() const { return options_; }
   int workers() const { return workers_; }
+  // The samples' copy on the device (device_resident), or null.
+  const ResidentBatches* resident() const { return resident_.get(); }
   // Seconds the caller spent blocked in next() since construction (with workers = 0: building).
   double wait_seconds() const { return wait_seconds_; }
   // Seconds next() spent issuing the copies to a non-CPU device (asynchronous from pinned memory).
@@ -118,6 +127,7 @@ class DataLoader {
   int workers_ = 0;
   double wait_seconds_ = 0;
   double copy_seconds_ = 0;
+  std::unique_ptr<ResidentBatches> resident_;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -105,6 +105,7 @@ class TextDocumentSource : public BatchSource {
   int64_t size() const override { return static_cast<int64_t>(pieces_.size()); }
   Batch build(const BatchRequest& request) const override;
   std::optional<EpochPlan> batch_plan(int64_t epoch, bool shuffle, uint64_t seed) const override;
+  bool fixed_shape() const override { return false; }  // padded to each batch's longest piece
   double bytes_per_target() const override { return 1.0; }
   std::string describe() const override;
 

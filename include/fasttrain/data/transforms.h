@@ -40,11 +40,26 @@ struct SampleShape {
   int64_t numel() const { return channels * height * width; }
 };
 
+// Where each output pixel of a sample comes from, row and column apart: output (y, x) is input
+// (rows[y], cols[x]), or 0 where either is -1 (padding). What a device builds batches from
+// (data/device_resident.h): the host draws each sample's maps, the device gathers the pixels.
+struct PixelMap {
+  std::vector<int64_t> rows;  // [H]
+  std::vector<int64_t> cols;  // [W]
+  // The identity of `shape`.
+  static PixelMap identity(const SampleShape& shape);
+  // This map followed by `next` (an augmentation applied to this map's output).
+  void then(const PixelMap& next);
+};
+
 class Augmentation {
  public:
   virtual ~Augmentation() = default;
   // Reads `in`, writes `out` (same shape, distinct buffers, layout [C, H, W]).
   virtual void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng& rng) const = 0;
+  // The same augmentation as a PixelMap, drawing from `rng` exactly what apply() draws; false (and
+  // nothing drawn) for an augmentation that does not move pixels by rows and columns apart.
+  virtual bool pixel_map(const SampleShape& shape, SampleRng& rng, PixelMap& map) const = 0;
   virtual std::string describe() const = 0;
 };
 
@@ -53,6 +68,7 @@ class RandomCrop : public Augmentation {
  public:
   explicit RandomCrop(int padding);
   void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng& rng) const override;
+  bool pixel_map(const SampleShape& shape, SampleRng& rng, PixelMap& map) const override;
   std::string describe() const override;
 
  private:
@@ -64,6 +80,7 @@ class HorizontalFlip : public Augmentation {
  public:
   explicit HorizontalFlip(double probability = 0.5);
   void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng& rng) const override;
+  bool pixel_map(const SampleShape& shape, SampleRng& rng, PixelMap& map) const override;
   std::string describe() const override;
 
  private:
@@ -78,6 +95,14 @@ class TransformPipeline {
   // `out` holds shape.numel() floats. Thread-safe: keeps no mutable state.
   void apply(const uint8_t* in, const SampleShape& shape, float* out, SampleRng rng) const;
   bool has_augmentations() const { return !augmentations_.empty(); }
+  // The augmentations of one sample as a PixelMap (what apply() would do to it, keyed on the same
+  // `rng`). An Error naming the augmentation that has no PixelMap form.
+  PixelMap pixel_map(const SampleShape& shape, SampleRng rng) const;
+  // Whether every augmentation has a PixelMap form (the pipeline can run on a device).
+  bool maps_pixels() const;
+  // The byte -> float normalisation of channel c: entry c * 256 + v (one set of 256 when every channel
+  // shares the mean and std).
+  const std::vector<float>& normalisation_table() const { return table_; }
   std::string describe() const;
   // Channels of the mean/std given; 1 applies to every channel of a sample.
   int64_t normalized_channels() const { return static_cast<int64_t>(mean_.size()); }

@@ -7,7 +7,7 @@
 //   optimizer = parallel.shard_optimizer(std::move(optimizer));  // ZeRO: this rank's part only
 //   // per micro-batch, `sync` true on the last of the accumulation window:
 //   parallel.before_forward(sync);  loss = ...;  parallel.backward(loss, sync);
-//   optimizer->step();  parallel.after_optimizer_step();
+//   optimizer->step(lr);  parallel.after_optimizer_step();
 //
 // dist.zero = 0 (DDP): c10d::Reducer, the engine of PyTorch's DistributedDataParallel. Gradients
 // go into buckets of dist.bucket_cap_mb in the order backward produces them, and each bucket is
@@ -25,7 +25,6 @@
 // is all-gathered into everyone's flat buffer. The collectives run after backward, not overlapped
 // with it. Element-wise optimizers (sgd, adam, adamw) give the same updates as DDP.
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
 #include <map>
 #include <memory>
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "fasttrain/dist/process_group.h"
+#include "fasttrain/optim/optimizer.h"
 
 namespace c10d {
 class Logger;
@@ -51,10 +51,10 @@ class DataParallel {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // DDP: `optimizer` as it is. ZeRO: an optimizer of the same type and group options over this
-  // rank's parts of each group's flat buffer (its state starts empty: call before any step).
-  std::unique_ptr<torch::optim::Optimizer> shard_optimizer(
-      std::unique_ptr<torch::optim::Optimizer> optimizer);
+  // DDP: `optimizer` as it is. ZeRO: an optimizer of the same kind and group options over this
+  // rank's parts of each group's flat buffer, named "zero.group<g>" (its state starts empty: call
+  // before any step).
+  std::unique_ptr<Optimizer> shard_optimizer(std::unique_ptr<Optimizer> optimizer);
   // What the sharded optimizer steps, named for its checkpoint ("zero.group0", ...); the model's
   // named parameters under DDP.
   torch::OrderedDict<std::string, torch::Tensor> optimizer_parameters() const;
@@ -87,11 +87,7 @@ class DataParallel {
   // avg_backward_comm_time, avg_backward_compute_comm_overlap_time, ... Empty under ZeRO.
   std::map<std::string, int64_t> ddp_timings() const;
   // This run's facts for summary.json: world size, zero, bytes sent per step, optimizer state.
-  nlohmann::json describe(const torch::optim::Optimizer& optimizer, int64_t steps,
-                          int64_t bytes_before) const;
-
-  // Bytes of optimizer state this rank holds (after the first step: moments, step counters).
-  int64_t optimizer_state_bytes(const torch::optim::Optimizer& optimizer) const;
+  nlohmann::json describe(const Optimizer& optimizer, int64_t steps, int64_t bytes_before) const;
 
  private:
   struct FlatGroup;  // ZeRO: one optimizer group's flat parameter buffer and this rank's part

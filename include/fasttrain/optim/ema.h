@@ -5,7 +5,9 @@
 // every Nth call of update() and uses decay_t^N, so the averaging horizon in optimizer steps does
 // not depend on N. Buffers (BatchNorm running stats) are copied, not averaged.
 // Create the Ema after moving the model to its device and dtype: the averages live next to the
-// weights.
+// weights. The update reads nothing from the host: decay_t comes from a count of updates kept on
+// the device, so the update can be captured in a CUDA graph (record_update then counts each replay
+// on the host).
 //
 //   fasttrain::Ema ema(*model, fasttrain::EmaOptions(0.999));
 //   ... after each optimizer step: ema.update();
@@ -31,8 +33,12 @@ class Ema {
  public:
   // Invalid options (decay outside [0, 1], every < 1) throw ConfigError naming ema.<key>.
   Ema(torch::nn::Module& model, EmaOptions options);
-  // Call once after each optimizer step.
+  // Call once after each optimizer step: record_update(), and apply_update() when it is an update step.
   void update();
+  // The two halves, for a CUDA graph that captures apply_update() once and replays it every step
+  // (every = 1 only): the host's counters of one call, and the averaging itself on the device.
+  bool record_update();  // returns whether this call is an update step
+  void apply_update();
   const EmaOptions& options() const { return options_; }
   int64_t updates() const { return updates_; }
   // update() calls so far (with every = N, updates() = calls() / N).
@@ -67,6 +73,7 @@ class Ema {
   EmaOptions options_;
   int64_t steps_ = 0;
   int64_t updates_ = 0;
+  torch::Tensor device_updates_;  // updates_ on the averages' device (fp64 0-dim): decay_t's t
   bool swapped_ = false;
 };
 

@@ -1,5 +1,15 @@
 #pragma once
-// Optimizers built by name: "sgd" (momentum, nesterov), "adam", "adamw" (decoupled weight decay).
+// Optimizers built by name from a registry ("sgd", "adam", "adamw"), stepping on the device: the
+// learning rate is a 0-dim tensor, the step counts live on the parameters' device, and a
+// GradScaler's found-inf flag skips the update inside the kernels, so a step reads nothing back to
+// the host and can be captured in a CUDA graph.
+//
+// Kernels (optim.kernel): "fused" runs ATen's fused multi-tensor kernels (_fused_adamw_,
+// _fused_adam_, _fused_sgd_: CUDA, and CPU from LibTorch 2.4), one launch per group; "foreach" the
+// same arithmetic as ATen's _foreach_ multi-tensor ops, on every LibTorch and device; "auto" the
+// fused ones where the device has them. Both give the numbers of LibTorch's torch::optim (tests
+// compare the three).
+//
 // Weight decay applies to weight matrices and conv kernels only: biases and norm weights (every
 // parameter with dim <= 1) go to a second group with weight_decay 0. Parameters that do not
 // require grad are left out. Group 0 holds the decayed parameters, group 1 the others (a group
@@ -7,11 +17,15 @@
 //
 //   auto optimizer = fasttrain::make_optimizer(model->named_parameters(),
 //                                              fasttrain::OptimizerOptions("adamw").lr(3e-3));
-//   fasttrain::set_learning_rate(*optimizer, 1e-3);
+//   torch::Tensor lr = torch::full({}, 1e-3);   // 0-dim, on the parameters' device
+//   loss.backward();
+//   optimizer->step(lr);
+//   optimizer->zero_grad();                      // gradients to None
 #include <torch/nn/module.h>
-#include <torch/optim/optimizer.h>
 
+#include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -29,31 +43,132 @@ struct OptimizerOptions {
   FT_ARG(double, beta1) = 0.9;
   FT_ARG(double, beta2) = 0.999;
   FT_ARG(double, eps) = 1e-8;
+  // "auto" | "fused" | "foreach" (see the top of this file).
+  FT_ARG(std::string, kernel) = "auto";
 };
 
-const std::vector<std::string>& optimizer_names();
+// Parameters stepped alike; `names` name them in checkpoints (the model's names, or ZeRO's parts).
+struct ParamGroup {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> params;
+  double weight_decay = 0;
+};
 
-// Validates `options`: throws ConfigError naming optim.<key> and the value for an unknown name (the
-// message lists the valid ones), a non-finite or negative lr / weight_decay / eps, momentum or
-// betas outside [0, 1), or sgd nesterov without momentum. make_optimizer calls it.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Updates every parameter that has a gradient, at learning rate `lr` (0-dim floating tensor on
+  // the parameters' device). `found_inf` (0-dim fp32, optional: a GradScaler's flag): where it is
+  // 1 nothing changes. The fused kernels skip on the device; the foreach kernels have no such
+  // input, so with one the flag is read on the host first (one synchronisation).
+  void step(const torch::Tensor& lr, const torch::Tensor& found_inf = {});
+  // Every gradient to None: the next backward writes instead of accumulating, and the memory is
+  // free between steps. (Dropped one by one: ZeRO-1's shard gradient is a view, which 2.x's own
+  // zero_grad(set_to_none) refuses to detach.)
+  void zero_grad();
+
+  const std::string& name() const { return options_.name(); }
+  const OptimizerOptions& options() const { return options_; }
+  const std::vector<ParamGroup>& groups() const { return groups_; }
+  std::vector<torch::Tensor> parameters() const;
+  // Whether step() runs ATen's fused kernels (optim.kernel resolved for the parameters' device).
+  bool fused() const { return fused_; }
+  // "fused (_fused_adamw_)" or "foreach": what step() runs, for announcements.
+  std::string describe_kernel() const;
+  // SGD momentum or Adam's beta1, which momentum-cycling schedules move; the next step() uses it.
+  void set_momentum(double momentum);
+  double momentum() const;
+
+  // ---- state, per parameter by name: what a checkpoint's optimizer.safetensors holds ----
+  // Field names of each parameter's state ("exp_avg", "exp_avg_sq" / "momentum_buffer") and
+  // whether it has a step count ("step": Adam's bias correction).
+  virtual const std::vector<std::string>& state_fields() const = 0;
+  virtual bool counts_steps() const = 0;
+  // Whether parameter `index` of `group` has state (was stepped, or loaded).
+  bool has_state(size_t group, size_t index) const;
+  // Field `field` of that parameter's state, and its step count (0-dim fp32 on the device; undefined
+  // for optimizers that do not count steps). Only where has_state.
+  const torch::Tensor& state(size_t group, size_t field, size_t index) const { return state_[group][field][index]; }
+  const torch::Tensor& step_count(size_t group, size_t index) const { return steps_[group][index]; }
+  // Replaces the state of one parameter (tensors already on its device and in its layout), for
+  // checkpoint loading; `step` is ignored by optimizers that do not count steps.
+  void set_state(size_t group, size_t index, std::vector<torch::Tensor> fields, int64_t step);
+  void clear_state();
+  // A group's options as the checkpoint records them (PyTorch's param_groups entry without
+  // "params"), and reading them back (momentum / betas, eps, weight_decay: what can differ).
+  virtual nlohmann::json group_options(size_t group) const = 0;
+  virtual void set_group_options(size_t group, const nlohmann::json& options) = 0;
+  // Bytes of state held (moments, momentum buffers, step counts).
+  int64_t state_bytes() const;
+
+  // An optimizer of the same kind and options over `groups` (ZeRO: this rank's parts), state empty.
+  std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const;
+
+ protected:
+  // `fused_kernel`: the ATen kernel update_fused calls ("aten::_fused_adamw_"), whose presence for
+  // the parameters' device decides optim.kernel = "auto".
+  Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel);
+  // The update of group `group`'s parameters at `with_grad` (indices into the group; their state
+  // exists), through the fused kernel or the foreach ops.
+  virtual void update_fused(size_t group, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
+                            const torch::Tensor& found_inf) = 0;
+  virtual void update_foreach(size_t group, const std::vector<size_t>& with_grad, const torch::Tensor& lr) = 0;
+  // `lr` as the fused kernels read it: fp32 on a GPU (the CUDA kernels read a float), as it is on the
+  // CPU (read once as a double).
+  static torch::Tensor fused_lr(const torch::Tensor& lr);
+  // `field` of the parameters at `indices` of `group`, as a list for the multi-tensor ops.
+  std::vector<torch::Tensor> gather(size_t group, size_t field, const std::vector<size_t>& indices) const;
+  std::vector<torch::Tensor> gather_params(size_t group, const std::vector<size_t>& indices) const;
+  std::vector<torch::Tensor> gather_grads(size_t group, const std::vector<size_t>& indices) const;
+  std::vector<torch::Tensor> gather_steps(size_t group, const std::vector<size_t>& indices) const;
+  // Whether the parameter's state was created by this step (SGD's first momentum step).
+  bool fresh(size_t group, size_t index) const { return fresh_[group][index]; }
+  double weight_decay_of(size_t group) const { return groups_[group].weight_decay; }
+  void set_weight_decay(size_t group, double weight_decay) { groups_[group].weight_decay = weight_decay; }
+
+ private:
+  void resolve_kernel(const char* fused_kernel);
+  // Sizes the state of every group (once), then creates that of parameters stepped for the first
+  // time: zeros like the parameter, step 0.
+  void ensure_state(size_t group, const std::vector<size_t>& with_grad);
+  void size_state();
+
+  std::vector<ParamGroup> groups_;
+  OptimizerOptions options_;
+  double momentum_;
+  bool fused_ = false;
+  std::string fused_kernel_;
+  std::vector<std::vector<std::vector<torch::Tensor>>> state_;  // [group][field][parameter]
+  std::vector<std::vector<torch::Tensor>> steps_;               // [group][parameter]
+  std::vector<std::vector<bool>> stepped_;                      // [group][parameter]: has state
+  std::vector<std::vector<bool>> fresh_;                        // [group][parameter]: state made this step
+};
+
+// ---- the registry: optimizers by name ----
+struct OptimizerKind {
+  std::string name;
+  std::string description;  // one line for `fasttrain config --reference` and errors
+  std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>, const OptimizerOptions&)> make;
+};
+// The registered kinds, in the order they are listed.
+const std::vector<OptimizerKind>& optimizer_kinds();
+// Their names: "sgd", "adam", "adamw".
+std::vector<std::string> optimizer_names();
+// The kind called `name`; a ConfigError listing the valid names when there is none.
+const OptimizerKind& optimizer_kind(const std::string& name);
+// The kernels optim.kernel accepts.
+const std::vector<std::string>& optimizer_kernel_names();
+
+// Validates `options`: throws ConfigError naming optim.<key> and the value for an unknown name or
+// kernel (the message lists the valid ones), a non-finite or negative lr / weight_decay / eps,
+// momentum or betas outside [0, 1), or sgd nesterov without momentum. make_optimizer calls it.
 void validate(const OptimizerOptions& options);
 
-std::unique_ptr<torch::optim::Optimizer> make_optimizer(
-    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options);
-
-// An optimizer of `prototype`'s type (SGD, Adam or AdamW), defaults and per-group options over other
-// tensors: `group_parameters[i]` replaces group i's parameters. Its state starts empty. ZeRO uses it
-// to step only this rank's part of each group.
-std::unique_ptr<torch::optim::Optimizer> rebuild_optimizer(
-    const torch::optim::Optimizer& prototype,
-    const std::vector<std::vector<torch::Tensor>>& group_parameters);
-
-// Sets lr on every parameter group.
-void set_learning_rate(torch::optim::Optimizer& optimizer, double lr);
-double learning_rate(const torch::optim::Optimizer& optimizer);
-// Sets SGD momentum or Adam/AdamW beta1 on every group (for momentum cycling).
-void set_momentum(torch::optim::Optimizer& optimizer, double momentum);
-// SGD momentum or Adam/AdamW beta1 of the first group.
-double momentum(const torch::optim::Optimizer& optimizer);
+// The optimizer `options.name()` names over the model's trainable parameters, grouped as above.
+std::unique_ptr<Optimizer> make_optimizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
+                                          const OptimizerOptions& options);
 
 }  // namespace fasttrain

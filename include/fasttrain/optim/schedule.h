@@ -22,6 +22,8 @@
 //   double lr = schedule->lr(step);                   // step = optimizer steps taken so far
 //   std::optional<double> m = schedule->momentum(step);
 #include <cstdint>
+#include <torch/types.h>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,5 +79,22 @@ class Schedule {
 // Invalid options throw ConfigError naming the key (schedule.<key>), the value and what is allowed.
 std::unique_ptr<Schedule> make_schedule(const ScheduleOptions& options, double max_lr, double base_momentum,
                                         int64_t total_steps);
+
+// A schedule's learning rates for steps 0 .. total_steps on the device (fp64), so that a step looks
+// its LR up instead of sending it from the host: by step number (a view, no kernel) or by a step
+// counter kept on the device (an index kernel, which a CUDA graph can capture). Steps past the
+// table take its last entry, as the schedules hold their last value.
+class LrTable {
+ public:
+  LrTable(const Schedule& schedule, int64_t total_steps, torch::Device device);
+  // 0-dim: the LR of the step that follows `step` completed steps.
+  torch::Tensor at(int64_t step) const;
+  // The same for a 0-dim int64 step count on the table's device.
+  torch::Tensor at(const torch::Tensor& step) const;
+  int64_t size() const { return values_.size(0); }
+
+ private:
+  torch::Tensor values_;  // [total_steps + 1]
+};
 
 }  // namespace fasttrain

@@ -11,11 +11,13 @@
 //   scaler.scale(loss).backward();          // per micro-batch
 //   scaler.unscale_(optimizer);             // optional: before clipping, so the norm is the true one
 //   fasttrain::clip_grad_norm(parameters, 1.0);
-//   bool stepped = scaler.step(optimizer);  // skips optimizer.step() if a gradient is inf/NaN
+//   scaler.step(optimizer, lr);             // fasttrain's optimizers skip an inf/NaN step on the device
 //   scaler.update();                        // backoff or growth of the scale
 //
-// Host synchronisation: step() reads found_inf once (it must decide whether to call
-// optimizer.step()); scale(), unscale_() and update() stay on the device. Where the LibTorch build
+// Host synchronisation: none with fasttrain's optimizers (optim/optimizer.h), which take the
+// found-inf flag and skip on the device (their foreach kernels read it once). With LibTorch's own
+// torch::optim optimizers, step() reads found_inf once: it must decide whether to call
+// optimizer.step(). scale(), unscale_() and update() stay on the device. Where the LibTorch build
 // has ATen's fused kernels for the device (CUDA everywhere; CPU in releases after 1.13) they do the
 // work (compat::has_amp_kernels); elsewhere the same arithmetic runs as ordinary tensor ops.
 #include <torch/optim/optimizer.h>
@@ -27,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -69,10 +72,15 @@ class GradScaler {
   // was inf/NaN. At most once per optimizer between update()s, and not after step(). Call it before
   // clipping or reading gradients; step() calls it when you did not. fp16 gradients are an error
   // (keep parameters fp32; autocast casts them per op).
+  void unscale_(Optimizer& optimizer);
   void unscale_(torch::optim::Optimizer& optimizer);
 
-  // Unscales (if unscale_ was not called) and calls optimizer.step() unless a gradient was inf/NaN.
-  // Returns whether the optimizer stepped. Once per optimizer between update()s.
+  // Unscales (if unscale_ was not called) and steps the optimizer at `lr` with the found-inf flag,
+  // which skips the update on the device when a gradient was inf/NaN (no host read; counted in
+  // skipped_steps()). Once per optimizer between update()s.
+  void step(Optimizer& optimizer, const torch::Tensor& lr);
+  // LibTorch's optimizers: unscales (if unscale_ was not called) and calls optimizer.step() unless
+  // a gradient was inf/NaN (one host read). Returns whether the optimizer stepped.
   bool step(torch::optim::Optimizer& optimizer);
 
   // Once per iteration, after the step()s of all optimizers: backs the scale off if any of them saw
@@ -89,8 +97,8 @@ class GradScaler {
   const torch::Tensor& scale_tensor() const { return scale_; }
   // Clean steps since the scale last changed (host read).
   int64_t growth_tracker() const;
-  // Optimizer steps step() skipped because of inf/NaN gradients.
-  int64_t skipped_steps() const { return skipped_steps_; }
+  // Optimizer steps step() skipped because of inf/NaN gradients (a host read of the device count).
+  int64_t skipped_steps() const;
 
   // Data parallel runs whose ranks hold different gradients (ZeRO): combines each found-inf flag
   // (0-dim) over the ranks (a max) before step() reads it, so every rank skips the same steps.
@@ -112,13 +120,17 @@ class GradScaler {
   };
 
   void require_scale(const char* caller) const;
+  void unscale_parameters(const void* key, const std::vector<torch::Tensor>& parameters);
+  // step()'s checks, the unscale when not done yet, and the ranks' flags combined.
+  OptimizerState& prepare_step(const void* key, const std::function<void()>& unscale);
 
   GradScalerOptions options_;
   torch::Tensor scale_;           // 0-dim fp32, created by the first scale()
   torch::Tensor growth_tracker_;  // 0-dim int32, same device
-  int64_t skipped_steps_ = 0;
+  int64_t skipped_steps_ = 0;      // counted on the host (torch::optim optimizers)
+  torch::Tensor skipped_on_device_;  // counted on the device (fasttrain's optimizers)
   int64_t initial_growth_tracker_ = 0;  // from load_state() before the first scale()
-  std::unordered_map<const torch::optim::Optimizer*, OptimizerState> per_optimizer_;
+  std::unordered_map<const void*, OptimizerState> per_optimizer_;  // keyed by the optimizer's address
   std::function<void(torch::Tensor&)> found_inf_reducer_;
 };
 

@@ -87,4 +87,11 @@ Config with_room_to_profile(Config config);
 // by name, self time = duration minus the durations of the events nested directly inside.
 std::vector<OperatorStat> operator_stats(const nlohmann::json& trace);
 
+// Reads of a tensor's value on the host in such a trace: the operators that copy a value back
+// (aten::_local_scalar_dense, what .item() runs; aten::nonzero, which sizes its output on the host),
+// except those inside ATen's fused optimizer kernels (aten::_fused_adamw_ ...): their CPU versions read
+// the step counts and the LR with .item() from host memory, which waits for nothing, and their CUDA
+// versions read nothing.
+int64_t count_host_reads(const nlohmann::json& trace);
+
 }  // namespace fasttrain

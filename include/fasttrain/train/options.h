@@ -40,6 +40,10 @@ struct TrainOptions {
   // Autograd anomaly detection (a debugging aid: every backward op checks for NaN and keeps the
   // forward's stack trace; much slower).
   FT_ARG(bool, detect_anomaly) = false;
+  // The whole optimizer step captured in a CUDA graph and replayed (train/step_engine.h): "auto"
+  // (where it applies; otherwise eager, and the run says why) | "true" (an error where it cannot) |
+  // "false".
+  FT_ARG(std::string, cuda_graphs) = "auto";
   // "auto" | "cpu" | "cuda" | "cuda:N".
   FT_ARG(std::string, device) = "auto";
   // Evaluate on the test set every N optimizer steps (0 = only at the end of each epoch).

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "fasttrain/config/config.h"
+#include "fasttrain/data/device_resident.h"
 #include "fasttrain/data/loader.h"
 #include "fasttrain/data/text.h"
 #include "fasttrain/models/generate.h"
@@ -36,6 +37,8 @@ struct Experiment {
   TextSplits text;   // data.dataset = "text"
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> test_loader;
+  // data.device_resident resolved: whether both loaders build their batches on the device, and why.
+  ResidencyChoice residency;
   std::shared_ptr<Model> model;
   // The distributed job this process is a rank of (default_process_group), or null: one process.
   std::shared_ptr<ProcessGroup> group;

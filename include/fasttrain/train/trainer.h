@@ -12,6 +12,11 @@
 // Precision: forward and loss run under an AutocastGuard of train.precision; with fp16 the loss is
 // scaled by a GradScaler that skips steps whose gradients overflow (counted in skipped_steps).
 //
+// Steps (train/step_engine.h): eager, or captured once in a CUDA graph and replayed
+// (train.cuda_graphs). Either way a step reads nothing back to the host: the LR comes from the
+// schedule's table on the device, the optimizer and the GradScaler keep their counts there, and the
+// loss is summed there (train/loss_tracker.h) until a log step reads it.
+//
 // One optimizer step = `accumulation` micro-batches (fewer at the end of an epoch), each loss divided
 // by the window size, so N micro-batches of B equal one batch of N x B.
 //
@@ -29,8 +34,6 @@
 // at the next optimizer step on every rank (one tiny all-reduce per step), evaluation sums are
 // all-reduced, and the logged loss and throughput are those of all ranks together. Checkpoints are
 // written by rank 0 (with every rank's ZeRO shard and random state) into one step-N directory.
-#include <torch/optim/optimizer.h>
-
 #include <atomic>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -41,15 +44,19 @@
 #include "fasttrain/dist/data_parallel.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/optim/ema.h"
+#include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/precision/grad_scaler.h"
 #include "fasttrain/profile/phases.h"
+#include "fasttrain/train/loss_tracker.h"
 #include "fasttrain/train/options.h"
+#include "fasttrain/train/step_engine.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
 class CheckpointWriter;
+class FitSession;
 
 // What a log interval measured.
 struct StepRecord {
@@ -107,6 +114,8 @@ struct FitSummary {
   bool interrupted = false;
   // The newest checkpoint this fit() wrote ("" = none).
   std::string checkpoint;
+  // How the steps ran: "eager" or "cuda_graph" (train.cuda_graphs).
+  std::string step_engine;
   // Data parallel runs: world_size, backend, zero, bytes_sent_per_step (this rank, this session),
   // optimizer_state_bytes (this rank), ddp_timings_ns (DDP's sampled backward compute and
   // communication times and their overlap). Null in one process.
@@ -166,8 +175,9 @@ int64_t planned_steps(const TrainOptions& options, int64_t batches_per_epoch);
 
 class Trainer {
  public:
-  Trainer(std::shared_ptr<Model> model, std::unique_ptr<torch::optim::Optimizer> optimizer,
-          std::unique_ptr<Schedule> schedule, TrainOptions options, torch::Device device);
+  Trainer(std::shared_ptr<Model> model, std::unique_ptr<Optimizer> optimizer, std::unique_ptr<Schedule> schedule,
+          TrainOptions options, torch::Device device);
+  ~Trainer();
 
   void enable_ema(const EmaOptions& options);
   // Trains as one rank of `group` (see the top of this file). Before fit(), load_checkpoint() and
@@ -206,16 +216,24 @@ class Trainer {
   // EMA is enabled. The model's mode and weights are as before afterwards.
   EvalResult evaluate(DataLoader& loader);
 
-  // One optimizer step over `micro_batches` (the accumulation window) at `lr`: forward, loss,
-  // backward, clip, step, gradients to None, EMA. Returns the window's mean loss (0-dim, no sync).
-  // The two halves, for loops that stop inside a window, are backward_micro_batch and optimizer_step.
-  torch::Tensor train_step(const std::vector<Batch>& micro_batches, double lr);
-  // Forward, loss / window_size, scaled backward (gradients accumulate). Returns the loss divided
-  // by window_size (0-dim, detached, no sync). `ends_window`: data parallel runs communicate the
-  // gradients in this backward (the others of the window accumulate locally, DDP's no_sync).
+  // ---- the training step: what both engines run, and find-lr ----
+  // One optimizer step over `micro_batches` (the accumulation window) at learning rate `lr` (0-dim
+  // on the device). Returns the window's mean loss (0-dim, no sync).
+  torch::Tensor train_step(const std::vector<Batch>& micro_batches, const torch::Tensor& lr);
+  // Forward, loss / window_size, scaled backward (gradients accumulate); the loss is added to the
+  // window's (window_loss()). Returns the loss divided by window_size (0-dim, detached, no sync).
+  // `ends_window`: data parallel runs communicate the gradients in this backward (the others of
+  // the window accumulate locally, DDP's no_sync).
   torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window = true);
-  // Unscale, clip, step (skipped on inf/NaN), update the scale, gradients to None, EMA; step() + 1.
-  void optimizer_step(double lr);
+  // Unscale, clip, the optimizer at `lr` (skipped on inf/NaN), the scale's update, gradients to None
+  // unless `keep_gradients` (a captured step keeps the graph's gradient buffers), EMA, the
+  // window's loss into the loss tracker; step() + 1 and the device's step counter + 1.
+  void optimizer_step(const torch::Tensor& lr, bool keep_gradients = false);
+  // The LR of the optimizer step that follows `step` completed steps, from the schedule's table
+  // (0-dim view on the device). Before fit() the table covers `total_steps` given to plan_steps.
+  torch::Tensor scheduled_lr(int64_t step) const;
+  // Builds the LR table for a run of `total_steps` (fit() does it; find-lr needs none).
+  void plan_steps(int64_t total_steps);
   // Allocator warm-up (memory.warmup): one forward and backward on `batch`, the largest shape the run
   // will see, then the gradients back to None and the buffers (BatchNorm statistics) and random
   // generators as they were. Training afterwards is bit-identical to training without it, but the
@@ -224,11 +242,18 @@ class Trainer {
   void warm_up(const Batch& batch);
 
   Model& model() { return *model_; }
-  torch::optim::Optimizer& optimizer() { return *optimizer_; }
+  Optimizer& optimizer() { return *optimizer_; }
   GradScaler& scaler() { return scaler_; }
   Ema* ema() { return ema_.get(); }  // null without enable_ema
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return options_; }
+  torch::Device device() const { return device_; }
+  // The engine fit() runs ("eager" or "cuda_graph") and, where train.cuda_graphs = "auto" fell back
+  // to eager, why; both are set before the on_fit_start callbacks run, which report them.
+  const char* engine_name() const { return engine_ ? engine_->name() : "eager"; }
+  const std::string& engine_reason() const { return engine_reason_; }
+  // What decides whether this trainer's step can be captured, for `loader` (train.cuda_graphs).
+  CaptureFacts capture_facts(const DataLoader& loader) const;
   // The time the step functions spent in forward, backward and optimizer so far; fit()'s records
   // and summary add data wait, host-to-device copies and "other" from the loader and its clock.
   const StepPhases& phases() const { return phases_; }
@@ -236,13 +261,22 @@ class Trainer {
   const StepPhases& fit_phases() const { return fit_phases_; }
 
  private:
+  friend class FitSession;
+  friend class CudaGraphEngine;
+
   torch::Tensor loss_of(const Batch& batch);
   // `value` averaged over the ranks (one all-reduce; `value` itself in one process).
   double mean_over_ranks(double value);
   // The tensors the optimizer steps, by the names its checkpoint uses: the model's parameters, or
   // under ZeRO this rank's parts.
   torch::OrderedDict<std::string, torch::Tensor> optimizer_parameters() const;
-  EvalRecord evaluate_and_record(DataLoader& test, int64_t epoch, double elapsed_s);
+  // The engine train.cuda_graphs asks for, for `loader`.
+  void choose_engine(const DataLoader& loader);
+  // Feeds the micro-batches of the current window to the engine; false when a stop was requested
+  // inside the window (one process, eager: the gradients so far are kept for the checkpoint).
+  bool feed_window(DataLoader& train, int64_t batches_per_epoch, FitSession& session);
+  // The host's side of a step replayed by a CUDA graph: step() + 1, the EMA's counters.
+  void count_replayed_step();
   // Host check of the losses since the last one (one sync): an error naming the first non-finite
   // step. With fp16 a GradScaler skips such steps instead.
   void check_losses_finite();
@@ -255,7 +289,7 @@ class Trainer {
   std::string rng_file_name() const;
 
   std::shared_ptr<Model> model_;
-  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
   TrainOptions options_;
   torch::Device device_;
@@ -270,11 +304,17 @@ class Trainer {
   int64_t log_every_ = 50;
   int64_t step_ = 0;
 
+  // ---- the step's device state ----
+  std::unique_ptr<LrTable> lr_table_;
+  torch::Tensor device_step_;  // 0-dim int64: step_ on the device (a captured step's LR index)
+  torch::Tensor window_loss_;  // 0-dim fp32: the current window's loss so far
+  LossTracker losses_;
+  std::unique_ptr<StepEngine> engine_;
+  std::string engine_reason_;
+
   TrainProgress progress_;
   StepPhases phases_;
   StepPhases fit_phases_;
-  torch::Tensor window_loss_;                    // 0-dim: the current window's loss so far
-  std::vector<torch::Tensor> unchecked_losses_;  // window losses of steps not yet checked finite
   std::optional<RunCheckpointOptions> checkpoints_;
   int64_t last_checkpoint_step_ = -1;
   std::string last_checkpoint_;

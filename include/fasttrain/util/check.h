@@ -34,6 +34,7 @@ class ConfigError : public Error {
       FT_FAIL(__VA_ARGS__); \
     }                       \
   } while (0)
+#define FT_CONFIG_FAIL(...) throw ::fasttrain::ConfigError(::fmt::format(__VA_ARGS__))
 #define FT_CONFIG_CHECK(cond, ...)                                \
   do {                                                            \
     if (!(cond)) {                                                \

@@ -293,9 +293,10 @@ std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> parameters, std::v
   }
 }
 
-// The c10d::ProcessGroup that runs `backend` (a ProcessGroupGloo) on the CPU. In 1.13
-// ProcessGroupGloo is itself a ProcessGroup; in 2.x it is a c10d::Backend, which a ProcessGroup
-// dispatches to by device type.
+// The c10d::ProcessGroup that runs `backend` (a ProcessGroupGloo) for CPU and CUDA tensors (as
+// torch.distributed.init_process_group("gloo") registers it; Gloo stages CUDA tensors through the
+// host). In 1.13 ProcessGroupGloo is itself a ProcessGroup; in 2.x it is a c10d::Backend, which a
+// ProcessGroup dispatches to by device type.
 template <typename ProcessGroup, typename Store, typename Backend>
 c10::intrusive_ptr<ProcessGroup> gloo_process_group(const c10::intrusive_ptr<Store>& store, int rank, int size,
                                                     c10::intrusive_ptr<Backend> backend) {
@@ -305,9 +306,88 @@ c10::intrusive_ptr<ProcessGroup> gloo_process_group(const c10::intrusive_ptr<Sto
   } else {
     auto group = c10::make_intrusive<ProcessGroup>(store, rank, size);
     group->setBackend(c10::DeviceType::CPU, ProcessGroup::BackendType::GLOO, backend);
+    group->setBackend(c10::DeviceType::CUDA, ProcessGroup::BackendType::GLOO, backend);
     group->setDefaultBackend(ProcessGroup::BackendType::GLOO);
     return group;
   }
+}
+
+}  // namespace fasttrain::compat
+
+// ---- device-side optimizers: ATen's fused multi-tensor optimizer kernels ----
+// LibTorch 2.4 and later have _fused_adam_, _fused_adamw_ and _fused_sgd_ with the learning rate as
+// a tensor, on CUDA and on the CPU; earlier releases lack the tensor-LR forms (or the kernels), so
+// their optimizers run the foreach form (optim/optimizer.h).
+namespace fasttrain::compat {
+
+// Every tensor of `tensors` times `factor` (0-dim, on their device and of their dtype), in place: one
+// multi-tensor kernel where the release has _foreach_mul_'s tensor-factor form (2.1), else one
+// multiplication per tensor.
+inline void foreach_mul_(at::TensorList tensors, const at::Tensor& factor) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 1)
+  at::_foreach_mul_(tensors, factor);
+#else
+  for (const auto& tensor : tensors) tensor.mul_(factor);
+#endif
+}
+
+// tensors[i] * factor (0-dim), as new tensors: one multi-tensor kernel from 2.1, else one per tensor.
+inline std::vector<at::Tensor> foreach_mul(at::TensorList tensors, const at::Tensor& factor) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 1)
+  return at::_foreach_mul(tensors, factor);
+#else
+  std::vector<at::Tensor> out;
+  for (const auto& tensor : tensors) out.push_back(tensor.mul(factor));
+  return out;
+#endif
+}
+
+// Whether `kernel` ("aten::_fused_adamw_") runs on `device` with a tensor learning rate.
+inline bool has_fused_optimizer_kernel(const char* kernel, const torch::Device& device) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 4)
+  return has_kernel(kernel, device);
+#else
+  (void)kernel, (void)device;
+  return false;
+#endif
+}
+
+// One Adam (decoupled: AdamW) update of every tensor in the lists, skipped where found_inf is 1.
+// Step counts are read, not advanced. Only where has_fused_optimizer_kernel says so.
+inline void fused_adam(bool decoupled_weight_decay, at::TensorList params, at::TensorList grads,
+                       at::TensorList exp_avgs, at::TensorList exp_avg_sqs, at::TensorList steps,
+                       const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
+                       const at::Tensor& found_inf) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 4)
+  const std::optional<at::Tensor> inf = found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+  if (decoupled_weight_decay) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, inf);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
+                     weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, inf);
+  }
+#else
+  (void)decoupled_weight_decay, (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps,
+      (void)lr, (void)beta1, (void)beta2, (void)weight_decay, (void)eps, (void)found_inf;
+  TORCH_CHECK(false, "fused optimizer kernels need LibTorch >= 2.4, this is ", TORCH_VERSION);
+#endif
+}
+
+// One SGD update (momentum buffers created from the gradient when `first_step`), skipped where
+// found_inf is 1. Only where has_fused_optimizer_kernel says so.
+inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
+                      const at::Tensor& lr, double weight_decay, double momentum, bool nesterov, bool first_step,
+                      const at::Tensor& found_inf) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 4)
+  const std::optional<at::Tensor> inf = found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+  at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
+                  /*maximize=*/false, first_step, /*grad_scale=*/std::nullopt, inf);
+#else
+  (void)params, (void)grads, (void)momentum_buffers, (void)lr, (void)weight_decay, (void)momentum, (void)nesterov,
+      (void)first_step, (void)found_inf;
+  TORCH_CHECK(false, "fused optimizer kernels need LibTorch >= 2.4, this is ", TORCH_VERSION);
+#endif
 }
 
 }  // namespace fasttrain::compat

@@ -25,6 +25,7 @@ struct Hardware {
   bool openblas_pool = false;          // LibTorch's fp32 matmuls run in OpenBLAS's own thread pool
   std::string gpu_name;                // CUDA devices only
   int cuda_capability = 0;             // major * 10 + minor, e.g. 90 for an H100; 0 on CPU
+  int64_t gpu_memory_bytes = 0;        // the CUDA device's memory; 0 on CPU
 
   // bf16 matmuls and convolutions run in hardware on `device`: CUDA compute capability >= 8.0
   // (Ampere and later), or a CPU with AVX512-BF16 / AMX.

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# On a GPU machine with PyTorch and no network, from the packages scripts/offline-deps downloaded
+# (README "On a GPU machine"): builds fasttrain with CUDA and runs its *_CUDA tests
+# (scripts/test-offline), then the GPU benchmarks side by side with the Python peers in this one run,
+# then the whole suite with the time left. Prints the figures as a table at the end
+# (bench/gpu/summarize.py); the logs and raw JSON go to $OUT/gpu-logs.tgz.
+#   bench/gpu/run-all.sh                 # PYTHON (default python3) is the PyTorch to build against
+# Benchmarks:
+#   main job   configs/default.toml, seeds 0-2: fasttrain captured (train.cuda_graphs auto), eager
+#              (false), captured with memory.warmup = true (cuBLAS/cuDNN first use and the cuDNN
+#              search before fit()); the peer (bench/peer_gpu_speedrun.py) eager and CUDA-graph
+#   gpt        12 layers x 768 (12 heads, T 1024, batch 16, bf16) on this clone's *.cpp files, 60 steps:
+#              fasttrain captured and eager; the peer (bench/peer_gpt.py) eager, with the bf16 matmul ceiling
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root"
+out="${OUT:-/tmp/fasttrain-gpu}"
+work=/tmp/fasttrain-gpu-work
+rm -rf "$work" && mkdir -p "$work" "$out"
+python="${PYTHON:-python3}"
+start=$SECONDS
+stage() { echo "run-all: $1 (at $((SECONDS - start)) s)" >&2; }
+cli=build/bin/fasttrain
+
+stage "build and the *_CUDA tests"
+OUT="$work" FASTTRAIN_TEST_JOBS=8 timeout 330 scripts/test-offline -R _CUDA 2>&1 | tail -n 25
+[ -x "$cli" ] || { tar czf "$out/gpu-logs.tgz" -C "$work" . 2>/dev/null; echo "run-all: no CLI built" >&2; exit 1; }
+export LD_LIBRARY_PATH="/opt/fasttrain-deps/usr/lib/$(gcc -print-multiarch)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+stage "main job: fasttrain eager and with memory.warmup (the captured runs were test-offline's)"
+for seed in 0 1 2; do
+  for variant in eager warm; do
+    case $variant in
+      eager) set_args=(--set train.cuda_graphs=false) ;;
+      warm) set_args=(--set memory.warmup=true) ;;
+    esac
+    timeout 60 "$cli" train configs/default.toml --fresh --run-dir "$work/main-$variant-$seed" \
+      --set train.seed=$seed --set log.progress=none "${set_args[@]}" >"$work/main-$variant-$seed.log" 2>&1
+  done
+done
+stage "main job: the peer, CUDA graph and eager (one untimed warm-up run each, then seeds 0-2)"
+data="--data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json"
+timeout 60 "$python" bench/peer_gpu_speedrun.py --mode graph $data >"$work/peer-graph.json" 2>"$work/peer-graph.log"
+timeout 90 "$python" bench/peer_gpu_speedrun.py --mode eager $data >"$work/peer-eager.json" 2>"$work/peer-eager.log"
+timeout 30 "$python" bench/peer_gpu_speedrun.py --mode graph --no-warmup-run --data-dir /usr/share/datasets/fashion-mnist \
+  --repeats 1 --json >"$work/peer-graph-cold.json" 2>"$work/peer-graph-cold.log"
+
+stage "gpt 12 x 768: fasttrain captured and eager, the peer eager"
+gpt=(--set data.path="$root" --set 'data.include=*.cpp' --set model.layers=12 --set model.heads=12
+  --set model.embed=768 --set model.context=1024 --set data.batch_size=16 --set data.eval_batch_size=16
+  --set train.max_steps=60 --set schedule.warmup_steps=10 --set train.eval_every_steps=0
+  --set log.every_steps=10 --set log.progress=none --set train.threads=0 --set train.precision=auto)
+timeout 90 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/gpt-graph" "${gpt[@]}" >"$work/gpt-graph.log" 2>&1
+timeout 90 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/gpt-eager" "${gpt[@]}" \
+  --set train.cuda_graphs=false >"$work/gpt-eager.log" 2>&1
+timeout 120 "$python" bench/peer_gpt.py --device cuda --path "$root" --include '*.cpp' --layers 12 --heads 12 \
+  --embed 768 --context 1024 --batch-size 16 --steps 60 --warmup-steps 20 --lr-warmup-steps 10 --min-lr 1e-4 \
+  --log-every 10 >"$work/peer-gpt.json" 2>"$work/peer-gpt.log"
+
+stage "the whole suite"
+left=$((570 - (SECONDS - start)))
+[ $left -gt 30 ] && (cd build && timeout $left ctest -j 8 --output-on-failure >"$work/ctest-all.log" 2>&1)
+grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout|Skipped" "$work/ctest-all.log" | tail -n 20
+
+find "$work" -name '*.safetensors' -delete
+find "$work" -path '*checkpoints*' -prune -exec rm -rf {} + 2>/dev/null
+tar czf "$out/gpu-logs.tgz" -C "$work" . 2>/dev/null
+"$python" bench/gpu/summarize.py "$work"
+stage "done"

@@ -1,0 +1,61 @@
+#pragma once
+// Device-resident data (data.device_resident): a dataset small next to the device's memory is
+// copied there once (Fashion-MNIST's 60k training images are 47 MB), and each batch is gathered,
+// augmented and normalised there, by a few kernels on the caller's stream, instead of being built
+// by loader threads in pinned host memory and copied over. The DataLoader keeps the rest: the epoch
+// order, sharding over ranks and delivery; only the build moves (data/loader.h).
+//
+// The batches are those the host would build, value for value: the order is the loader's, each
+// sample's augmentation is drawn on the host from the same SampleRng as data/transforms.h and handed
+// to the device as a PixelMap (which source pixel lands where), and normalisation is the pipeline's
+// own byte -> float table.
+//
+//   auto resident = source.make_resident(torch::kCUDA);   // one copy of the samples on the GPU
+//   Batch batch = resident->build(request);               // [B, C, H, W] float on the GPU
+#include <torch/types.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fasttrain/data/batch_source.h"
+
+namespace fasttrain {
+
+// Image batches built on a device from a copy of an ImageDataset held there.
+class ResidentImageBatches : public ResidentBatches {
+ public:
+  // Copies the images and labels to `device`; every augmentation of `pipeline` must have a PixelMap
+  // form (an Error names the one that has not).
+  ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline, torch::Device device);
+  Batch build(const BatchRequest& request) const override;
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  // The request's samples as an index tensor on the device (through pinned memory on CUDA).
+  torch::Tensor to_device(const int64_t* values, int64_t count) const;
+  // [B, H * W] flat source pixel of each output pixel (H * W: the zero pixel), drawn on the host.
+  torch::Tensor pixel_sources(const BatchRequest& request) const;
+
+  TransformPipeline pipeline_;
+  torch::Device device_;
+  SampleShape shape_;
+  bool augmented_;
+  torch::Tensor images_;          // [N, C, H * W (+ 1 zero pixel when augmented)] uint8
+  torch::Tensor labels_;          // [N] int64
+  torch::Tensor table_;           // [C or 1, 256] float: the pipeline's normalisation
+  torch::Tensor channel_offset_;  // [1, C, 1] int64: c * 256 where each channel has its own table
+  int64_t bytes_ = 0;
+};
+
+// data.device_resident ("auto" | "true" | "false") for a run on `device`: whether batches are built
+// there, and why. `dataset_bytes`: what the copy would hold (0: the source cannot be resident);
+// `device_memory_bytes`: the device's memory (0 on CPU). "auto" keeps a dataset resident on a CUDA
+// device when it takes at most 1/10 of the memory; "true" where it cannot be is a ConfigError.
+struct ResidencyChoice {
+  bool resident = false;
+  std::string reason;
+};
+ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device, int64_t dataset_bytes,
+                                 int64_t device_memory_bytes);
+
+}  // namespace fasttrain

@@ -1,0 +1,96 @@
+#include "fasttrain/data/device_resident.h"
+
+#include <torch/torch.h>
+
+#include "fasttrain/util/bytes.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline,
+                                           torch::Device device)
+    : pipeline_(pipeline),
+      device_(device),
+      shape_{dataset.channels(), dataset.height(), dataset.width()},
+      augmented_(pipeline.has_augmentations()) {
+  FT_CHECK(dataset.images.defined() && dataset.images.dim() == 4 && dataset.images.scalar_type() == torch::kUInt8,
+           "ResidentImageBatches needs uint8 images [N, C, H, W]");
+  pipeline_.check_channels(shape_.channels);
+  if (augmented_) pipeline_.pixel_map(shape_, SampleRng(0, 0, 0));  // an Error now if one cannot map
+  const int64_t n = dataset.size(), plane = shape_.height * shape_.width;
+  torch::Tensor images = dataset.images.reshape({n, shape_.channels, plane});
+  // Augmented batches gather pixels by index; index H * W is a zero pixel (crop padding).
+  if (augmented_) images = torch::cat({images, torch::zeros({n, shape_.channels, 1}, images.options())}, 2);
+  images_ = images.to(device_).contiguous();
+  labels_ = dataset.labels.to(device_, torch::kLong).contiguous();
+  const std::vector<float>& table = pipeline_.normalisation_table();
+  const int64_t tables = static_cast<int64_t>(table.size()) / 256;
+  table_ = torch::tensor(table, torch::kFloat).reshape({tables, 256}).to(device_);
+  if (tables > 1) channel_offset_ = (torch::arange(tables, torch::kLong) * 256).reshape({1, tables, 1}).to(device_);
+  bytes_ = images_.numel() + labels_.numel() * 8 + table_.numel() * 4;
+}
+
+torch::Tensor ResidentImageBatches::to_device(const int64_t* values, int64_t count) const {
+  torch::Tensor host = torch::from_blob(const_cast<int64_t*>(values), {count}, torch::kLong);
+  if (device_.is_cpu()) return host.clone();
+  // From pinned memory the copy is asynchronous: the host does not wait for the device's queue.
+  return host.pin_memory().to(device_, /*non_blocking=*/true);
+}
+
+torch::Tensor ResidentImageBatches::pixel_sources(const BatchRequest& request) const {
+  const int64_t count = request.count, h = shape_.height, w = shape_.width;
+  std::vector<int64_t> sources(static_cast<size_t>(count * h * w));
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t sample = request.samples[i];
+    const PixelMap map = pipeline_.pixel_map(
+        shape_, SampleRng(request.seed, static_cast<uint64_t>(request.epoch), static_cast<uint64_t>(sample)));
+    int64_t* out = sources.data() + i * h * w;
+    for (int64_t y = 0; y < h; ++y) {
+      for (int64_t x = 0; x < w; ++x) {
+        const int64_t row = map.rows[static_cast<size_t>(y)], col = map.cols[static_cast<size_t>(x)];
+        out[y * w + x] = row < 0 || col < 0 ? h * w : row * w + col;
+      }
+    }
+  }
+  return to_device(sources.data(), count * h * w).reshape({count, 1, h * w});
+}
+
+Batch ResidentImageBatches::build(const BatchRequest& request) const {
+  const int64_t count = request.count, c = shape_.channels, h = shape_.height, w = shape_.width;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor indices = to_device(request.samples, count);  // [B]
+  torch::Tensor pixels = images_.index_select(0, indices);           // [B, C, H * W (+1)] uint8
+  if (augmented_) pixels = pixels.gather(2, pixel_sources(request).expand({count, c, h * w}));
+  // The pipeline's byte -> float table, per channel where it has one table per channel.
+  torch::Tensor codes = pixels.to(torch::kLong);
+  if (channel_offset_.defined()) codes = codes + channel_offset_;
+  Batch batch;
+  batch.count = count;
+  batch.inputs = table_.take(codes).view({count, c, h, w});  // [B, C, H, W] float
+  if (request.channels_last) batch.inputs = batch.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
+  batch.targets = labels_.index_select(0, indices);  // [B] int64
+  return batch;
+}
+
+ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device, int64_t dataset_bytes,
+                                 int64_t device_memory_bytes) {
+  FT_CONFIG_CHECK(setting == "auto" || setting == "true" || setting == "false",
+                  "data.device_resident '{}' is not allowed; valid: auto, true, false", setting);
+  if (setting == "false") return {false, "data.device_resident = false"};
+  if (dataset_bytes == 0) {
+    FT_CONFIG_CHECK(setting != "true",
+                    "data.device_resident = true, but this data set cannot be built on a device (text, or an "
+                    "augmentation without a pixel map); set it to auto or false");
+    return {false, "this data set is built by the loader's threads (text, or augmentations the device cannot run)"};
+  }
+  if (setting == "true") return {true, "data.device_resident = true"};
+  if (!device.is_cuda()) return {false, "batches are built where the model trains only on a CUDA device"};
+  if (dataset_bytes * 10 > device_memory_bytes) {
+    return {false, fmt::format("the data set ({}) is more than a tenth of {}'s memory ({})",
+                               format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
+  }
+  return {true, fmt::format("the data set ({}) fits in a tenth of {}'s memory ({}): batches are gathered there",
+                            format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
+}
+
+}  // namespace fasttrain

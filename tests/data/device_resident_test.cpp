@@ -1,0 +1,172 @@
+// Device-resident batches (data/device_resident.h): the same batches as the loader's workers build,
+// value for value, with augmentations, channels_last and per-channel normalisation; when "auto" keeps
+// a data set on the device; and on a GPU, the same batches there.
+#include "fasttrain/data/device_resident.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "fasttrain/data/loader.h"
+#include "fasttrain/util/check.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+std::vector<Batch> epoch_batches(DataLoader& loader, int64_t epoch) {
+  std::vector<Batch> batches;
+  loader.start_epoch(epoch);
+  while (auto batch = loader.next()) batches.push_back(std::move(*batch));
+  return batches;
+}
+
+void expect_same_batches(DataLoader& built, DataLoader& resident, int64_t epoch, const std::string& what) {
+  const auto a = epoch_batches(built, epoch), b = epoch_batches(resident, epoch);
+  ASSERT_EQ(a.size(), b.size()) << what;
+  ASSERT_FALSE(a.empty()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i].inputs, b[i].inputs.cpu())) << what << ": batch " << i << " inputs";
+    EXPECT_TRUE(torch::equal(a[i].targets, b[i].targets.cpu())) << what << ": batch " << i << " targets";
+    EXPECT_EQ(a[i].inputs.is_contiguous(torch::MemoryFormat::ChannelsLast),
+              b[i].inputs.is_contiguous(torch::MemoryFormat::ChannelsLast))
+        << what;
+    EXPECT_EQ(a[i].count, b[i].count) << what;
+    EXPECT_EQ(a[i].index, b[i].index) << what;
+  }
+}
+
+struct PipelineCase {
+  std::string name;
+  int64_t channels;
+  TransformPipeline pipeline;
+  bool channels_last;
+};
+
+std::vector<PipelineCase> pipeline_cases() {
+  return {
+      {"plain", 1, TransformPipeline({0.5f}, {0.25f}), false},
+      {"crop+flip", 1,
+       TransformPipeline({0.3f}, {0.4f}).add(std::make_shared<RandomCrop>(3)).add(std::make_shared<HorizontalFlip>()),
+       false},
+      {"rgb, per-channel, flip+crop, channels_last", 3,
+       TransformPipeline({0.1f, 0.5f, 0.9f}, {0.2f, 0.3f, 0.4f})
+           .add(std::make_shared<HorizontalFlip>(0.7))
+           .add(std::make_shared<RandomCrop>(2)),
+       true},
+      {"rgb, one mean for all, channels_last", 3, TransformPipeline({0.4f}, {0.3f}), true},
+  };
+}
+
+TEST(DeviceResident, BatchesEqualThoseTheWorkersBuild) {
+  for (const auto& c : pipeline_cases()) {
+    const ImageDataset data = testing::synthetic_images(70, c.channels, 9, 7);
+    // drop_last false: the last short batch too; two epochs: another order and other augmentations.
+    const auto options = LoaderOptions(16).seed(11).drop_last(false).channels_last(c.channels_last);
+    DataLoader built(data, c.pipeline, LoaderOptions(options).workers(2));
+    DataLoader resident(data, c.pipeline, LoaderOptions(options).device_resident(true));
+    EXPECT_EQ(resident.workers(), 0);
+    ASSERT_NE(resident.resident(), nullptr);
+    EXPECT_GE(resident.resident()->bytes(), data.images.numel());
+    for (int64_t epoch : {0, 1}) expect_same_batches(built, resident, epoch, c.name);
+  }
+}
+
+TEST(DeviceResident, ShardsOfRanksAndTheEvaluationOrderAreTheLoaders) {
+  const ImageDataset data = testing::synthetic_images(50);
+  const TransformPipeline pipeline({0.5f}, {0.25f});
+  for (int64_t rank : {0, 1}) {
+    const auto options = LoaderOptions(8).rank(rank).world_size(2).seed(5);
+    DataLoader built(data, pipeline, LoaderOptions(options).workers(0));
+    DataLoader resident(data, pipeline, LoaderOptions(options).device_resident(true));
+    expect_same_batches(built, resident, 3, "rank " + std::to_string(rank));
+  }
+  const auto eval = LoaderOptions(16).shuffle(false).drop_last(false).even_shards(false);
+  DataLoader built(data, pipeline, LoaderOptions(eval).workers(1));
+  DataLoader resident(data, pipeline, LoaderOptions(eval).device_resident(true));
+  expect_same_batches(built, resident, 0, "evaluation");
+}
+
+TEST(DeviceResident, AutoKeepsSmallImageSetsOnCudaAndSaysWhyNotElsewhere) {
+  const torch::Device cuda(torch::kCUDA, 0), cpu(torch::kCPU);
+  const int64_t gib = int64_t{1} << 30, mib = int64_t{1} << 20;
+  const ResidencyChoice small = choose_residency("auto", cuda, 55 * mib, 80 * gib);
+  EXPECT_TRUE(small.resident) << small.reason;
+  EXPECT_TRUE(testing::contains_all(small.reason, {"cuda:0", "80.00 GiB"})) << small.reason;
+  const ResidencyChoice large = choose_residency("auto", cuda, 9 * gib, 80 * gib);
+  EXPECT_FALSE(large.resident);
+  EXPECT_TRUE(testing::contains_all(large.reason, {"9.00 GiB", "a tenth"})) << large.reason;
+  const ResidencyChoice on_cpu = choose_residency("auto", cpu, 55 * mib, 0);
+  EXPECT_FALSE(on_cpu.resident);
+  EXPECT_NE(on_cpu.reason.find("CUDA"), std::string::npos) << on_cpu.reason;
+  const ResidencyChoice text = choose_residency("auto", cuda, 0, 80 * gib);
+  EXPECT_FALSE(text.resident);
+  EXPECT_NE(text.reason.find("text"), std::string::npos) << text.reason;
+  EXPECT_TRUE(choose_residency("true", cpu, 55 * mib, 0).resident);  // asked for: CPU tests build this way
+  EXPECT_FALSE(choose_residency("false", cuda, 55 * mib, 80 * gib).resident);
+  const std::string impossible = testing::error_message([&] { choose_residency("true", cuda, 0, 80 * gib); });
+  EXPECT_TRUE(testing::contains_all(impossible, {"data.device_resident = true", "cannot"})) << impossible;
+  EXPECT_THROW(choose_residency("true", cuda, 0, 80 * gib), ConfigError);
+  const std::string wrong = testing::error_message([&] { choose_residency("gpu", cuda, 1, 1); });
+  EXPECT_TRUE(testing::contains_all(wrong, {"data.device_resident", "'gpu'", "auto, true, false"})) << wrong;
+}
+
+TEST(DeviceResident, PixelMapsComposeAsTheAugmentationsApply) {
+  const SampleShape shape{1, 5, 6};
+  const TransformPipeline pipeline =
+      TransformPipeline({0.f}, {1.f}).add(std::make_shared<RandomCrop>(2)).add(std::make_shared<HorizontalFlip>());
+  const ImageDataset data = testing::synthetic_images(1, 1, 5, 6);
+  for (uint64_t index = 0; index < 40; ++index) {
+    std::vector<float> applied(static_cast<size_t>(shape.numel()));
+    pipeline.apply(data.images.data_ptr<uint8_t>(), shape, applied.data(), SampleRng(3, 1, index));
+    const PixelMap map = pipeline.pixel_map(shape, SampleRng(3, 1, index));
+    for (int64_t y = 0; y < shape.height; ++y) {
+      for (int64_t x = 0; x < shape.width; ++x) {
+        const int64_t row = map.rows[static_cast<size_t>(y)], col = map.cols[static_cast<size_t>(x)];
+        const float expected =
+            row < 0 || col < 0 ? 0.f : static_cast<float>(data.images[0][0][row][col].item<int64_t>()) / 255.f;
+        EXPECT_FLOAT_EQ(applied[static_cast<size_t>(y * shape.width + x)], expected) << index << " " << y << "," << x;
+      }
+    }
+  }
+}
+
+// An augmentation that is not a row/column move stays on the host, and says why.
+class Blur : public Augmentation {
+ public:
+  void apply(const uint8_t* in, uint8_t* out, const SampleShape& shape, SampleRng&) const override {
+    std::copy(in, in + shape.numel(), out);
+  }
+  bool pixel_map(const SampleShape&, SampleRng&, PixelMap&) const override { return false; }
+  std::string describe() const override { return "Blur"; }
+};
+
+TEST(DeviceResident, AnAugmentationWithoutAPixelMapKeepsTheDataOnTheHost) {
+  const ImageDataset data = testing::synthetic_images(20);
+  const TransformPipeline pipeline = TransformPipeline({0.5f}, {0.25f}).add(std::make_shared<Blur>());
+  EXPECT_FALSE(pipeline.maps_pixels());
+  EXPECT_EQ(ImageBatchSource(data, pipeline).resident_bytes(), 0);
+  const std::string message =
+      testing::error_message([&] { DataLoader loader(data, pipeline, LoaderOptions(4).device_resident(true)); });
+  EXPECT_TRUE(testing::contains_all(message, {"Blur", "cannot run on a device", "data.device_resident = false"}))
+      << message;
+}
+
+TEST(DeviceResident, BatchesOnTheGpuEqualTheHostsBatches_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const torch::Device cuda(torch::kCUDA, 0);
+  for (const auto& c : pipeline_cases()) {
+    const ImageDataset data = testing::synthetic_images(70, c.channels, 9, 7);
+    const auto options = LoaderOptions(16).seed(11).drop_last(false).channels_last(c.channels_last);
+    DataLoader built(data, c.pipeline, LoaderOptions(options).workers(2));
+    DataLoader resident(data, c.pipeline, LoaderOptions(options).device(cuda).device_resident(true));
+    resident.start_epoch(0);
+    auto first = resident.next();
+    ASSERT_TRUE(first.has_value());
+    EXPECT_TRUE(first->inputs.is_cuda());
+    EXPECT_TRUE(first->targets.is_cuda());
+    for (int64_t epoch : {0, 1}) expect_same_batches(built, resident, epoch, c.name);
+  }
+}
+
+}  // namespace
+}  // namespace fasttrain
