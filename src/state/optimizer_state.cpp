@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "fasttrain/util/check.h"

@@ -31,7 +31,11 @@ int64_t count_events(const nlohmann::json& trace, const std::string& name) {
 TEST(Profile, WritesATraceWithThePhasesAndOperatorsAndAMemoryTimeline) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
-  ProfileResult result = profile_run(small_config(), dir.path(), ProfileOptions().steps(6).warmup_steps(3));
+  // The CPU's operators, on a GPU machine too: there autograd runs backward's kernels on its device
+  // thread, so the main thread's backward range tops the legacy profiler's table (CUDA traces: issue P4).
+  Config config = small_config();
+  config.train.device("cpu");
+  ProfileResult result = profile_run(config, dir.path(), ProfileOptions().steps(6).warmup_steps(3));
   EXPECT_EQ(result.steps, 6);
   EXPECT_EQ(result.samples, 6 * 64);
   for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
