@@ -1,6 +1,5 @@
 #include "fasttrain/profile/profiler.h"
 
-#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -10,6 +9,7 @@
 
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/memory/stats.h"
+#include "fasttrain/profile/trace_recorder.h"
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/train/batch_finder.h"
 #include "fasttrain/train/run.h"
@@ -23,8 +23,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // Starts the profiler and the memory timeline after the warm-up steps, stops both after the
-// recorded steps and ends the fit. Runs on the training thread (the legacy profiler records the
-// thread that enabled it).
+// recorded steps and ends the fit. Runs on the training thread (the profilers record the thread
+// that enabled them and the autograd threads it starts).
 class ProfileWindow : public Callback {
  public:
   ProfileWindow(const ProfileOptions& options, std::string trace_path, torch::Device device)
@@ -55,6 +55,7 @@ class ProfileWindow : public Callback {
   const StepPhases& phases() const { return phases_; }
   std::vector<MemorySample> timeline;
   int64_t dropped = 0;
+  std::string profiler;  // what recorded the trace (TraceRecorder::kind)
   int64_t peak_bytes = 0;
   int64_t allocations = 0;
 
@@ -66,7 +67,10 @@ class ProfileWindow : public Callback {
     reset_peak_memory(device_);
     if (options_.record() && device_.is_cpu()) start_memory_timeline();
     clock_start_ = std::chrono::steady_clock::now();
-    if (options_.record()) profile_.emplace(trace_path_);
+    if (options_.record()) {
+      profile_.emplace(trace_path_, device_);
+      profiler = profile_->kind();
+    }
     recording_ = true;
   }
   void stop(Trainer& trainer) {
@@ -89,7 +93,7 @@ class ProfileWindow : public Callback {
   ProfileOptions options_;
   std::string trace_path_;
   torch::Device device_;
-  std::optional<torch::autograd::profiler::RecordProfile> profile_;
+  std::optional<TraceRecorder> profile_;
   bool recording_ = false, finished_ = false;
   int64_t steps_ = 0, samples_ = 0, samples_at_start_ = 0, allocations_at_start_ = 0;
   StepPhases phases_at_start_, phases_;
@@ -130,6 +134,7 @@ std::vector<OperatorStat> operator_stats(const nlohmann::json& trace) {
   std::vector<Event> spans;
   for (const auto& event : events) {
     if (!event.is_object() || event.value("ph", "") != "X") continue;
+    if (event.value("cat", "") == "Trace") continue;  // Kineto's span of the whole recording, not an operator
     const double begin = event.at("ts").get<double>(), duration = event.at("dur").get<double>();
     spans.push_back({event.at("name").get<std::string>(), begin, begin + duration,
                      event.value("tid", nlohmann::json()).dump()});
@@ -221,6 +226,7 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
   result.peak_memory_bytes = window->peak_bytes;
   result.memory_samples = static_cast<int64_t>(window->timeline.size());
   result.memory_samples_dropped = window->dropped;
+  result.profiler = window->profiler;
   result.samples_per_s = result.samples / std::max(result.phases.total(), 1e-9);
   result.allocations = window->allocations;
   if (!options.record()) return result;  // timed only: no trace, timeline or profile.json
@@ -246,6 +252,7 @@ nlohmann::json ProfileResult::to_json() const {
           {"samples", samples},
           {"samples_per_s", samples_per_s},
           {"host_reads", host_reads},
+          {"profiler", profiler},
           {"allocations", allocations},
           {"step_phases_s", phases.to_json()},
           {"operators", ops},
@@ -266,7 +273,7 @@ std::string ProfileResult::table() const {
                        1000 * phases.seconds(phase) / std::max<int64_t>(steps, 1),
                        100 * phases.seconds(phase) / total);
   }
-  out += fmt::format("operators by self time ({} trace events):\n", trace_events);
+  out += fmt::format("operators by self time ({} trace events, {} profiler):\n", trace_events, profiler);
   for (const auto& op : operators)
     out += fmt::format("  {:<40} {:>7} calls {:>10.2f} ms\n", op.name, op.calls, op.self_ms);
   out += fmt::format("peak memory {}; {} memory samples{}\n", format_bytes(peak_memory_bytes), memory_samples,

@@ -10,8 +10,9 @@
 // Written into `out_dir`:
 //   trace.json           Chrome trace (chrome://tracing, Perfetto): the ATen operators and
 //                        fasttrain's phase scopes (fasttrain::forward, ::backward, ::optimizer,
-//                        ::data_wait, ...). LibTorch 1.13 has the legacy profiler (CPU operators);
-//                        CUDA kernels need Kineto (LibTorch 2.x, not wired yet).
+//                        ::data_wait, ...), recorded by Kineto where the LibTorch has it (2.x: CPU
+//                        operators, and on CUDA the kernels and memory copies) or by the legacy
+//                        profiler (1.13: CPU operators); profile/trace_recorder.h.
 //   memory_timeline.csv  time_s,allocated_bytes at every CPU allocation and free (CPU runs), or at
 //                        every micro-batch and step (CUDA: the caching allocator's counters).
 //   profile.json         the phases, the operator table and what was recorded.
@@ -64,6 +65,7 @@ struct ProfileResult {
   int64_t memory_samples_dropped = 0;
   int64_t peak_memory_bytes = 0;
   std::string trace_path, memory_timeline_path;
+  std::string profiler;  // what recorded trace.json: "kineto (CPU + CUDA)", "kineto (CPU)" or "legacy (CPU)"
   // Phases in ms per step and share, then the operators.
   std::string table() const;
   nlohmann::json to_json() const;
@@ -84,7 +86,8 @@ ProfileResult profile_experiment(Experiment& experiment, const std::string& out_
 Config with_room_to_profile(Config config);
 
 // Operator totals of a Chrome trace written by LibTorch's profiler: complete events ("ph": "X")
-// by name, self time = duration minus the durations of the events nested directly inside.
+// by name, self time = duration minus the durations of the events nested directly inside (per
+// thread, or per CUDA stream for Kineto's kernels); Kineto's span of the whole recording is left out.
 std::vector<OperatorStat> operator_stats(const nlohmann::json& trace);
 
 // Reads of a tensor's value on the host in such a trace: the operators that copy a value back

@@ -7,6 +7,10 @@
 
 // LibTorch 2.x has torch::scaled_dot_product_attention, fused AdamW and Kineto with CUDA kernels.
 #define FASTTRAIN_HAS_SDPA FASTTRAIN_TORCH_AT_LEAST(2, 0)
+// The Kineto profiler (CPU operators on every thread, CUDA kernels and copies): PyTorch's 2.x wheels are
+// built with it; Debian's 1.13 is not (torch.autograd.kineto_available() is False there), so it keeps the
+// legacy profiler (CPU operators of the recording thread and its autograd threads).
+#define FASTTRAIN_HAS_KINETO FASTTRAIN_TORCH_AT_LEAST(2, 0)
 
 namespace fasttrain::compat {
 inline const char* torch_version() {
