@@ -16,7 +16,7 @@ The job, as fasttrain runs it (each point read from its source):
             Linear(1568, 256), ReLU, Linear(256, 10). LibTorch's default init (the same as PyTorch's), built on
             the CPU after torch.manual_seed(seed) and then moved to the device, as fasttrain builds it;
             model and inputs channels_last (train.channels_last = true).
-  optimizer AdamW(lr 5e-3, betas (0.9, 0.999), eps 1e-8), weight decay 5e-4 on the parameters with dim > 1 only
+  optimizer AdamW(lr 6e-3 (--lr; configs/default.toml's optim.lr), betas (0.9, 0.999), eps 1e-8), weight decay 5e-4 on the parameters with dim > 1 only
             (src/optim/optimizer.cpp make_optimizer: decay group first), the fused kernel on CUDA.
   schedule  one-cycle exactly as src/optim/schedule.cpp computes it: pct_start 0.25, div_factor 25,
             final_div_factor 1e3, cos anneal, no momentum cycling, over max_steps 700; step k (0-based) trains
@@ -505,7 +505,7 @@ def main():
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=1000)
     p.add_argument("--max-steps", type=int, default=700)
-    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--lr", type=float, default=6e-3)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--pct-start", type=float, default=0.25)
     p.add_argument("--div-factor", type=float, default=25.0)
