@@ -12,13 +12,11 @@
 namespace fasttrain {
 
 namespace {
+
 // The name of ZeRO group g's part in checkpoints.
 std::string shard_name(size_t group) {
   return "zero.group" + std::to_string(group);
 }
-}  // namespace
-
-namespace {
 
 // PyTorch's DDP: a small first bucket so that communication starts early in backward.
 constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
