@@ -14,7 +14,7 @@ namespace {
 
 std::set<std::string> rules(const DoctorReport& report) {
   std::set<std::string> names;
-  for (const auto& finding : report.findings) names.insert(finding.rule);
+  for (const auto& finding : report.findings) names.insert(finding.rule());
   return names;
 }
 
@@ -67,7 +67,7 @@ TEST(Doctor, NamesEachPlantedProblem) {
   for (const char* rule : {"conv_bias_before_batchnorm", "anomaly_detection", "small_batch", "constant_lr"}) {
     EXPECT_TRUE(rules(debug).count(rule)) << rule << "\n" << debug.text();
   }
-  EXPECT_EQ(debug.findings.front().severity, "high") << "ranked: the costly findings first\n" << debug.text();
+  EXPECT_EQ(debug.findings.front().severity(), Severity::kHigh) << "ranked: the costly findings first\n" << debug.text();
 
   // A host read per step from a callback, on an otherwise clean run.
   DoctorReport synced = diagnose(clean_config(), dir.path(), options, {std::make_shared<SyncEveryStep>()});
@@ -92,10 +92,10 @@ TEST(Doctor, FlagsBf16ThatThisCpuWouldEmulate) {
   DoctorReport report = diagnose(emulated, dir.path(), DoctorOptions().steps(6).warmup_steps(2).min_seconds(0.3));
   ASSERT_TRUE(rules(report).count("emulated_bf16")) << report.text();
   for (const auto& finding : report.findings) {
-    if (finding.rule != "emulated_bf16") continue;
-    EXPECT_EQ(finding.severity, "high");
-    EXPECT_TRUE(testing::contains_all(finding.title, {"fp32", "emulated"})) << finding.title;
-    EXPECT_NE(finding.evidence.find("samples/s in fp32"), std::string::npos) << finding.evidence;
+    if (finding.rule() != "emulated_bf16") continue;
+    EXPECT_EQ(finding.severity(), Severity::kHigh);
+    EXPECT_TRUE(testing::contains_all(finding.title(), {"fp32", "emulated"})) << finding.title();
+    EXPECT_NE(finding.evidence().find("samples/s in fp32"), std::string::npos) << finding.evidence();
   }
   // And an fp32 run there is never told to switch to bf16.
   Config fp32 = clean_config();

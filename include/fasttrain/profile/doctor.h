@@ -15,14 +15,19 @@
 // with the config as given once more, and counts only if the means still clear it. What is read from the
 // config and the model: workers vs cores, conv bias before BatchNorm, the schedule, and on CUDA
 // cudnn_benchmark, channels_last, tensor-core-friendly sizes, variable shapes without warm-up.
-// Every rule, its threshold and what it measures is listed in docs/TECHNIQUES.md ("Doctor").
+// Every rule, its threshold and what it measures is listed in docs/TECHNIQUES.md ("Doctor"). Each
+// rule is a registered unit (doctor_rules()) that reads a DoctorContext.
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "fasttrain/config/config.h"
+#include "fasttrain/profile/profiler.h"
 #include "fasttrain/train/trainer.h"
+#include "fasttrain/util/device.h"
+#include "fasttrain/util/hardware.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -34,14 +39,58 @@ struct DoctorOptions {
   FT_ARG(double, min_seconds) = 2.0;
 };
 
+// How much a finding matters, in ranking order.
+enum class Severity { kHigh, kMedium, kLow };
+// "high", "medium", "low".
+const char* severity_name(Severity severity);
+
 struct Finding {
-  std::string rule;      // e.g. "data_bound"
-  std::string title;     // what to do, in a sentence
-  std::string evidence;  // what was measured or read
-  std::string estimated_gain;
-  std::string severity;  // "high" | "medium" | "low"
-  double gain = 0;       // estimated fraction of step time saved (ranking; 0 when unknown)
+  Finding(std::string rule, Severity severity) : rule_(std::move(rule)), severity_(severity) {}
+  FT_ARG(std::string, rule);      // the rule that found it, e.g. "data_bound"
+  FT_ARG(Severity, severity);
+  FT_ARG(std::string, title);     // what to do, in a sentence
+  FT_ARG(std::string, evidence);  // what was measured or read
+  FT_ARG(std::string, estimated_gain);
+  FT_ARG(double, gain) = 0;  // estimated fraction of step time saved (ranking; 0 when unknown)
 };
+
+// A speed comparison of the doctor: the config as given against one change, in samples/s (means of
+// the runs timed; a change past its threshold is timed twice).
+struct Comparison {
+  double configured = 0, changed = 0, speedup = 0;  // speedup = changed / configured
+};
+
+// What the rules look at: the run as configured (resolved for this machine), its recorded profile,
+// facts read from the model and the machine, and `compare`, which times the config against a change.
+// Tests build one by hand, with `compare` answering from a table.
+struct DoctorContext {
+  Config config;  // "auto" resolved, the batch size found
+  Hardware hardware;
+  bool cuda = false;
+  ProfileResult base;  // the recorded profile of the run as configured
+  int workers = 0, threads = 1, cores = 1;
+  BlasLibrary blas;
+  bool conv_net = false;             // the model has 4-d (conv) weights
+  int64_t conv_biases_before_bn = 0;  // conv biases that a BatchNorm makes redundant
+  int64_t train_size = 0;            // samples per epoch
+  int64_t alloc_retries = 0;         // CUDA: caching-allocator retries during the profile
+  bool anomaly_mode = false;         // autograd anomaly detection was on before the doctor ran
+  bool profiler_was_on = false;      // RecordFunction callbacks were active before the doctor ran
+  // Times `changed` (named `name` in the measurements) against the config as given.
+  std::function<Comparison(const std::string& name, const Config& changed, double threshold)> compare;
+};
+
+// A rule: its name, what it checks (one line, for docs and `fasttrain doctor --rules`), and the check,
+// which returns its findings (none, usually).
+struct DoctorRule {
+  std::string name;
+  std::string checks;
+  std::function<std::vector<Finding>(const DoctorContext&)> check;
+};
+// Every rule, in the order they run.
+const std::vector<DoctorRule>& doctor_rules();
+// The rule called `name`; an Error listing the valid names when there is none.
+const DoctorRule& doctor_rule(const std::string& name);
 
 struct DoctorReport {
   std::vector<Finding> findings;  // ranked: severity, then estimated gain

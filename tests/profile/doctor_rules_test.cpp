@@ -1,0 +1,175 @@
+// Each doctor rule alone (profile/doctor.h doctor_rules()): a context in which it fires, with what it
+// says, and one in which it stays quiet. The contexts are built by hand, the timed comparisons
+// answered from a table, so no training runs here; Doctor.* in doctor_test.cpp runs the whole doctor
+// on planted problems.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include "fasttrain/profile/doctor.h"
+#include "fasttrain/util/check.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+// A CPU run of 20 steps of 9.5 ms (0.5 ms of it waiting for data), 2 threads on 2 cores, no workers,
+// nothing to fix; comparisons answer `speedups[name]` (1.0 when absent).
+struct Case {
+  DoctorContext context;
+  std::map<std::string, double> speedups;
+  std::vector<std::string> compared;
+
+  Case() {
+    context.config.data.batch_size(128);
+    context.config.schedule.name("one-cycle");
+    context.config.train.precision("fp32").channels_last(true);
+    context.config.model.widths({16, 32}).hidden({256});
+    context.hardware.physical_cores = 2;
+    context.threads = 2;
+    context.cores = 2;
+    context.train_size = 60000;
+    context.base.steps = 20;
+    context.base.phases.add(Phase::kDataWait, 0.01);
+    context.base.phases.add(Phase::kForward, 0.18);
+    context.compare = [this](const std::string& name, const Config&, double) {
+      compared.push_back(name);
+      const auto found = speedups.find(name);
+      const double speedup = found == speedups.end() ? 1.0 : found->second;
+      return Comparison{1000, 1000 * speedup, speedup};
+    };
+  }
+  // Stops the compare closure pointing at a moved-from Case.
+  Case(const Case&) = delete;
+
+  std::vector<Finding> run(const std::string& rule) { return doctor_rule(rule).check(context); }
+};
+
+struct RuleCase {
+  std::string rule;
+  std::function<void(Case&)> plant;  // makes the rule fire
+  Severity severity;
+  std::vector<std::string> says;  // in the title or the evidence
+};
+
+std::vector<RuleCase> rule_cases() {
+  return {
+      {"data_bound", [](Case& c) { c.context.base.phases.add(Phase::kDataWait, 0.05); }, Severity::kMedium,
+       {"data.workers", "waiting for the next batch"}},
+      {"too_many_workers",
+       [](Case& c) {
+         c.context.workers = 3;
+         c.context.base.phases = StepPhases();
+         c.context.base.phases.add(Phase::kForward, 0.2);
+       },
+       Severity::kLow, {"fewer loader workers", "3 workers"}},
+      {"small_batch", [](Case& c) { c.speedups["batch_x4"] = 2.5; }, Severity::kHigh,
+       {"data.batch_size", "batch 512", "2.50x"}},
+      {"emulated_bf16", [](Case& c) { c.context.config.train.precision("bf16"); }, Severity::kHigh,
+       {"no native bfloat16", "emulated bf16"}},
+      {"mixed_precision",
+       [](Case& c) {
+         c.context.hardware.cpu_native_bf16 = true;
+         c.speedups["mixed_precision"] = 1.6;
+       },
+       Severity::kMedium, {"train.precision = \"bf16\"", "1.60x"}},
+      {"thread_contention",
+       [](Case& c) {
+         c.context.blas = BlasLibrary{"OpenBLAS", 2, 2};
+         c.speedups["thread_contention_blas"] = 1.8;
+         c.speedups["thread_contention"] = 1.3;
+       },
+       Severity::kMedium, {"train.blas_threads = 1", "1.80x"}},
+      {"channels_last",
+       [](Case& c) {
+         c.context.conv_net = true;
+         c.context.config.train.channels_last(false);
+         c.speedups["channels_last"] = 1.3;
+       },
+       Severity::kMedium, {"train.channels_last = true", "1.30x"}},
+      {"anomaly_detection", [](Case& c) { c.context.config.train.detect_anomaly(true); }, Severity::kHigh,
+       {"anomaly detection off"}},
+      {"profiler_on", [](Case& c) { c.context.profiler_was_on = true; }, Severity::kMedium, {"profiler"}},
+      {"host_sync", [](Case& c) { c.context.base.host_reads = 40; }, Severity::kMedium,
+       {"40 device-to-host reads in 20 steps", "2.0 per step"}},
+      {"allocator_churn",
+       [](Case& c) {
+         c.context.cuda = true;
+         c.context.alloc_retries = 3;
+       },
+       Severity::kMedium, {"3 allocation retries"}},
+      {"conv_bias_before_batchnorm", [](Case& c) { c.context.conv_biases_before_bn = 2; }, Severity::kLow,
+       {"model.bias_before_norm = false", "2 convolution(s)"}},
+      {"constant_lr", [](Case& c) { c.context.config.schedule.name("constant"); }, Severity::kLow, {"find-lr"}},
+      {"cudnn_benchmark",
+       [](Case& c) {
+         c.context.cuda = c.context.conv_net = true;
+         c.context.config.train.cudnn_benchmark(false);
+       },
+       Severity::kMedium, {"train.cudnn_benchmark = true"}},
+      {"tensor_core_sizes",
+       [](Case& c) {
+         c.context.cuda = true;
+         c.context.config.model.hidden({250});
+       },
+       Severity::kLow, {"model.hidden 250"}},
+      {"variable_shapes",
+       [](Case& c) {
+         c.context.cuda = true;
+         c.context.config.data.drop_last(false);
+         c.context.train_size = 1000;
+       },
+       Severity::kLow, {"memory.warmup = true", "a last batch of 104"}},
+  };
+}
+
+TEST(DoctorRules, EachFiresOnItsPlantedProblemAndSaysWhatToDo) {
+  for (const auto& rule_case : rule_cases()) {
+    Case c;
+    rule_case.plant(c);
+    const std::vector<Finding> findings = c.run(rule_case.rule);
+    ASSERT_EQ(findings.size(), 1u) << rule_case.rule;
+    const Finding& finding = findings.front();
+    EXPECT_EQ(finding.rule(), rule_case.rule);
+    EXPECT_EQ(finding.severity(), rule_case.severity) << rule_case.rule;
+    for (const auto& text : rule_case.says) {
+      EXPECT_NE((finding.title() + " | " + finding.evidence() + " | " + finding.estimated_gain()).find(text),
+                std::string::npos)
+          << rule_case.rule << " should say '" << text << "': " << finding.title() << " | " << finding.evidence();
+    }
+  }
+}
+
+TEST(DoctorRules, EachStaysQuietOnACleanRun) {
+  for (const auto& rule : doctor_rules()) {
+    Case c;
+    EXPECT_TRUE(c.run(rule.name).empty()) << rule.name << " fired on a clean run";
+  }
+}
+
+TEST(DoctorRules, ASpeedupUnderTheThresholdIsNoFinding) {
+  for (const std::string rule : {"small_batch", "mixed_precision", "channels_last"}) {
+    Case c;
+    c.context.hardware.cpu_native_bf16 = true;
+    c.context.conv_net = true;
+    c.context.config.train.channels_last(false);
+    c.speedups = {{"batch_x4", 1.4}, {"mixed_precision", 1.1}, {"channels_last", 1.1}};
+    EXPECT_TRUE(c.run(rule).empty()) << rule;
+    EXPECT_FALSE(c.compared.empty()) << rule << ": the rule measured nothing";
+  }
+}
+
+TEST(DoctorRules, EveryRegisteredRuleHasACaseAndUnknownNamesAreErrors) {
+  std::set<std::string> covered;
+  for (const auto& rule_case : rule_cases()) covered.insert(rule_case.rule);
+  for (const auto& rule : doctor_rules()) {
+    EXPECT_EQ(covered.count(rule.name), 1u) << rule.name << " has no case in DoctorRules.EachFires...";
+    EXPECT_FALSE(rule.checks.empty()) << rule.name;
+  }
+  const std::string message = testing::error_message([] { doctor_rule("gremlins"); });
+  EXPECT_TRUE(testing::contains_all(message, {"'gremlins'", "data_bound", "host_sync"})) << message;
+}
+
+}  // namespace
+}  // namespace fasttrain
