@@ -44,7 +44,10 @@ std::string ImageBatchSource::describe() const {
 
 int64_t ImageBatchSource::resident_bytes() const {
   if (!pipeline_.maps_pixels()) return 0;
-  return dataset_.images.numel() + dataset_.labels.numel() * static_cast<int64_t>(sizeof(int64_t));
+  // What ResidentImageBatches holds: uint8 pixels and a zero pixel each when augmented, else fp32.
+  const int64_t images = pipeline_.has_augmentations() ? dataset_.images.numel() + dataset_.size() * dataset_.channels()
+                                                       : dataset_.images.numel() * static_cast<int64_t>(sizeof(float));
+  return images + dataset_.labels.numel() * static_cast<int64_t>(sizeof(int64_t));
 }
 
 std::unique_ptr<ResidentBatches> ImageBatchSource::make_resident(torch::Device device) const {

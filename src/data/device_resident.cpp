@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 
@@ -18,16 +20,42 @@ ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const Tr
   pipeline_.check_channels(shape_.channels);
   if (augmented_) pipeline_.pixel_map(shape_, SampleRng(0, 0, 0));  // an Error now if one cannot map
   const int64_t n = dataset.size(), plane = shape_.height * shape_.width;
-  torch::Tensor images = dataset.images.reshape({n, shape_.channels, plane});
-  // Augmented batches gather pixels by index; index H * W is a zero pixel (crop padding).
-  if (augmented_) images = torch::cat({images, torch::zeros({n, shape_.channels, 1}, images.options())}, 2);
-  images_ = images.to(device_).contiguous();
-  labels_ = dataset.labels.to(device_, torch::kLong).contiguous();
+  torch::Tensor images = dataset.images.to(torch::kCPU).reshape({n, shape_.channels, plane});
   const std::vector<float>& table = pipeline_.normalisation_table();
   const int64_t tables = static_cast<int64_t>(table.size()) / 256;
-  table_ = torch::tensor(table, torch::kFloat).reshape({tables, 256}).to(device_);
-  if (tables > 1) channel_offset_ = (torch::arange(tables, torch::kLong) * 256).reshape({1, tables, 1}).to(device_);
-  bytes_ = images_.numel() + labels_.numel() * 8 + table_.numel() * 4;
+  table_ = torch::tensor(table, torch::kFloat).reshape({tables, 256});
+  if (tables > 1) channel_offset_ = (torch::arange(tables, torch::kLong) * 256).reshape({1, tables, 1});
+  if (augmented_) {
+    // Augmented batches gather pixels by index; index H * W is a zero pixel (crop padding).
+    images_ = torch::cat({images, torch::zeros({n, shape_.channels, 1}, images.options())}, 2).to(device_);
+    table_ = table_.to(device_);
+    if (channel_offset_.defined()) channel_offset_ = channel_offset_.to(device_);
+  } else {
+    // Normalised here once, a slice at a time (the lookup's int64 indices are 8 bytes a pixel).
+    torch::Tensor normalised = torch::empty({n, shape_.channels, plane}, torch::kFloat);
+    constexpr int64_t kSlice = 4096;
+    for (int64_t start = 0; start < n; start += kSlice) {
+      const int64_t length = std::min(kSlice, n - start);
+      normalised.narrow(0, start, length).copy_(normalise(images.narrow(0, start, length)));
+    }
+    images_ = normalised.view({n, shape_.channels, shape_.height, shape_.width}).to(device_);
+  }
+  images_ = images_.contiguous();
+  labels_ = dataset.labels.to(device_, torch::kLong).contiguous();
+  bytes_ = images_.numel() * static_cast<int64_t>(images_.element_size()) + labels_.numel() * 8 +
+           table_.numel() * 4;
+}
+
+torch::Tensor ResidentImageBatches::normalise(const torch::Tensor& pixels) const {
+  torch::Tensor codes = pixels.to(torch::kLong);  // [B, C, P] uint8 -> the table's indices
+  if (channel_offset_.defined()) codes = codes + channel_offset_;
+  return table_.take(codes);
+}
+
+void ResidentImageBatches::start_epoch(const EpochPlan& plan) {
+  plan_begin_ = plan.samples.data();
+  plan_end_ = plan_begin_ + plan.samples.size();
+  plan_indices_ = to_device(plan_begin_, static_cast<int64_t>(plan.samples.size()));
 }
 
 torch::Tensor ResidentImageBatches::to_device(const int64_t* values, int64_t count) const {
@@ -55,18 +83,25 @@ torch::Tensor ResidentImageBatches::pixel_sources(const BatchRequest& request) c
   return to_device(sources.data(), count * h * w).reshape({count, 1, h * w});
 }
 
+torch::Tensor ResidentImageBatches::sample_indices(const BatchRequest& request) const {
+  const bool in_plan = plan_begin_ && request.samples >= plan_begin_ && request.samples + request.count <= plan_end_;
+  if (in_plan) return plan_indices_.narrow(0, request.samples - plan_begin_, request.count);
+  return to_device(request.samples, request.count);
+}
+
 Batch ResidentImageBatches::build(const BatchRequest& request) const {
   const int64_t count = request.count, c = shape_.channels, h = shape_.height, w = shape_.width;
   torch::NoGradGuard no_grad;
-  const torch::Tensor indices = to_device(request.samples, count);  // [B]
-  torch::Tensor pixels = images_.index_select(0, indices);           // [B, C, H * W (+1)] uint8
-  if (augmented_) pixels = pixels.gather(2, pixel_sources(request).expand({count, c, h * w}));
-  // The pipeline's byte -> float table, per channel where it has one table per channel.
-  torch::Tensor codes = pixels.to(torch::kLong);
-  if (channel_offset_.defined()) codes = codes + channel_offset_;
+  const torch::Tensor indices = sample_indices(request);  // [B] int64
   Batch batch;
   batch.count = count;
-  batch.inputs = table_.take(codes).view({count, c, h, w});  // [B, C, H, W] float
+  if (augmented_) {
+    torch::Tensor pixels = images_.index_select(0, indices);  // [B, C, H * W + 1] uint8
+    pixels = pixels.gather(2, pixel_sources(request).expand({count, c, h * w}));
+    batch.inputs = normalise(pixels).view({count, c, h, w});  // [B, C, H, W] float
+  } else {
+    batch.inputs = images_.index_select(0, indices);  // [B, C, H, W] float, normalised already
+  }
   if (request.channels_last) batch.inputs = batch.inputs.contiguous(torch::MemoryFormat::ChannelsLast);
   batch.targets = labels_.index_select(0, indices);  // [B] int64
   return batch;

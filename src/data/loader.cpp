@@ -190,6 +190,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
            "DataLoader::start_epoch: first_batch must be in [0, {}] (batches per epoch), got {}",
            batches_per_epoch(), first_batch);
   auto plan = std::make_shared<const EpochPlan>(epoch_plan(epoch));
+  if (resident_) resident_->start_epoch(*plan);  // the order on the device, once per epoch
   FT_CHECK(plan->batches() == batches_per_epoch(),
            "{}: epoch {} has {} batches, epoch 0 had {}; a source's batch count must not change",
            source_->describe(), epoch, plan->batches(), batches_per_epoch());

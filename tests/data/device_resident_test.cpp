@@ -71,6 +71,36 @@ TEST(DeviceResident, BatchesEqualThoseTheWorkersBuild) {
   }
 }
 
+// A request from outside the loader (no epoch order uploaded, or samples outside it) is copied as it
+// comes; one inside the uploaded order is a slice of it. Both give the host's batch.
+TEST(DeviceResident, RequestsInsideAndOutsideTheEpochsOrderGiveTheSameBatch) {
+  const ImageDataset data = testing::synthetic_images(30, 3, 5, 4);
+  for (const auto& c : pipeline_cases()) {
+    if (c.channels != 3) continue;
+    const ImageBatchSource source(data, c.pipeline);
+    auto resident = source.make_resident(torch::kCPU);
+    EpochPlan plan;
+    const std::vector<int64_t> order = {7, 3, 29, 0, 11, 5};
+    plan.add_batch(order.data(), 3);
+    plan.add_batch(order.data() + 3, 3);
+    BatchRequest inside;
+    inside.samples = plan.samples.data() + 3;
+    inside.count = 3;
+    inside.epoch = 2;
+    inside.seed = 9;
+    inside.channels_last = c.channels_last;
+    BatchRequest outside = inside;
+    const std::vector<int64_t> loose = {0, 11, 5};
+    outside.samples = loose.data();
+    const Batch expected = source.build(inside);
+    EXPECT_TRUE(torch::equal(resident->build(outside).inputs, expected.inputs)) << c.name << ": before start_epoch";
+    resident->start_epoch(plan);
+    EXPECT_TRUE(torch::equal(resident->build(inside).inputs, expected.inputs)) << c.name << ": a slice of the order";
+    EXPECT_TRUE(torch::equal(resident->build(outside).inputs, expected.inputs)) << c.name << ": outside the order";
+    EXPECT_TRUE(torch::equal(resident->build(inside).targets, expected.targets)) << c.name;
+  }
+}
+
 TEST(DeviceResident, ShardsOfRanksAndTheEvaluationOrderAreTheLoaders) {
   const ImageDataset data = testing::synthetic_images(50);
   const TransformPipeline pipeline({0.5f}, {0.25f});

@@ -66,6 +66,10 @@ struct EpochPlan {
 class ResidentBatches {
  public:
   virtual ~ResidentBatches() = default;
+  // The epoch's sample order, copied to the device once, so that build() slices it for requests whose
+  // samples point into `plan` instead of copying each batch's indices over. The loader calls it at
+  // each start_epoch; requests from elsewhere are copied as they come.
+  virtual void start_epoch(const EpochPlan& plan) = 0;
   // The batch of request.samples, built on the device by torch ops on the caller's thread and
   // current stream (request.pinned is ignored: nothing is staged).
   virtual Batch build(const BatchRequest& request) const = 0;

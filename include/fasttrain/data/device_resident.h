@@ -27,12 +27,17 @@ class ResidentImageBatches : public ResidentBatches {
   // Copies the images and labels to `device`; every augmentation of `pipeline` must have a PixelMap
   // form (an Error names the one that has not).
   ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline, torch::Device device);
+  void start_epoch(const EpochPlan& plan) override;
   Batch build(const BatchRequest& request) const override;
   int64_t bytes() const override { return bytes_; }
 
  private:
-  // The request's samples as an index tensor on the device (through pinned memory on CUDA).
+  // `count` int64 values as a tensor on the device (through pinned memory on CUDA).
   torch::Tensor to_device(const int64_t* values, int64_t count) const;
+  // The request's samples on the device: a slice of the epoch's order when they lie in it.
+  torch::Tensor sample_indices(const BatchRequest& request) const;
+  // [B, C, P] uint8 pixels -> their normalised float values (the pipeline's table).
+  torch::Tensor normalise(const torch::Tensor& pixels) const;
   // [B, H * W] flat source pixel of each output pixel (H * W: the zero pixel), drawn on the host.
   torch::Tensor pixel_sources(const BatchRequest& request) const;
 
@@ -40,10 +45,17 @@ class ResidentImageBatches : public ResidentBatches {
   torch::Device device_;
   SampleShape shape_;
   bool augmented_;
-  torch::Tensor images_;          // [N, C, H * W (+ 1 zero pixel when augmented)] uint8
+  // Augmented: [N, C, H * W + 1] uint8 (the last pixel 0: crop padding), normalised per batch through
+  // table_ ([C or 1, 256] float, the pipeline's) after the gather. Otherwise: [N, C, H, W] float,
+  // normalised once here, so a batch is one index_select.
+  torch::Tensor images_;
   torch::Tensor labels_;          // [N] int64
-  torch::Tensor table_;           // [C or 1, 256] float: the pipeline's normalisation
+  torch::Tensor table_;
   torch::Tensor channel_offset_;  // [1, C, 1] int64: c * 256 where each channel has its own table
+  // The epoch's order on the device (start_epoch) and the host range it was copied from.
+  torch::Tensor plan_indices_;
+  const int64_t* plan_begin_ = nullptr;
+  const int64_t* plan_end_ = nullptr;
   int64_t bytes_ = 0;
 };
 
