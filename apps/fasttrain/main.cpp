@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 
 #include "fasttrain/fasttrain.h"
 
@@ -28,181 +29,50 @@ fasttrain::Config build_config(const ConfigArgs& args) {
   return config;
 }
 
-int run(int argc, char** argv) {
-  CLI::App app{
-      "fasttrain: train neural networks fast on LibTorch, with the PyTorch performance playbook as "
-      "switches"};
-  app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("fasttrain 0.1.0 (LibTorch ") + TORCH_VERSION + ")");
+// A subcommand: its options are registered on construction, run() does its work.
+class Subcommand {
+ public:
+  virtual ~Subcommand() = default;
+  bool chosen() const { return static_cast<bool>(*command_); }
+  virtual int run() = 0;
 
-  // ---- train ----
-  ConfigArgs train_args;
-  std::string run_dir;
-  auto* train = app.add_subcommand("train", "Train a model; writes the run directory (runs/<run.name>)");
-  add_config_args(*train, train_args, false);
-  train->add_option("--run-dir", run_dir, "Run directory (default: <run.root>/<run.name>)");
-  fasttrain::RunOptions run_options;
-  train
-      ->add_option("--resume", run_options.resume(),
-                   "Continue from the newest checkpoint of the run directory (bare --resume), or from PATH: "
-                   "a checkpoints/step-N directory or a run directory")
-      ->expected(0, 1)
-      ->default_str("latest");
-  train->add_flag("--fresh", run_options.fresh(),
-                  "Start over in a run directory that holds an earlier run (removes its checkpoints, metrics "
-                  "and weights)");
-
-  // ---- eval ----
-  ConfigArgs eval_args;
-  std::string weights;
-  auto* eval = app.add_subcommand("eval", "Evaluate saved weights on the test set of the config's data");
-  add_config_args(*eval, eval_args, false);
-  eval->add_option("--weights", weights,
-                   "safetensors weights with the model's names (RUN_DIR/final/model.safetensors)")
-      ->required();
-
-  // ---- generate ----
-  ConfigArgs generate_args;
-  std::string generate_weights, prompt;
-  fasttrain::GenerateOptions generate_options(0);
-  auto* generate = app.add_subcommand("generate", "Sample text from the weights of a trained gpt model");
-  add_config_args(*generate, generate_args, false);
-  generate
-      ->add_option("--weights", generate_weights,
-                   "safetensors weights of the model (RUN_DIR/final/model.safetensors); the config defaults "
-                   "to the run's RUN_DIR/config.toml")
-      ->required();
-  generate->add_option("--prompt", prompt, "Text to continue (\"\": start a new document)");
-  generate->add_option("--tokens", generate_options.max_new_tokens(), "Bytes to generate")
-      ->capture_default_str();
-  generate->add_option("--temperature", generate_options.temperature(), "Sampling temperature; 0 = greedy")
-      ->capture_default_str();
-  generate->add_option("--top-k", generate_options.top_k(), "Sample among the k most likely bytes; 0 = all")
-      ->capture_default_str();
-  generate->add_option("--seed", generate_options.seed(), "Seed of the draws")->capture_default_str();
-
-  // ---- find-lr ----
-  ConfigArgs lr_args;
-  fasttrain::LrFinderOptions lr_options;
-  std::string lr_csv = "lr_find.csv";
-  auto* find_lr =
-      app.add_subcommand("find-lr", "LR range test: sweep the LR exponentially, suggest a max LR");
-  add_config_args(*find_lr, lr_args, true);
-  find_lr->add_option("--start-lr", lr_options.start_lr(), "First LR")->capture_default_str();
-  find_lr->add_option("--end-lr", lr_options.end_lr(), "Last LR")->capture_default_str();
-  find_lr->add_option("--steps", lr_options.steps(), "Optimizer steps of the sweep")->capture_default_str();
-  find_lr->add_option("--csv", lr_csv, "Where to write the curve")->capture_default_str();
-
-  // ---- find-batch ----
-  ConfigArgs batch_args;
-  fasttrain::BatchFinderOptions batch_options;
-  auto* find_batch = app.add_subcommand(
-      "find-batch",
-      "The largest batch that fits memory.budget (CPU) or the GPU, with samples/s at each size");
-  add_config_args(*find_batch, batch_args, true);
-  find_batch->add_option("--steps", batch_options.steps(), "Optimizer steps per trial")
-      ->capture_default_str();
-  find_batch->add_option("--start", batch_options.start(), "First batch size tried")->capture_default_str();
-  find_batch
-      ->add_option("--max", batch_options.max_batch(), "Largest batch size tried (0 = the training set)")
-      ->capture_default_str();
-  find_batch
-      ->add_option("--tolerance", batch_options.tolerance(),
-                   "Stop when the largest fit is within this fraction of the smallest failure")
-      ->capture_default_str();
-
-  // ---- profile ----
-  ConfigArgs profile_args;
-  fasttrain::ProfileOptions profile_options;
-  std::string profile_dir;
-  auto* profile = app.add_subcommand(
-      "profile", "Profile training steps: Chrome trace, memory timeline, time per phase and operator");
-  add_config_args(*profile, profile_args, true);
-  profile->add_option("--steps", profile_options.steps(), "Optimizer steps recorded")->capture_default_str();
-  profile->add_option("--warmup-steps", profile_options.warmup_steps(), "Steps run before recording")
-      ->capture_default_str();
-  profile->add_option(
-      "--run-dir", profile_dir,
-      "Where trace.json, memory_timeline.csv and profile.json go (default: <run.root>/<run.name>)");
-
-  // ---- doctor ----
-  ConfigArgs doctor_args;
-  fasttrain::DoctorOptions doctor_options;
-  std::string doctor_dir;
-  bool doctor_json = false;
-  auto* doctor = app.add_subcommand(
-      "doctor", "Measure a short run and say which playbook techniques it needs, with evidence, ranked");
-  add_config_args(*doctor, doctor_args, true);
-  doctor->add_option("--steps", doctor_options.steps(), "Steps recorded per measurement")
-      ->capture_default_str();
-  doctor
-      ->add_option("--min-seconds", doctor_options.min_seconds(),
-                   "Each timed comparison lasts at least this long (short runs are noise)")
-      ->capture_default_str();
-  doctor->add_flag("--json", doctor_json, "Print doctor.json instead of the text");
-  doctor->add_option("--run-dir", doctor_dir,
-                     "Where doctor.json and the measurements' profiles go (default: <run.root>/<run.name>)");
-
-  // ---- tune ----
-  ConfigArgs tune_args;
-  fasttrain::TuneOptions tune_options;
-  std::string tune_dir;
-  auto* tune = app.add_subcommand(
-      "tune", "Try the switches that apply here, keep what is faster, write the tuned config and the table");
-  add_config_args(*tune, tune_args, true);
-  tune->add_option("--steps", tune_options.steps(), "Steps timed per trial")->capture_default_str();
-  tune->add_option("--min-seconds", tune_options.min_seconds(),
-                   "Each trial lasts at least this long, past --steps if need be (short runs are noise)")
-      ->capture_default_str();
-  tune->add_option("--min-gain", tune_options.min_gain(), "Speedup needed to keep a change")
-      ->capture_default_str();
-  tune->add_flag("--batch", tune_options.batch(), "Also try 2x and 4x the batch (the LR scaled with it)");
-  tune->add_option("--run-dir", tune_dir, "Where tuned.toml and tune.md go (default: <run.root>/<run.name>)");
-
-  // ---- config ----
-  ConfigArgs show_args;
-  bool reference = false;
-  auto* config = app.add_subcommand("config", "Print the effective config (defaults, file, --set) as TOML");
-  add_config_args(*config, show_args, false);
-  config->add_flag("--reference", reference, "Print the Markdown reference of every key (docs/CONFIG.md)");
-
-  // ---- report ----
-  std::string report_dir, report_out;
-  auto* report = app.add_subcommand(
-      "report", "Write one self-contained HTML page for a run: curves, step time, memory, doctor, config");
-  report->add_option("run_dir", report_dir, "Run directory (holds metrics.jsonl)")->required();
-  report->add_option("--out", report_out, "Where to write the page (default: RUN_DIR/report.html)");
-
-  // ---- launch ----
-  fasttrain::LaunchOptions launch_options(1);
-  std::vector<std::string> launch_command;
-  auto* launch = app.add_subcommand(
-      "launch",
-      "Run a command as N ranks of one distributed job on this machine (like torchrun --nproc-per-node N "
-      "--no-python): fasttrain launch --nproc 2 -- fasttrain train cfg.toml");
-  launch->add_option("--nproc", launch_options.nproc(), "Ranks to start")->required();
-  launch->add_option("--master-addr", launch_options.master_addr(), "Rendezvous host (MASTER_ADDR)");
-  launch->add_option("--master-port", launch_options.master_port(), "Rendezvous port (default: a free one)");
-  launch->add_option("--grace-s", launch_options.grace_s(),
-                     "After a rank fails, seconds the others get to exit before SIGKILL");
-  launch->add_option("command", launch_command, "The command each rank runs, after --")->required();
-
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& error) {
-    return app.exit(error) == 0 ? 0 : 2;
+ protected:
+  Subcommand(CLI::App& app, const std::string& name, const std::string& description)
+      : command_(app.add_subcommand(name, description)) {}
+  // The run directory: `dir` when given, else <run.root>/<run.name> of `config`.
+  static std::string run_dir_or_default(const std::string& dir, const fasttrain::Config& config) {
+    return dir.empty() ? config.run.root() + "/" + config.run.name() : dir;
   }
+  CLI::App* command_;
+};
 
-  if (*train) {
-    fasttrain::Config cfg = build_config(train_args);
-    if (run_dir.empty()) run_dir = cfg.run.root() + "/" + cfg.run.name();
+class Train : public Subcommand {
+ public:
+  explicit Train(CLI::App& app)
+      : Subcommand(app, "train", "Train a model; writes the run directory (runs/<run.name>)") {
+    add_config_args(*command_, args_, false);
+    command_->add_option("--run-dir", run_dir_, "Run directory (default: <run.root>/<run.name>)");
+    command_
+        ->add_option(
+            "--resume", options_.resume(),
+            "Continue from the newest checkpoint of the run directory (bare --resume), or from PATH: "
+            "a checkpoints/step-N directory or a run directory")
+        ->expected(0, 1)
+        ->default_str("latest");
+    command_->add_flag("--fresh", options_.fresh(),
+                       "Start over in a run directory that holds an earlier run (removes its checkpoints, "
+                       "metrics and weights)");
+  }
+  int run() override {
+    fasttrain::Config cfg = build_config(args_);
+    const std::string run_dir = run_dir_or_default(run_dir_, cfg);
     // A distributed job prints once, from rank 0 (the other ranks run the same config). The full
     // effective config goes to RUN_DIR/config.toml (`fasttrain config` prints it), not the terminal.
     const std::shared_ptr<fasttrain::ProcessGroup> group = fasttrain::default_process_group(cfg.dist);
     const bool rank0 = !group || group->rank() == 0;
     // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
     fasttrain::StopSignals stop_signals;
-    fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir, run_options);
+    fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir, options_);
     const int signal = fasttrain::StopSignals::received();
     const int stopped_code = 128 + (signal != 0 ? signal : SIGINT);  // a stop agreed with the other ranks
     if (!rank0) return summary.interrupted ? stopped_code : 0;
@@ -214,63 +84,303 @@ int run(int argc, char** argv) {
       return stopped_code;
     }
     std::cerr << "fasttrain: run written to " << run_dir << "\n";
-  } else if (*launch) {
-    return fasttrain::launch(launch_options, launch_command);
-  } else if (*eval) {
-    fasttrain::EvalResult result = fasttrain::eval_run(build_config(eval_args), weights);
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  std::string run_dir_;
+  fasttrain::RunOptions options_;
+};
+
+class Eval : public Subcommand {
+ public:
+  explicit Eval(CLI::App& app)
+      : Subcommand(app, "eval", "Evaluate saved weights on the test set of the config's data") {
+    add_config_args(*command_, args_, false);
+    command_
+        ->add_option("--weights", weights_,
+                     "safetensors weights with the model's names (RUN_DIR/final/model.safetensors)")
+        ->required();
+  }
+  int run() override {
+    fasttrain::EvalResult result = fasttrain::eval_run(build_config(args_), weights_);
     nlohmann::json out{
         {"test_accuracy", result.accuracy}, {"test_loss", result.loss}, {"samples", result.samples}};
     if (result.bits_per_byte) out["test_bits_per_byte"] = *result.bits_per_byte;
     std::cout << out.dump(2) << "\n";
-  } else if (*generate) {
-    if (generate_args.path.empty()) {
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  std::string weights_;
+};
+
+class Generate : public Subcommand {
+ public:
+  explicit Generate(CLI::App& app)
+      : Subcommand(app, "generate", "Sample text from the weights of a trained gpt model"), options_(0) {
+    add_config_args(*command_, args_, false);
+    command_
+        ->add_option(
+            "--weights", weights_,
+            "safetensors weights of the model (RUN_DIR/final/model.safetensors); the config defaults "
+            "to the run's RUN_DIR/config.toml")
+        ->required();
+    command_->add_option("--prompt", prompt_, "Text to continue (\"\": start a new document)");
+    command_->add_option("--tokens", options_.max_new_tokens(), "Bytes to generate")->capture_default_str();
+    command_->add_option("--temperature", options_.temperature(), "Sampling temperature; 0 = greedy")
+        ->capture_default_str();
+    command_->add_option("--top-k", options_.top_k(), "Sample among the k most likely bytes; 0 = all")
+        ->capture_default_str();
+    command_->add_option("--seed", options_.seed(), "Seed of the draws")->capture_default_str();
+  }
+  int run() override {
+    if (args_.path.empty()) {
       // RUN_DIR/final/model.safetensors -> RUN_DIR/config.toml
-      const auto run_config =
-          std::filesystem::path(generate_weights).parent_path().parent_path() / "config.toml";
+      const auto run_config = std::filesystem::path(weights_).parent_path().parent_path() / "config.toml";
       if (!std::filesystem::is_regular_file(run_config)) {
         throw fasttrain::ConfigError(fmt::format(
             "no config given and none at {} (the run directory of --weights): pass the run's config.toml",
             run_config.string()));
       }
-      generate_args.path = run_config.string();
+      args_.path = run_config.string();
     }
-    std::cout << prompt
-              << fasttrain::generate_run(build_config(generate_args), generate_weights, prompt,
-                                         generate_options)
-              << "\n";
-  } else if (*find_lr) {
-    fasttrain::LrFinderResult result = fasttrain::find_lr_run(build_config(lr_args), lr_options, lr_csv);
+    std::cout << prompt_ << fasttrain::generate_run(build_config(args_), weights_, prompt_, options_) << "\n";
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  std::string weights_, prompt_;
+  fasttrain::GenerateOptions options_;
+};
+
+class FindLr : public Subcommand {
+ public:
+  explicit FindLr(CLI::App& app)
+      : Subcommand(app, "find-lr", "LR range test: sweep the LR exponentially, suggest a max LR") {
+    add_config_args(*command_, args_, true);
+    command_->add_option("--start-lr", options_.start_lr(), "First LR")->capture_default_str();
+    command_->add_option("--end-lr", options_.end_lr(), "Last LR")->capture_default_str();
+    command_->add_option("--steps", options_.steps(), "Optimizer steps of the sweep")->capture_default_str();
+    command_->add_option("--csv", csv_, "Where to write the curve")->capture_default_str();
+  }
+  int run() override {
+    fasttrain::LrFinderResult result = fasttrain::find_lr_run(build_config(args_), options_, csv_);
     std::cout << result.table();
     std::cout << fmt::format("suggested max lr: {:.3g}{}\ncurve written to {}\n", result.suggested_lr,
-                             result.diverged ? " (the sweep stopped at divergence)" : "", lr_csv);
-  } else if (*profile) {
-    fasttrain::Config cfg = build_config(profile_args);
-    if (profile_dir.empty()) profile_dir = cfg.run.root() + "/" + cfg.run.name();
-    std::cout << fasttrain::profile_run(cfg, profile_dir, profile_options).table();
-  } else if (*tune) {
-    fasttrain::Config cfg = build_config(tune_args);
-    if (tune_dir.empty()) tune_dir = cfg.run.root() + "/" + cfg.run.name();
-    fasttrain::TuneResult result = fasttrain::tune(cfg, tune_dir, tune_options);
-    std::cout << result.table() << "written: " << tune_dir << "/tuned.toml, " << tune_dir << "/tune.md\n";
-  } else if (*doctor) {
-    fasttrain::Config cfg = build_config(doctor_args);
-    if (doctor_dir.empty()) doctor_dir = cfg.run.root() + "/" + cfg.run.name();
-    fasttrain::DoctorReport found = fasttrain::diagnose(cfg, doctor_dir, doctor_options);
-    fasttrain::write_json_file(doctor_dir + "/doctor.json", found.to_json());
-    std::cout << (doctor_json ? found.to_json().dump(2) + "\n" : found.text());
-  } else if (*find_batch) {
-    fasttrain::BatchFinderResult result = fasttrain::find_batch_size(build_config(batch_args), batch_options);
-    std::cout << result.table();
-  } else if (*config) {
-    if (reference) {
-      std::cout << fasttrain::config_reference();
-    } else {
-      std::cout << fasttrain::to_toml(build_config(show_args));
-    }
-  } else if (*report) {
-    if (report_out.empty()) report_out = report_dir + "/report.html";
-    fasttrain::write_report(report_dir, report_out);
-    std::cout << "report written to " << report_out << "\n";
+                             result.diverged ? " (the sweep stopped at divergence)" : "", csv_);
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  fasttrain::LrFinderOptions options_;
+  std::string csv_ = "lr_find.csv";
+};
+
+class FindBatch : public Subcommand {
+ public:
+  explicit FindBatch(CLI::App& app)
+      : Subcommand(
+            app, "find-batch",
+            "The largest batch that fits memory.budget (CPU) or the GPU, with samples/s at each size") {
+    add_config_args(*command_, args_, true);
+    command_->add_option("--steps", options_.steps(), "Optimizer steps per trial")->capture_default_str();
+    command_->add_option("--start", options_.start(), "First batch size tried")->capture_default_str();
+    command_->add_option("--max", options_.max_batch(), "Largest batch size tried (0 = the training set)")
+        ->capture_default_str();
+    command_
+        ->add_option("--tolerance", options_.tolerance(),
+                     "Stop when the largest fit is within this fraction of the smallest failure")
+        ->capture_default_str();
+  }
+  int run() override {
+    std::cout << fasttrain::find_batch_size(build_config(args_), options_).table();
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  fasttrain::BatchFinderOptions options_;
+};
+
+class Profile : public Subcommand {
+ public:
+  explicit Profile(CLI::App& app)
+      : Subcommand(app, "profile",
+                   "Profile training steps: Chrome trace, memory timeline, time per phase and operator") {
+    add_config_args(*command_, args_, true);
+    command_->add_option("--steps", options_.steps(), "Optimizer steps recorded")->capture_default_str();
+    command_->add_option("--warmup-steps", options_.warmup_steps(), "Steps run before recording")
+        ->capture_default_str();
+    command_->add_option("--run-dir", dir_,
+                         "Where trace.json, memory_timeline.csv and profile.json go (default: "
+                         "<run.root>/<run.name>)");
+  }
+  int run() override {
+    fasttrain::Config cfg = build_config(args_);
+    std::cout << fasttrain::profile_run(cfg, run_dir_or_default(dir_, cfg), options_).table();
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  fasttrain::ProfileOptions options_;
+  std::string dir_;
+};
+
+class Doctor : public Subcommand {
+ public:
+  explicit Doctor(CLI::App& app)
+      : Subcommand(app, "doctor",
+                   "Measure a short run and say which playbook techniques it needs, with evidence, ranked") {
+    add_config_args(*command_, args_, true);
+    command_->add_option("--steps", options_.steps(), "Steps recorded per measurement")
+        ->capture_default_str();
+    command_
+        ->add_option("--min-seconds", options_.min_seconds(),
+                     "Each timed comparison lasts at least this long (short runs are noise)")
+        ->capture_default_str();
+    command_->add_flag("--json", json_, "Print doctor.json instead of the text");
+    command_->add_option(
+        "--run-dir", dir_,
+        "Where doctor.json and the measurements' profiles go (default: <run.root>/<run.name>)");
+  }
+  int run() override {
+    fasttrain::Config cfg = build_config(args_);
+    const std::string dir = run_dir_or_default(dir_, cfg);
+    fasttrain::DoctorReport found = fasttrain::diagnose(cfg, dir, options_);
+    fasttrain::write_json_file(dir + "/doctor.json", found.to_json());
+    std::cout << (json_ ? found.to_json().dump(2) + "\n" : found.text());
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  fasttrain::DoctorOptions options_;
+  std::string dir_;
+  bool json_ = false;
+};
+
+class Tune : public Subcommand {
+ public:
+  explicit Tune(CLI::App& app)
+      : Subcommand(
+            app, "tune",
+            "Try the switches that apply here, keep what is faster, write the tuned config and the table") {
+    add_config_args(*command_, args_, true);
+    command_->add_option("--steps", options_.steps(), "Steps timed per trial")->capture_default_str();
+    command_
+        ->add_option("--min-seconds", options_.min_seconds(),
+                     "Each trial lasts at least this long, past --steps if need be (short runs are noise)")
+        ->capture_default_str();
+    command_->add_option("--min-gain", options_.min_gain(), "Speedup needed to keep a change")
+        ->capture_default_str();
+    command_->add_flag("--batch", options_.batch(), "Also try 2x and 4x the batch (the LR scaled with it)");
+    command_->add_option("--run-dir", dir_,
+                         "Where tuned.toml and tune.md go (default: <run.root>/<run.name>)");
+  }
+  int run() override {
+    fasttrain::Config cfg = build_config(args_);
+    const std::string dir = run_dir_or_default(dir_, cfg);
+    fasttrain::TuneResult result = fasttrain::tune(cfg, dir, options_);
+    std::cout << result.table() << "written: " << dir << "/tuned.toml, " << dir << "/tune.md\n";
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  fasttrain::TuneOptions options_;
+  std::string dir_;
+};
+
+class ShowConfig : public Subcommand {
+ public:
+  explicit ShowConfig(CLI::App& app)
+      : Subcommand(app, "config", "Print the effective config (defaults, file, --set) as TOML") {
+    add_config_args(*command_, args_, false);
+    command_->add_flag("--reference", reference_,
+                       "Print the Markdown reference of every key (docs/CONFIG.md)");
+  }
+  int run() override {
+    std::cout << (reference_ ? fasttrain::config_reference() : fasttrain::to_toml(build_config(args_)));
+    return 0;
+  }
+
+ private:
+  ConfigArgs args_;
+  bool reference_ = false;
+};
+
+class Report : public Subcommand {
+ public:
+  explicit Report(CLI::App& app)
+      : Subcommand(
+            app, "report",
+            "Write one self-contained HTML page for a run: curves, step time, memory, doctor, config") {
+    command_->add_option("run_dir", dir_, "Run directory (holds metrics.jsonl)")->required();
+    command_->add_option("--out", out_, "Where to write the page (default: RUN_DIR/report.html)");
+  }
+  int run() override {
+    const std::string out = out_.empty() ? dir_ + "/report.html" : out_;
+    fasttrain::write_report(dir_, out);
+    std::cout << "report written to " << out << "\n";
+    return 0;
+  }
+
+ private:
+  std::string dir_, out_;
+};
+
+class Launch : public Subcommand {
+ public:
+  explicit Launch(CLI::App& app)
+      : Subcommand(app, "launch",
+                   "Run a command as N ranks of one distributed job on this machine (like torchrun "
+                   "--nproc-per-node N --no-python): fasttrain launch --nproc 2 -- fasttrain train cfg.toml"),
+        options_(1) {
+    command_->add_option("--nproc", options_.nproc(), "Ranks to start")->required();
+    command_->add_option("--master-addr", options_.master_addr(), "Rendezvous host (MASTER_ADDR)");
+    command_->add_option("--master-port", options_.master_port(), "Rendezvous port (default: a free one)");
+    command_->add_option("--grace-s", options_.grace_s(),
+                         "After a rank fails, seconds the others get to exit before SIGKILL");
+    command_->add_option("command", command_line_, "The command each rank runs, after --")->required();
+  }
+  int run() override { return fasttrain::launch(options_, command_line_); }
+
+ private:
+  fasttrain::LaunchOptions options_;
+  std::vector<std::string> command_line_;
+};
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "fasttrain: train neural networks fast on LibTorch, with the PyTorch performance playbook as "
+      "switches"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("fasttrain 0.1.0 (LibTorch ") + TORCH_VERSION + ")");
+  std::vector<std::unique_ptr<Subcommand>> subcommands;  // in the order --help lists them
+  subcommands.push_back(std::make_unique<Train>(app));
+  subcommands.push_back(std::make_unique<Eval>(app));
+  subcommands.push_back(std::make_unique<Generate>(app));
+  subcommands.push_back(std::make_unique<FindLr>(app));
+  subcommands.push_back(std::make_unique<FindBatch>(app));
+  subcommands.push_back(std::make_unique<Profile>(app));
+  subcommands.push_back(std::make_unique<Doctor>(app));
+  subcommands.push_back(std::make_unique<Tune>(app));
+  subcommands.push_back(std::make_unique<ShowConfig>(app));
+  subcommands.push_back(std::make_unique<Report>(app));
+  subcommands.push_back(std::make_unique<Launch>(app));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error) == 0 ? 0 : 2;
+  }
+  for (const auto& subcommand : subcommands) {
+    if (subcommand->chosen()) return subcommand->run();
   }
   return 0;
 }

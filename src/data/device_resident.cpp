@@ -15,8 +15,9 @@ ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const Tr
       device_(device),
       shape_{dataset.channels(), dataset.height(), dataset.width()},
       augmented_(pipeline.has_augmentations()) {
-  FT_CHECK(dataset.images.defined() && dataset.images.dim() == 4 && dataset.images.scalar_type() == torch::kUInt8,
-           "ResidentImageBatches needs uint8 images [N, C, H, W]");
+  FT_CHECK(
+      dataset.images.defined() && dataset.images.dim() == 4 && dataset.images.scalar_type() == torch::kUInt8,
+      "ResidentImageBatches needs uint8 images [N, C, H, W]");
   pipeline_.check_channels(shape_.channels);
   if (augmented_) pipeline_.pixel_map(shape_, SampleRng(0, 0, 0));  // an Error now if one cannot map
   const int64_t n = dataset.size(), plane = shape_.height * shape_.width;
@@ -84,7 +85,8 @@ torch::Tensor ResidentImageBatches::pixel_sources(const BatchRequest& request) c
 }
 
 torch::Tensor ResidentImageBatches::sample_indices(const BatchRequest& request) const {
-  const bool in_plan = plan_begin_ && request.samples >= plan_begin_ && request.samples + request.count <= plan_end_;
+  const bool in_plan =
+      plan_begin_ && request.samples >= plan_begin_ && request.samples + request.count <= plan_end_;
   if (in_plan) return plan_indices_.narrow(0, request.samples - plan_begin_, request.count);
   return to_device(request.samples, request.count);
 }
@@ -107,8 +109,8 @@ Batch ResidentImageBatches::build(const BatchRequest& request) const {
   return batch;
 }
 
-ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device, int64_t dataset_bytes,
-                                 int64_t device_memory_bytes) {
+ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device,
+                                 int64_t dataset_bytes, int64_t device_memory_bytes) {
   FT_CONFIG_CHECK(setting == "auto" || setting == "true" || setting == "false",
                   "data.device_resident '{}' is not allowed; valid: auto, true, false", setting);
   if (setting == "false") return {false, "data.device_resident = false"};
@@ -116,7 +118,8 @@ ResidencyChoice choose_residency(const std::string& setting, const torch::Device
     FT_CONFIG_CHECK(setting != "true",
                     "data.device_resident = true, but this data set cannot be built on a device (text, or an "
                     "augmentation without a pixel map); set it to auto or false");
-    return {false, "this data set is built by the loader's threads (text, or augmentations the device cannot run)"};
+    return {false,
+            "this data set is built by the loader's threads (text, or augmentations the device cannot run)"};
   }
   if (setting == "true") return {true, "data.device_resident = true"};
   if (!device.is_cuda()) return {false, "batches are built where the model trains only on a CUDA device"};
@@ -124,8 +127,9 @@ ResidencyChoice choose_residency(const std::string& setting, const torch::Device
     return {false, fmt::format("the data set ({}) is more than a tenth of {}'s memory ({})",
                                format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
   }
-  return {true, fmt::format("the data set ({}) fits in a tenth of {}'s memory ({}): batches are gathered there",
-                            format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
+  return {true,
+          fmt::format("the data set ({}) fits in a tenth of {}'s memory ({}): batches are gathered there",
+                      format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
 }
 
 }  // namespace fasttrain

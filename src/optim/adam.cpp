@@ -27,9 +27,12 @@ class Adam : public Optimizer {
   bool counts_steps() const override { return true; }
 
   nlohmann::json group_options(size_t group) const override {
-    return {{"lr", options().lr()},        {"beta1", momentum()},
-            {"beta2", beta2_},             {"eps", eps_},
-            {"weight_decay", weight_decay_of(group)}, {"amsgrad", false}};
+    return {{"lr", options().lr()},
+            {"beta1", momentum()},
+            {"beta2", beta2_},
+            {"eps", eps_},
+            {"weight_decay", weight_decay_of(group)},
+            {"amsgrad", false}};
   }
 
   void set_group_options(size_t group, const nlohmann::json& j) override {
@@ -44,8 +47,9 @@ class Adam : public Optimizer {
   void update_fused(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
                     const torch::Tensor& found_inf) override {
     compat::fused_adam(decoupled_, gather_params(g, with_grad), gather_grads(g, with_grad),
-                       gather(g, kExpAvg, with_grad), gather(g, kExpAvgSq, with_grad), gather_steps(g, with_grad),
-                       fused_lr(lr), momentum(), beta2_, weight_decay_of(g), eps_, found_inf);
+                       gather(g, kExpAvg, with_grad), gather(g, kExpAvgSq, with_grad),
+                       gather_steps(g, with_grad), fused_lr(lr), momentum(), beta2_, weight_decay_of(g), eps_,
+                       found_inf);
   }
 
   void update_foreach(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr) override {
@@ -58,8 +62,8 @@ class Adam : public Optimizer {
     // are per parameter on the device (each has its own step count), in double too.
     const torch::Tensor steps = torch::stack(gather_steps(g, with_grad)).to(torch::kDouble);  // [n]
     const torch::Tensor lr64 = lr.to(torch::kDouble);
-    const torch::Tensor neg_step_size = -lr64 / (1 - torch::pow(beta1, steps));                // [n]
-    const torch::Tensor bias_correction2_sqrt = (1 - torch::pow(beta2_, steps)).sqrt();       // [n]
+    const torch::Tensor neg_step_size = -lr64 / (1 - torch::pow(beta1, steps));          // [n]
+    const torch::Tensor bias_correction2_sqrt = (1 - torch::pow(beta2_, steps)).sqrt();  // [n]
     if (weight_decay != 0 && decoupled_) {
       compat::foreach_mul_(params, (1 - lr64 * weight_decay).to(params.front().scalar_type()));
     }
@@ -80,10 +84,12 @@ class Adam : public Optimizer {
 
  private:
   // Entry i of `values` [n] as a 0-dim tensor in parameter i's dtype.
-  static std::vector<torch::Tensor> per_parameter(const torch::Tensor& values, const std::vector<torch::Tensor>& like) {
+  static std::vector<torch::Tensor> per_parameter(const torch::Tensor& values,
+                                                  const std::vector<torch::Tensor>& like) {
     std::vector<torch::Tensor> out;
     out.reserve(like.size());
-    for (size_t i = 0; i < like.size(); ++i) out.push_back(values[static_cast<int64_t>(i)].to(like[i].scalar_type()));
+    for (size_t i = 0; i < like.size(); ++i)
+      out.push_back(values[static_cast<int64_t>(i)].to(like[i].scalar_type()));
     return out;
   }
 

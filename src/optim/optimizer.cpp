@@ -68,8 +68,8 @@ void validate(const OptimizerOptions& o) {
                   "optim.nesterov = true needs optim.momentum > 0, got momentum {}", o.momentum());
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                                          const OptimizerOptions& options) {
+std::unique_ptr<Optimizer> make_optimizer(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options) {
   validate(options);
   // Decaying biases and norm scales toward 0 only hurts (they set offsets and scales, not
   // capacity), so every parameter with dim <= 1 trains without weight decay.
@@ -110,13 +110,14 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, c
 }
 
 void Optimizer::resolve_kernel(const char* fused_kernel) {
-  const torch::Device device = groups_.front().params.empty() ? torch::Device(torch::kCPU)
-                                                              : groups_.front().params.front().device();
+  const torch::Device device =
+      groups_.front().params.empty() ? torch::Device(torch::kCPU) : groups_.front().params.front().device();
   const bool available = compat::has_fused_optimizer_kernel(fused_kernel, device);
-  FT_CONFIG_CHECK(options_.kernel() != "fused" || available,
-                  "optim.kernel = \"fused\": ATen's {} is not available for {} in LibTorch {} (it needs 2.4 or "
-                  "later); use \"foreach\" or \"auto\"",
-                  fused_kernel, device.str(), compat::torch_version());
+  FT_CONFIG_CHECK(
+      options_.kernel() != "fused" || available,
+      "optim.kernel = \"fused\": ATen's {} is not available for {} in LibTorch {} (it needs 2.4 or "
+      "later); use \"foreach\" or \"auto\"",
+      fused_kernel, device.str(), compat::torch_version());
   fused_ = options_.kernel() != "foreach" && available;
 }
 
@@ -187,7 +188,8 @@ void Optimizer::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
       if (fused_) {
         update_fused(g, with_grad, lr, found_inf);
         // A skipped step is not counted (what torch.optim's fused path does).
-        if (found_inf.defined()) torch::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), found_inf));
+        if (found_inf.defined())
+          torch::_foreach_sub_(steps, std::vector<torch::Tensor>(steps.size(), found_inf));
       } else {
         update_foreach(g, with_grad, lr);
       }
@@ -209,7 +211,8 @@ torch::Tensor Optimizer::fused_lr(const torch::Tensor& lr) {
   return lr.is_cpu() ? lr : lr.to(torch::kFloat);
 }
 
-std::vector<torch::Tensor> Optimizer::gather(size_t group, size_t field, const std::vector<size_t>& indices) const {
+std::vector<torch::Tensor> Optimizer::gather(size_t group, size_t field,
+                                             const std::vector<size_t>& indices) const {
   std::vector<torch::Tensor> out;
   out.reserve(indices.size());
   for (size_t i : indices) out.push_back(state_[group][field][i]);
@@ -240,8 +243,9 @@ std::vector<torch::Tensor> Optimizer::gather_steps(size_t group, const std::vect
 void Optimizer::set_state(size_t group, size_t index, std::vector<torch::Tensor> fields, int64_t step) {
   FT_CHECK(group < groups_.size() && index < groups_[group].params.size(),
            "optimizer state for parameter {} of group {}, which the optimizer lacks", index, group);
-  FT_CHECK(fields.size() == state_fields().size(), "optimizer '{}' keeps {} state tensors per parameter, got {}",
-           name(), state_fields().size(), fields.size());
+  FT_CHECK(fields.size() == state_fields().size(),
+           "optimizer '{}' keeps {} state tensors per parameter, got {}", name(), state_fields().size(),
+           fields.size());
   size_state();
   for (size_t f = 0; f < fields.size(); ++f) state_[group][f][index] = std::move(fields[f]);
   if (counts_steps()) {
@@ -269,8 +273,8 @@ int64_t Optimizer::state_bytes() const {
 }
 
 std::unique_ptr<Optimizer> Optimizer::rebuild(std::vector<ParamGroup> groups) const {
-  FT_CHECK(groups.size() == groups_.size(), "rebuild: {} parameter groups for an optimizer of {}", groups.size(),
-           groups_.size());
+  FT_CHECK(groups.size() == groups_.size(), "rebuild: {} parameter groups for an optimizer of {}",
+           groups.size(), groups_.size());
   OptimizerOptions options = options_;
   if (name() == "sgd") {
     options.momentum(momentum_);

@@ -35,7 +35,8 @@ class Sgd : public Optimizer {
   }
 
   void set_group_options(size_t group, const nlohmann::json& j) override {
-    FT_CHECK(j.at("dampening").get<double>() == 0, "optimizer state uses SGD dampening {}, which fasttrain's does not",
+    FT_CHECK(j.at("dampening").get<double>() == 0,
+             "optimizer state uses SGD dampening {}, which fasttrain's does not",
              j.at("dampening").get<double>());
     FT_CHECK(j.at("nesterov").get<bool>() == options().nesterov(),
              "optimizer state was saved with nesterov = {}, this SGD has {}", j.at("nesterov").get<bool>(),

@@ -63,15 +63,14 @@ bool has_convolutions(torch::nn::Module& model) {
   return false;
 }
 
-
 // A speed comparison that cleared `threshold`: the change is worth it, by this much.
 std::vector<Finding> if_faster(const std::string& rule, const std::string& title, const Comparison& result,
                                const std::string& what, double threshold = kSwitchSpeedup) {
   if (result.speedup < threshold) return {};
   return {Finding(rule, Severity::kMedium)
               .title(title)
-              .evidence(fmt::format("{:.0f} samples/s {} vs {:.0f} as configured ({:.2f}x)", result.changed, what,
-                                    result.configured, result.speedup))
+              .evidence(fmt::format("{:.0f} samples/s {} vs {:.0f} as configured ({:.2f}x)", result.changed,
+                                    what, result.configured, result.speedup))
               .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
               .gain(1 - 1 / result.speedup)};
 }
@@ -86,26 +85,30 @@ std::vector<Finding> data_bound(const DoctorContext& c) {
   const double wait = data_wait_share(c);
   if (wait < kDataBound) return {};
   const double steps = static_cast<double>(std::max<int64_t>(c.base.steps, 1));
-  return {Finding("data_bound", wait >= 0.3 ? Severity::kHigh : Severity::kMedium)
-              .title(c.workers == 0
-                         ? "Build batches in loader workers: set data.workers (now 0: the step builds them itself)"
-                         : fmt::format("Add loader workers: data.workers = {} cannot keep up", c.workers))
-              .evidence(fmt::format("{} of step time is spent waiting for the next batch ({:.2f} of {:.2f} ms per "
-                                    "step; {} workers, {} compute threads, {} cores)",
-                                    percent(wait), 1000 * c.base.phases.seconds(Phase::kDataWait) / steps,
-                                    1000 * c.base.phases.total() / steps, c.workers, c.threads, c.cores))
-              .estimated_gain(fmt::format("up to {} of step time", percent(wait)))
-              .gain(wait)};
+  return {
+      Finding("data_bound", wait >= 0.3 ? Severity::kHigh : Severity::kMedium)
+          .title(
+              c.workers == 0
+                  ? "Build batches in loader workers: set data.workers (now 0: the step builds them itself)"
+                  : fmt::format("Add loader workers: data.workers = {} cannot keep up", c.workers))
+          .evidence(
+              fmt::format("{} of step time is spent waiting for the next batch ({:.2f} of {:.2f} ms per "
+                          "step; {} workers, {} compute threads, {} cores)",
+                          percent(wait), 1000 * c.base.phases.seconds(Phase::kDataWait) / steps,
+                          1000 * c.base.phases.total() / steps, c.workers, c.threads, c.cores))
+          .estimated_gain(fmt::format("up to {} of step time", percent(wait)))
+          .gain(wait)};
 }
 
 std::vector<Finding> too_many_workers(const DoctorContext& c) {
   const double wait = data_wait_share(c);
   if (c.workers <= 1 || c.workers + c.threads <= c.cores || wait >= 0.01) return {};
-  return {Finding("too_many_workers", Severity::kLow)
-              .title(fmt::format("Use fewer loader workers: {} workers share {} cores with {} compute threads",
-                                 c.workers, c.cores, c.threads))
-              .evidence(fmt::format("the step waits for data only {} of the time", percent(wait)))
-              .estimated_gain("fewer context switches")};
+  return {
+      Finding("too_many_workers", Severity::kLow)
+          .title(fmt::format("Use fewer loader workers: {} workers share {} cores with {} compute threads",
+                             c.workers, c.cores, c.threads))
+          .evidence(fmt::format("the step waits for data only {} of the time", percent(wait)))
+          .estimated_gain("fewer context switches")};
 }
 
 // ---- throughput vs batch ----
@@ -118,11 +121,12 @@ std::vector<Finding> small_batch(const DoctorContext& c) {
   const Comparison result = c.compare("batch_x4", larger, kBatchSpeedup);
   if (result.speedup < kBatchSpeedup) return {};
   return {Finding("small_batch", result.speedup >= 2 ? Severity::kHigh : Severity::kMedium)
-              .title(fmt::format("Raise data.batch_size: {} leaves the hardware idle (scale the LR with it, or run "
-                                 "fasttrain find-batch)",
-                                 batch))
-              .evidence(fmt::format("{:.0f} samples/s at batch {} vs {:.0f} at batch {} ({:.2f}x)", result.configured,
-                                    batch, result.changed, batch * 4, result.speedup))
+              .title(fmt::format(
+                  "Raise data.batch_size: {} leaves the hardware idle (scale the LR with it, or run "
+                  "fasttrain find-batch)",
+                  batch))
+              .evidence(fmt::format("{:.0f} samples/s at batch {} vs {:.0f} at batch {} ({:.2f}x)",
+                                    result.configured, batch, result.changed, batch * 4, result.speedup))
               .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
               .gain(1 - 1 / result.speedup)};
 }
@@ -135,13 +139,14 @@ std::vector<Finding> emulated_bf16(const DoctorContext& c) {
   Config fp32 = c.config;
   fp32.train.precision("fp32");
   const Comparison result = c.compare("emulated_bf16", fp32, 1.0);
-  return {Finding("emulated_bf16", Severity::kHigh)
-              .title("Train in fp32 (train.precision = \"fp32\" or \"auto\"): this CPU has no native bfloat16 "
-                     "(AVX512-BF16 or AMX), so every bf16 op is emulated")
-              .evidence(fmt::format("{:.0f} samples/s in fp32 vs {:.0f} in emulated bf16 ({:.2f}x) on {}",
-                                    result.changed, result.configured, result.speedup, c.hardware.describe()))
-              .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
-              .gain(1 - 1 / std::max(result.speedup, 1.0))};
+  return {
+      Finding("emulated_bf16", Severity::kHigh)
+          .title("Train in fp32 (train.precision = \"fp32\" or \"auto\"): this CPU has no native bfloat16 "
+                 "(AVX512-BF16 or AMX), so every bf16 op is emulated")
+          .evidence(fmt::format("{:.0f} samples/s in fp32 vs {:.0f} in emulated bf16 ({:.2f}x) on {}",
+                                result.changed, result.configured, result.speedup, c.hardware.describe()))
+          .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
+          .gain(1 - 1 / std::max(result.speedup, 1.0))};
 }
 
 std::vector<Finding> mixed_precision(const DoctorContext& c) {
@@ -163,14 +168,15 @@ std::vector<Finding> thread_contention(const DoctorContext& c) {
   const Comparison fewer_threads = c.compare("thread_contention", one_thread, kSwitchSpeedup);
   const Comparison fewer_blas = c.compare("thread_contention_blas", one_blas_thread, kSwitchSpeedup);
   const bool blas_better = fewer_blas.speedup > fewer_threads.speedup;
-  return if_faster("thread_contention",
-                   fmt::format("{}: {}'s own pool of {} threads runs the matmuls, and {} OpenMP threads on {} cores "
-                               "spin against it",
-                               blas_better ? "Shrink the BLAS pool (train.blas_threads = 1)"
-                                           : "Use one intra-op thread (train.threads = 1)",
-                               c.blas.name, c.blas.threads, c.threads, c.cores),
-                   blas_better ? fewer_blas : fewer_threads,
-                   blas_better ? "at train.blas_threads = 1" : "at train.threads = 1");
+  return if_faster(
+      "thread_contention",
+      fmt::format("{}: {}'s own pool of {} threads runs the matmuls, and {} OpenMP threads on {} cores "
+                  "spin against it",
+                  blas_better ? "Shrink the BLAS pool (train.blas_threads = 1)"
+                              : "Use one intra-op thread (train.threads = 1)",
+                  c.blas.name, c.blas.threads, c.threads, c.cores),
+      blas_better ? fewer_blas : fewer_threads,
+      blas_better ? "at train.blas_threads = 1" : "at train.threads = 1");
 }
 
 std::vector<Finding> channels_last(const DoctorContext& c) {
@@ -189,12 +195,13 @@ std::vector<Finding> anomaly_detection(const DoctorContext& c) {
   off.train.detect_anomaly(false);
   // Reported whatever it measures: no threshold to confirm.
   const Comparison result = c.compare("anomaly_off", off, std::numeric_limits<double>::infinity());
-  return {Finding("anomaly_detection", Severity::kHigh)
-              .title("Turn autograd anomaly detection off (train.detect_anomaly = false): it is a debugging aid")
-              .evidence(fmt::format("{:.0f} samples/s with it vs {:.0f} without ({:.2f}x)", result.configured,
-                                    result.changed, result.speedup))
-              .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
-              .gain(std::max(0.0, 1 - 1 / result.speedup))};
+  return {
+      Finding("anomaly_detection", Severity::kHigh)
+          .title("Turn autograd anomaly detection off (train.detect_anomaly = false): it is a debugging aid")
+          .evidence(fmt::format("{:.0f} samples/s with it vs {:.0f} without ({:.2f}x)", result.configured,
+                                result.changed, result.speedup))
+          .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
+          .gain(std::max(0.0, 1 - 1 / result.speedup))};
 }
 
 std::vector<Finding> profiler_on(const DoctorContext& c) {
@@ -210,44 +217,52 @@ std::vector<Finding> profiler_on(const DoctorContext& c) {
 std::vector<Finding> host_sync(const DoctorContext& c) {
   const double reads_per_step = static_cast<double>(c.base.host_reads) / std::max<int64_t>(c.base.steps, 1);
   if (reads_per_step < kHostReadsPerStep) return {};
-  return {Finding("host_sync", c.cuda ? Severity::kHigh : Severity::kMedium)
-              .title("Stop reading tensors on the host every step (.item(), nonzero, printing a loss): keep values "
-                     "on the device and read them at log steps")
-              .evidence(fmt::format("{} device-to-host reads in {} steps ({:.1f} per step; aten::_local_scalar_dense "
-                                    "and aten::nonzero in the profile)",
-                                    c.base.host_reads, c.base.steps, reads_per_step))
-              .estimated_gain(c.cuda ? "each read stalls the GPU queue"
-                                     : "small on CPU; on a GPU each read stalls the queue")};
+  return {
+      Finding("host_sync", c.cuda ? Severity::kHigh : Severity::kMedium)
+          .title(
+              "Stop reading tensors on the host every step (.item(), nonzero, printing a loss): keep values "
+              "on the device and read them at log steps")
+          .evidence(
+              fmt::format("{} device-to-host reads in {} steps ({:.1f} per step; aten::_local_scalar_dense "
+                          "and aten::nonzero in the profile)",
+                          c.base.host_reads, c.base.steps, reads_per_step))
+          .estimated_gain(c.cuda ? "each read stalls the GPU queue"
+                                 : "small on CPU; on a GPU each read stalls the queue")};
 }
 
 std::vector<Finding> allocator_churn(const DoctorContext& c) {
   if (!c.cuda || c.alloc_retries == 0) return {};
-  return {Finding("allocator_churn", Severity::kMedium)
-              .title("The caching allocator had to free its cache to allocate: lower the batch, set memory.warmup, "
-                     "or memory.expandable_segments")
-              .evidence(fmt::format("{} allocation retries in {} steps", c.alloc_retries, c.base.steps))
-              .estimated_gain("fewer cudaMalloc/free stalls")};
+  return {
+      Finding("allocator_churn", Severity::kMedium)
+          .title(
+              "The caching allocator had to free its cache to allocate: lower the batch, set memory.warmup, "
+              "or memory.expandable_segments")
+          .evidence(fmt::format("{} allocation retries in {} steps", c.alloc_retries, c.base.steps))
+          .estimated_gain("fewer cudaMalloc/free stalls")};
 }
 
 // ---- the model and the config ----
 
 std::vector<Finding> conv_bias_before_batchnorm(const DoctorContext& c) {
   if (c.conv_biases_before_bn == 0) return {};
-  return {Finding("conv_bias_before_batchnorm", Severity::kLow)
-              .title("Drop the conv biases before BatchNorm (model.bias_before_norm = false): BatchNorm subtracts "
-                     "the mean, so the bias does nothing but cost an add and its gradient")
-              .evidence(fmt::format("{} convolution(s) with a bias feed a BatchNorm", c.conv_biases_before_bn))
-              .estimated_gain("a bias add and its gradient per conv")};
+  return {
+      Finding("conv_bias_before_batchnorm", Severity::kLow)
+          .title(
+              "Drop the conv biases before BatchNorm (model.bias_before_norm = false): BatchNorm subtracts "
+              "the mean, so the bias does nothing but cost an add and its gradient")
+          .evidence(fmt::format("{} convolution(s) with a bias feed a BatchNorm", c.conv_biases_before_bn))
+          .estimated_gain("a bias add and its gradient per conv")};
 }
 
 std::vector<Finding> constant_lr(const DoctorContext& c) {
   if (c.config.schedule.name() != "constant") return {};
-  return {Finding("constant_lr", Severity::kLow)
-              .title("Schedule the learning rate: run fasttrain find-lr, then schedule.name = \"one-cycle\" with "
-                     "its suggestion")
-              .evidence("schedule.name = \"constant\"")
-              .estimated_gain("in the default config one-cycle reached 91% where a constant LR did not "
-                              "(BENCHMARKS ablation)")};
+  return {
+      Finding("constant_lr", Severity::kLow)
+          .title("Schedule the learning rate: run fasttrain find-lr, then schedule.name = \"one-cycle\" with "
+                 "its suggestion")
+          .evidence("schedule.name = \"constant\"")
+          .estimated_gain("in the default config one-cycle reached 91% where a constant LR did not "
+                          "(BENCHMARKS ablation)")};
 }
 
 std::vector<Finding> cudnn_benchmark(const DoctorContext& c) {
@@ -276,13 +291,16 @@ std::vector<Finding> tensor_core_sizes(const DoctorContext& c) {
 
 std::vector<Finding> variable_shapes(const DoctorContext& c) {
   const int64_t batch = c.config.data.batch_size();
-  if (!c.cuda || c.config.data.drop_last() || c.train_size % batch == 0 || c.config.memory.warmup()) return {};
-  return {Finding("variable_shapes", Severity::kLow)
-              .title("Set memory.warmup = true (or data.drop_last = true): the last batch of each epoch has another "
-                     "shape")
-              .evidence(fmt::format("{} samples in batches of {} leave a last batch of {}", c.train_size, batch,
-                                    c.train_size % batch))
-              .estimated_gain("no allocator growth at epoch ends")};
+  if (!c.cuda || c.config.data.drop_last() || c.train_size % batch == 0 || c.config.memory.warmup())
+    return {};
+  return {
+      Finding("variable_shapes", Severity::kLow)
+          .title(
+              "Set memory.warmup = true (or data.drop_last = true): the last batch of each epoch has another "
+              "shape")
+          .evidence(fmt::format("{} samples in batches of {} leave a last batch of {}", c.train_size, batch,
+                                c.train_size % batch))
+          .estimated_gain("no allocator growth at epoch ends")};
 }
 
 // The run as configured, measured: its recorded profile, the facts the rules read, and the timed
@@ -315,7 +333,8 @@ DoctorContext measure(const Config& requested, const std::string& out_dir, const
   // contend, so the run as configured is timed twice before the first comparison, and a change that
   // clears its threshold is timed again with the configured run once more: it counts only if the
   // means still clear it. One lucky run on a busy machine is no finding.
-  const ProfileOptions timed_options = ProfileOptions(profile_options).record(false).min_seconds(options.min_seconds());
+  const ProfileOptions timed_options =
+      ProfileOptions(profile_options).record(false).min_seconds(options.min_seconds());
   auto timed = [&report, out_dir, timed_options](const std::string& name, const Config& run) {
     const ProfileResult result = profile_run(run, out_dir + "/doctor/" + name, timed_options);
     report.measurements[name] = result.to_json();
@@ -324,12 +343,13 @@ DoctorContext measure(const Config& requested, const std::string& out_dir, const
   auto configured_speeds = std::make_shared<std::vector<double>>();
   const Config configured = c.config;
   c.compare = [timed, configured_speeds, configured](const std::string& name, const Config& changed,
-                                                      double threshold) {
+                                                     double threshold) {
     auto mean = [](const std::vector<double>& values) {
       return std::accumulate(values.begin(), values.end(), 0.0) / std::max<size_t>(values.size(), 1);
     };
     std::vector<double>& speeds = *configured_speeds;
-    while (speeds.size() < 2) speeds.push_back(timed(fmt::format("as_configured_{}", speeds.size()), configured));
+    while (speeds.size() < 2)
+      speeds.push_back(timed(fmt::format("as_configured_{}", speeds.size()), configured));
     std::vector<double> changed_speeds = {timed(name, changed)};
     if (changed_speeds[0] / std::max(mean(speeds), 1e-9) >= threshold) {
       speeds.push_back(timed(fmt::format("as_configured_{}", speeds.size()), configured));
@@ -359,11 +379,13 @@ const char* severity_name(Severity severity) {
 const std::vector<DoctorRule>& doctor_rules() {
   static const std::vector<DoctorRule> rules = {
       {"data_bound", "the step waits for batches >= 10% of its time", data_bound},
-      {"too_many_workers", "loader workers + compute threads > cores while the step never waits", too_many_workers},
+      {"too_many_workers", "loader workers + compute threads > cores while the step never waits",
+       too_many_workers},
       {"small_batch", "4x the batch gives >= 1.5x samples/s", small_batch},
       {"emulated_bf16", "bf16 on a CPU without native bfloat16 (always flagged; fp32 measured beside it)",
        emulated_bf16},
-      {"mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively", mixed_precision},
+      {"mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively",
+       mixed_precision},
       {"thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
        thread_contention},
       {"channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last},
@@ -375,7 +397,8 @@ const std::vector<DoctorRule>& doctor_rules() {
       {"conv_bias_before_batchnorm", "convolutions with a bias feed a BatchNorm", conv_bias_before_batchnorm},
       {"constant_lr", "schedule.name = \"constant\"", constant_lr},
       {"cudnn_benchmark", "CUDA: a conv net with cudnn_benchmark off", cudnn_benchmark},
-      {"tensor_core_sizes", "CUDA: batch, widths or hidden sizes that are not multiples of 8", tensor_core_sizes},
+      {"tensor_core_sizes", "CUDA: batch, widths or hidden sizes that are not multiples of 8",
+       tensor_core_sizes},
       {"variable_shapes", "CUDA: a short last batch without memory.warmup", variable_shapes},
   };
   return rules;

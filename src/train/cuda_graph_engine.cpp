@@ -32,19 +32,20 @@ class CudaGraphEngine : public StepEngine {
 
   void add_micro_batch(const Batch& batch, int64_t index, int64_t size) override {
     if (!graph_) {  // warm-up and the capture step take the batches as they come
-      FT_CHECK(static_cast<int64_t>(window_.size()) == index, "micro-batch {} of the window came out of order",
-               index);
+      FT_CHECK(static_cast<int64_t>(window_.size()) == index,
+               "micro-batch {} of the window came out of order", index);
       window_.push_back(batch);
       window_size_ = size;
       return;
     }
-    FT_CHECK(size == window_size_ && index < size, "a captured step takes windows of {} micro-batches, got {} of {}",
-             window_size_, index, size);
+    FT_CHECK(size == window_size_ && index < size,
+             "a captured step takes windows of {} micro-batches, got {} of {}", window_size_, index, size);
     Batch& staged = static_window_[static_cast<size_t>(index)];
-    FT_CHECK(batch.inputs.sizes() == staged.inputs.sizes() && batch.targets.sizes() == staged.targets.sizes(),
-             "a captured step takes batches of inputs {} and targets {}, got {} and {}: set train.cuda_graphs = "
-             "false for batches that change shape",
-             staged.inputs.sizes(), staged.targets.sizes(), batch.inputs.sizes(), batch.targets.sizes());
+    FT_CHECK(
+        batch.inputs.sizes() == staged.inputs.sizes() && batch.targets.sizes() == staged.targets.sizes(),
+        "a captured step takes batches of inputs {} and targets {}, got {} and {}: set train.cuda_graphs = "
+        "false for batches that change shape",
+        staged.inputs.sizes(), staged.targets.sizes(), batch.inputs.sizes(), batch.targets.sizes());
     staged.inputs.copy_(batch.inputs, /*non_blocking=*/true);
     staged.targets.copy_(batch.targets, /*non_blocking=*/true);
   }

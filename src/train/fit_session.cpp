@@ -139,10 +139,12 @@ void FitSession::save() {
 
 void FitSession::checkpoint_or_stop() {
   const auto& checkpoints = trainer_.checkpoints_;
-  const bool due = checkpoints && checkpoints->every_steps() > 0 && trainer_.step_ % checkpoints->every_steps() == 0;
+  const bool due =
+      checkpoints && checkpoints->every_steps() > 0 && trainer_.step_ % checkpoints->every_steps() == 0;
   DataParallel* parallel = trainer_.parallel_.get();
   // Every rank learns of any rank's stop request: they stop together, at this step.
-  if (parallel ? parallel->any(trainer_.stop_requested()) : trainer_.stop_requested()) summary_.interrupted = true;
+  if (parallel ? parallel->any(trainer_.stop_requested()) : trainer_.stop_requested())
+    summary_.interrupted = true;
   if (due || summary_.interrupted) save();
 }
 

@@ -35,8 +35,10 @@ std::optional<std::string> capture_blocker(const CaptureFacts& facts) {
   if (!facts.fixed_shapes) return "the training batches change shape (token buckets, or a last short batch)";
   if (!facts.whole_windows)
     return "an epoch's batches do not split into whole accumulation windows (the last one is shorter)";
-  if (facts.momentum_cycles) return "the schedule cycles momentum, which the fused optimizer takes from the host";
-  if (!facts.fused_optimizer) return "the optimizer runs the foreach kernels (optim.kernel), not the fused ones";
+  if (facts.momentum_cycles)
+    return "the schedule cycles momentum, which the fused optimizer takes from the host";
+  if (!facts.fused_optimizer)
+    return "the optimizer runs the foreach kernels (optim.kernel), not the fused ones";
   if (!facts.ema_every_step) return "ema.every > 1 updates the EMA on some steps only";
   if (facts.detect_anomaly) return "train.detect_anomaly checks every backward op on the host";
   return std::nullopt;
@@ -52,8 +54,8 @@ EngineChoice choose_engine(const std::string& cuda_graphs, const CaptureFacts& f
   check_cuda_graphs(cuda_graphs);
   if (cuda_graphs == "false") return {};
   const auto blocker = capture_blocker(facts);
-  FT_CONFIG_CHECK(cuda_graphs != "true" || !blocker, "train.cuda_graphs = true, but the step cannot be captured: {}",
-                  blocker.value_or(""));
+  FT_CONFIG_CHECK(cuda_graphs != "true" || !blocker,
+                  "train.cuda_graphs = true, but the step cannot be captured: {}", blocker.value_or(""));
   if (blocker) return {false, *blocker};
   return {true, ""};
 }

@@ -8,13 +8,13 @@
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/clip.h"
 #include "fasttrain/precision/autocast.h"
-#include "fit_session.h"
 #include "fasttrain/train/guards.h"
 #include "fasttrain/train/loss.h"
 #include "fasttrain/train/signals.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/rng.h"
 #include "fasttrain/util/tensor_guard.h"
+#include "fit_session.h"
 
 namespace fasttrain {
 
@@ -134,7 +134,8 @@ torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_s
 
 void Trainer::optimizer_step(const torch::Tensor& lr, bool keep_gradients) {
   PhaseScope scope(phases_, Phase::kOptimizer);
-  if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt) optimizer_->set_momentum(*momentum);
+  if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt)
+    optimizer_->set_momentum(*momentum);
 
   // ---- unscale, clip, step (skipped on inf/NaN gradients), update the scale ----
   if (options_.clip_norm() > 0) {

@@ -46,7 +46,9 @@ std::vector<PipelineCase> pipeline_cases() {
   return {
       {"plain", 1, TransformPipeline({0.5f}, {0.25f}), false},
       {"crop+flip", 1,
-       TransformPipeline({0.3f}, {0.4f}).add(std::make_shared<RandomCrop>(3)).add(std::make_shared<HorizontalFlip>()),
+       TransformPipeline({0.3f}, {0.4f})
+           .add(std::make_shared<RandomCrop>(3))
+           .add(std::make_shared<HorizontalFlip>()),
        false},
       {"rgb, per-channel, flip+crop, channels_last", 3,
        TransformPipeline({0.1f, 0.5f, 0.9f}, {0.2f, 0.3f, 0.4f})
@@ -93,10 +95,13 @@ TEST(DeviceResident, RequestsInsideAndOutsideTheEpochsOrderGiveTheSameBatch) {
     const std::vector<int64_t> loose = {0, 11, 5};
     outside.samples = loose.data();
     const Batch expected = source.build(inside);
-    EXPECT_TRUE(torch::equal(resident->build(outside).inputs, expected.inputs)) << c.name << ": before start_epoch";
+    EXPECT_TRUE(torch::equal(resident->build(outside).inputs, expected.inputs))
+        << c.name << ": before start_epoch";
     resident->start_epoch(plan);
-    EXPECT_TRUE(torch::equal(resident->build(inside).inputs, expected.inputs)) << c.name << ": a slice of the order";
-    EXPECT_TRUE(torch::equal(resident->build(outside).inputs, expected.inputs)) << c.name << ": outside the order";
+    EXPECT_TRUE(torch::equal(resident->build(inside).inputs, expected.inputs))
+        << c.name << ": a slice of the order";
+    EXPECT_TRUE(torch::equal(resident->build(outside).inputs, expected.inputs))
+        << c.name << ": outside the order";
     EXPECT_TRUE(torch::equal(resident->build(inside).targets, expected.targets)) << c.name;
   }
 }
@@ -142,8 +147,9 @@ TEST(DeviceResident, AutoKeepsSmallImageSetsOnCudaAndSaysWhyNotElsewhere) {
 
 TEST(DeviceResident, PixelMapsComposeAsTheAugmentationsApply) {
   const SampleShape shape{1, 5, 6};
-  const TransformPipeline pipeline =
-      TransformPipeline({0.f}, {1.f}).add(std::make_shared<RandomCrop>(2)).add(std::make_shared<HorizontalFlip>());
+  const TransformPipeline pipeline = TransformPipeline({0.f}, {1.f})
+                                         .add(std::make_shared<RandomCrop>(2))
+                                         .add(std::make_shared<HorizontalFlip>());
   const ImageDataset data = testing::synthetic_images(1, 1, 5, 6);
   for (uint64_t index = 0; index < 40; ++index) {
     std::vector<float> applied(static_cast<size_t>(shape.numel()));
@@ -152,9 +158,11 @@ TEST(DeviceResident, PixelMapsComposeAsTheAugmentationsApply) {
     for (int64_t y = 0; y < shape.height; ++y) {
       for (int64_t x = 0; x < shape.width; ++x) {
         const int64_t row = map.rows[static_cast<size_t>(y)], col = map.cols[static_cast<size_t>(x)];
-        const float expected =
-            row < 0 || col < 0 ? 0.f : static_cast<float>(data.images[0][0][row][col].item<int64_t>()) / 255.f;
-        EXPECT_FLOAT_EQ(applied[static_cast<size_t>(y * shape.width + x)], expected) << index << " " << y << "," << x;
+        const float expected = row < 0 || col < 0
+                                   ? 0.f
+                                   : static_cast<float>(data.images[0][0][row][col].item<int64_t>()) / 255.f;
+        EXPECT_FLOAT_EQ(applied[static_cast<size_t>(y * shape.width + x)], expected)
+            << index << " " << y << "," << x;
       }
     }
   }
@@ -175,9 +183,10 @@ TEST(DeviceResident, AnAugmentationWithoutAPixelMapKeepsTheDataOnTheHost) {
   const TransformPipeline pipeline = TransformPipeline({0.5f}, {0.25f}).add(std::make_shared<Blur>());
   EXPECT_FALSE(pipeline.maps_pixels());
   EXPECT_EQ(ImageBatchSource(data, pipeline).resident_bytes(), 0);
-  const std::string message =
-      testing::error_message([&] { DataLoader loader(data, pipeline, LoaderOptions(4).device_resident(true)); });
-  EXPECT_TRUE(testing::contains_all(message, {"Blur", "cannot run on a device", "data.device_resident = false"}))
+  const std::string message = testing::error_message(
+      [&] { DataLoader loader(data, pipeline, LoaderOptions(4).device_resident(true)); });
+  EXPECT_TRUE(
+      testing::contains_all(message, {"Blur", "cannot run on a device", "data.device_resident = false"}))
       << message;
 }
 

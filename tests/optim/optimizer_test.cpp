@@ -132,7 +132,8 @@ TEST(Optimizer, KernelsAreChosenByNameAndAnUnknownOneListsTheValidOnes) {
     if (fused_here) {
       EXPECT_TRUE(contains(automatic->describe_kernel(), "_fused_")) << automatic->describe_kernel();
     } else {
-      EXPECT_THROW(make_optimizer(model.named_parameters(), OptimizerOptions(name).kernel("fused")), ConfigError)
+      EXPECT_THROW(make_optimizer(model.named_parameters(), OptimizerOptions(name).kernel("fused")),
+                   ConfigError)
           << name << ": LibTorch " << compat::torch_version() << " has no fused kernel";
     }
   }
@@ -235,8 +236,8 @@ TEST(Optimizer, SetMomentumChangesTheUpdate) {
     linear->to(torch::kDouble);
     torch::NoGradGuard no_grad;
     linear->weight.fill_(0);
-    auto optimizer =
-        make_optimizer(linear->named_parameters(), OptimizerOptions("sgd").lr(1).momentum(0.9).kernel(kernel));
+    auto optimizer = make_optimizer(linear->named_parameters(),
+                                    OptimizerOptions("sgd").lr(1).momentum(0.9).kernel(kernel));
     linear->weight.mutable_grad() = torch::ones({1, 1}, torch::kDouble);
     optimizer->step(lr_tensor(1));  // buf = 1, w = -1
     optimizer->set_momentum(0.5);
@@ -274,16 +275,21 @@ std::unique_ptr<torch::optim::Optimizer> libtorch_optimizer(const Optimizer& our
                                                                .nesterov(o.nesterov())
                                                                .weight_decay(group.weight_decay));
     } else if (o.name() == "adam") {
-      options = std::make_unique<torch::optim::AdamOptions>(
-          torch::optim::AdamOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps()).weight_decay(group.weight_decay));
+      options = std::make_unique<torch::optim::AdamOptions>(torch::optim::AdamOptions(o.lr())
+                                                                .betas({o.beta1(), o.beta2()})
+                                                                .eps(o.eps())
+                                                                .weight_decay(group.weight_decay));
     } else {
-      options = std::make_unique<torch::optim::AdamWOptions>(
-          torch::optim::AdamWOptions(o.lr()).betas({o.beta1(), o.beta2()}).eps(o.eps()).weight_decay(group.weight_decay));
+      options = std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o.lr())
+                                                                 .betas({o.beta1(), o.beta2()})
+                                                                 .eps(o.eps())
+                                                                 .weight_decay(group.weight_decay));
     }
     groups.emplace_back(params, std::move(options));
   }
   if (o.name() == "sgd") return std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(o.lr()));
-  if (o.name() == "adam") return std::make_unique<torch::optim::Adam>(groups, torch::optim::AdamOptions(o.lr()));
+  if (o.name() == "adam")
+    return std::make_unique<torch::optim::Adam>(groups, torch::optim::AdamOptions(o.lr()));
   return std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(o.lr()));
 }
 
@@ -337,7 +343,8 @@ TEST(Optimizer, BothKernelsMatchLibTorchsOwnOptimizersOverSteps) {
       auto a = ours_net.named_parameters(), b = theirs_net.named_parameters();
       for (size_t i = 0; i < a.size(); ++i) {
         EXPECT_TRUE(torch::allclose(a[i].value(), b[i].value(), 1e-5, 1e-7))
-            << what << ": " << a[i].key() << " differs by " << (a[i].value() - b[i].value()).abs().max().item<double>();
+            << what << ": " << a[i].key() << " differs by "
+            << (a[i].value() - b[i].value()).abs().max().item<double>();
       }
     }
   }
@@ -359,13 +366,14 @@ TEST(Optimizer, AFoundInfSkipsTheWholeStepOnTheDevice) {
       give_gradients(net, reference, 1);
       optimizer->step(lr_tensor(options.lr()), found_inf);  // skipped: weights, moments, counts as before
       for (size_t i = 0; i < net.parameters().size(); ++i) {
-        EXPECT_TRUE(torch::equal(net.parameters()[i], reference.parameters()[i])) << options.name() << " " << kernel;
+        EXPECT_TRUE(torch::equal(net.parameters()[i], reference.parameters()[i]))
+            << options.name() << " " << kernel;
       }
       const auto state = optimizer_state(*optimizer).tensors, expected = optimizer_state(*control).tensors;
       ASSERT_EQ(state.size(), expected.size());
       for (size_t i = 0; i < state.size(); ++i) {
-        EXPECT_TRUE(torch::equal(state[i].second, expected[i].second)) << options.name() << " " << kernel << " "
-                                                                       << state[i].first;
+        EXPECT_TRUE(torch::equal(state[i].second, expected[i].second))
+            << options.name() << " " << kernel << " " << state[i].first;
       }
     }
   }
@@ -392,10 +400,12 @@ TEST(Optimizer, StateSavedFromLibTorchsOptimizerLoadsAndContinuesAlike) {
       const ParamGroup& group = ours->groups()[g];
       for (size_t i = 0; i < group.params.size(); ++i) {
         const std::string& name = group.names[i];
-        const auto found = theirs->state().find(compat::optimizer_state_key(theirs_net.named_parameters()[name]));
+        const auto found =
+            theirs->state().find(compat::optimizer_state_key(theirs_net.named_parameters()[name]));
         ASSERT_NE(found, theirs->state().end());
         if (auto* sgd = dynamic_cast<torch::optim::SGDParamState*>(found->second.get())) {
-          tensors.emplace_back(name + ".momentum_buffer", sgd->momentum_buffer().clone());  // a file holds copies
+          tensors.emplace_back(name + ".momentum_buffer",
+                               sgd->momentum_buffer().clone());  // a file holds copies
         } else if (auto* adam = dynamic_cast<torch::optim::AdamParamState*>(found->second.get())) {
           tensors.emplace_back(name + ".step", torch::tensor(adam->step(), torch::kLong));
           tensors.emplace_back(name + ".exp_avg", adam->exp_avg().clone());
@@ -411,8 +421,9 @@ TEST(Optimizer, StateSavedFromLibTorchsOptimizerLoadsAndContinuesAlike) {
       entry["params"] = group.names;
       groups.push_back(entry);
     }
-    load_optimizer_state(*ours, SafetensorsFile(tensors, {{"optimizer", options.name()}, {"param_groups", groups.dump()}},
-                                                "torch::optim's state"));
+    load_optimizer_state(
+        *ours, SafetensorsFile(tensors, {{"optimizer", options.name()}, {"param_groups", groups.dump()}},
+                               "torch::optim's state"));
     for (int step = 0; step < 3; ++step) {
       give_gradients(ours_net, theirs_net, 0);
       ours->step(lr_tensor(options.lr(), torch::kFloat));
@@ -428,7 +439,8 @@ TEST(Optimizer, StateSavedFromLibTorchsOptimizerLoadsAndContinuesAlike) {
 
 TEST(Optimizer, RebuildKeepsTheKindKernelAndGroupOptionsWithEmptyState) {
   LinearNorm model;
-  auto optimizer = make_optimizer(model.named_parameters(), OptimizerOptions("adamw").weight_decay(0.1).kernel("foreach"));
+  auto optimizer =
+      make_optimizer(model.named_parameters(), OptimizerOptions("adamw").weight_decay(0.1).kernel("foreach"));
   optimizer->set_momentum(0.7);
   model.linear->weight.mutable_grad() = torch::ones_like(model.linear->weight);
   optimizer->step(lr_tensor(0.1));

@@ -55,7 +55,9 @@ struct RuleCase {
 
 std::vector<RuleCase> rule_cases() {
   return {
-      {"data_bound", [](Case& c) { c.context.base.phases.add(Phase::kDataWait, 0.05); }, Severity::kMedium,
+      {"data_bound",
+       [](Case& c) { c.context.base.phases.add(Phase::kDataWait, 0.05); },
+       Severity::kMedium,
        {"data.workers", "waiting for the next batch"}},
       {"too_many_workers",
        [](Case& c) {
@@ -63,64 +65,85 @@ std::vector<RuleCase> rule_cases() {
          c.context.base.phases = StepPhases();
          c.context.base.phases.add(Phase::kForward, 0.2);
        },
-       Severity::kLow, {"fewer loader workers", "3 workers"}},
-      {"small_batch", [](Case& c) { c.speedups["batch_x4"] = 2.5; }, Severity::kHigh,
+       Severity::kLow,
+       {"fewer loader workers", "3 workers"}},
+      {"small_batch",
+       [](Case& c) { c.speedups["batch_x4"] = 2.5; },
+       Severity::kHigh,
        {"data.batch_size", "batch 512", "2.50x"}},
-      {"emulated_bf16", [](Case& c) { c.context.config.train.precision("bf16"); }, Severity::kHigh,
+      {"emulated_bf16",
+       [](Case& c) { c.context.config.train.precision("bf16"); },
+       Severity::kHigh,
        {"no native bfloat16", "emulated bf16"}},
       {"mixed_precision",
        [](Case& c) {
          c.context.hardware.cpu_native_bf16 = true;
          c.speedups["mixed_precision"] = 1.6;
        },
-       Severity::kMedium, {"train.precision = \"bf16\"", "1.60x"}},
+       Severity::kMedium,
+       {"train.precision = \"bf16\"", "1.60x"}},
       {"thread_contention",
        [](Case& c) {
          c.context.blas = BlasLibrary{"OpenBLAS", 2, 2};
          c.speedups["thread_contention_blas"] = 1.8;
          c.speedups["thread_contention"] = 1.3;
        },
-       Severity::kMedium, {"train.blas_threads = 1", "1.80x"}},
+       Severity::kMedium,
+       {"train.blas_threads = 1", "1.80x"}},
       {"channels_last",
        [](Case& c) {
          c.context.conv_net = true;
          c.context.config.train.channels_last(false);
          c.speedups["channels_last"] = 1.3;
        },
-       Severity::kMedium, {"train.channels_last = true", "1.30x"}},
-      {"anomaly_detection", [](Case& c) { c.context.config.train.detect_anomaly(true); }, Severity::kHigh,
+       Severity::kMedium,
+       {"train.channels_last = true", "1.30x"}},
+      {"anomaly_detection",
+       [](Case& c) { c.context.config.train.detect_anomaly(true); },
+       Severity::kHigh,
        {"anomaly detection off"}},
       {"profiler_on", [](Case& c) { c.context.profiler_was_on = true; }, Severity::kMedium, {"profiler"}},
-      {"host_sync", [](Case& c) { c.context.base.host_reads = 40; }, Severity::kMedium,
+      {"host_sync",
+       [](Case& c) { c.context.base.host_reads = 40; },
+       Severity::kMedium,
        {"40 device-to-host reads in 20 steps", "2.0 per step"}},
       {"allocator_churn",
        [](Case& c) {
          c.context.cuda = true;
          c.context.alloc_retries = 3;
        },
-       Severity::kMedium, {"3 allocation retries"}},
-      {"conv_bias_before_batchnorm", [](Case& c) { c.context.conv_biases_before_bn = 2; }, Severity::kLow,
+       Severity::kMedium,
+       {"3 allocation retries"}},
+      {"conv_bias_before_batchnorm",
+       [](Case& c) { c.context.conv_biases_before_bn = 2; },
+       Severity::kLow,
        {"model.bias_before_norm = false", "2 convolution(s)"}},
-      {"constant_lr", [](Case& c) { c.context.config.schedule.name("constant"); }, Severity::kLow, {"find-lr"}},
+      {"constant_lr",
+       [](Case& c) { c.context.config.schedule.name("constant"); },
+       Severity::kLow,
+       {"find-lr"}},
       {"cudnn_benchmark",
        [](Case& c) {
          c.context.cuda = c.context.conv_net = true;
          c.context.config.train.cudnn_benchmark(false);
        },
-       Severity::kMedium, {"train.cudnn_benchmark = true"}},
+       Severity::kMedium,
+       {"train.cudnn_benchmark = true"}},
       {"tensor_core_sizes",
        [](Case& c) {
          c.context.cuda = true;
          c.context.config.model.hidden({250});
        },
-       Severity::kLow, {"model.hidden 250"}},
+       Severity::kLow,
+       {"model.hidden 250"}},
       {"variable_shapes",
        [](Case& c) {
          c.context.cuda = true;
          c.context.config.data.drop_last(false);
          c.context.train_size = 1000;
        },
-       Severity::kLow, {"memory.warmup = true", "a last batch of 104"}},
+       Severity::kLow,
+       {"memory.warmup = true", "a last batch of 104"}},
   };
 }
 
@@ -136,7 +159,8 @@ TEST(DoctorRules, EachFiresOnItsPlantedProblemAndSaysWhatToDo) {
     for (const auto& text : rule_case.says) {
       EXPECT_NE((finding.title() + " | " + finding.evidence() + " | " + finding.estimated_gain()).find(text),
                 std::string::npos)
-          << rule_case.rule << " should say '" << text << "': " << finding.title() << " | " << finding.evidence();
+          << rule_case.rule << " should say '" << text << "': " << finding.title() << " | "
+          << finding.evidence();
     }
   }
 }

@@ -83,7 +83,7 @@ TEST(StepEngine, LossTrackerSumsOnTheDeviceAndNamesTheFirstBadStep) {
     losses.add(torch::full({}, 0.5 * step), torch::full({}, step, torch::kLong));
   EXPECT_DOUBLE_EQ(losses.take_sum(), 3.0);
   EXPECT_DOUBLE_EQ(losses.take_sum(), 0.0);  // restarted
-  losses.check_finite("advice");              // nothing bad: no error
+  losses.check_finite("advice");             // nothing bad: no error
   losses.add(torch::full({}, 1.0), torch::full({}, 4, torch::kLong));
   losses.add(torch::full({}, NAN), torch::full({}, 5, torch::kLong));
   losses.add(torch::full({}, INFINITY), torch::full({}, 6, torch::kLong));
@@ -109,18 +109,23 @@ TrainerCase conv_trainer(torch::Device device, const std::string& cuda_graphs, c
                          int64_t steps) {
   torch::manual_seed(7);
   TrainerCase c;
-  c.model = make_model(ModelOptions("cnn").in_channels(1).height(8).width(8).num_classes(4).widths({4, 8}).hidden({16}).batchnorm(true));
+  c.model = make_model(ModelOptions("cnn")
+                           .in_channels(1)
+                           .height(8)
+                           .width(8)
+                           .num_classes(4)
+                           .widths({4, 8})
+                           .hidden({16})
+                           .batchnorm(true));
   c.model->to(device);
-  auto optimizer = make_optimizer(c.model->named_parameters(), OptimizerOptions("adamw").lr(1e-2).weight_decay(0.01));
+  auto optimizer =
+      make_optimizer(c.model->named_parameters(), OptimizerOptions("adamw").lr(1e-2).weight_decay(0.01));
   auto schedule = make_schedule(ScheduleOptions("one-cycle").cycle_momentum(false), 1e-2, 0.9, steps);
-  c.trainer = std::make_unique<Trainer>(c.model, std::move(optimizer), std::move(schedule),
-                                        TrainOptions()
-                                            .max_steps(steps)
-                                            .accumulation(2)
-                                            .clip_norm(0.5)
-                                            .precision(precision)
-                                            .cuda_graphs(cuda_graphs),
-                                        device);
+  c.trainer = std::make_unique<Trainer>(
+      c.model, std::move(optimizer), std::move(schedule),
+      TrainOptions().max_steps(steps).accumulation(2).clip_norm(0.5).precision(precision).cuda_graphs(
+          cuda_graphs),
+      device);
   c.trainer->enable_ema(EmaOptions(0.9));
   return c;
 }
@@ -142,7 +147,8 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
                   const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
-    const double difference = (a[i].cpu().to(torch::kDouble) - b[i].cpu().to(torch::kDouble)).abs().max().item<double>();
+    const double difference =
+        (a[i].cpu().to(torch::kDouble) - b[i].cpu().to(torch::kDouble)).abs().max().item<double>();
     EXPECT_LE(difference, tolerance) << what << " " << i;
   }
 }
@@ -169,7 +175,8 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
     const double tolerance = precision == "fp32" ? 1e-5 : 1e-3;
     expect_close(runs[0].model->parameters(), runs[1].model->parameters(), tolerance, precision + " weights");
     expect_close(runs[0].model->buffers(), runs[1].model->buffers(), tolerance, precision + " buffers");
-    expect_close(runs[0].trainer->ema()->shadow(), runs[1].trainer->ema()->shadow(), tolerance, precision + " EMA");
+    expect_close(runs[0].trainer->ema()->shadow(), runs[1].trainer->ema()->shadow(), tolerance,
+                 precision + " EMA");
     EXPECT_EQ(runs[0].trainer->ema()->updates(), runs[1].trainer->ema()->updates());
     const Optimizer& eager = runs[0].trainer->optimizer();
     const Optimizer& captured = runs[1].trainer->optimizer();

@@ -49,7 +49,7 @@ class ResidentImageBatches : public ResidentBatches {
   // table_ ([C or 1, 256] float, the pipeline's) after the gather. Otherwise: [N, C, H, W] float,
   // normalised once here, so a batch is one index_select.
   torch::Tensor images_;
-  torch::Tensor labels_;          // [N] int64
+  torch::Tensor labels_;  // [N] int64
   torch::Tensor table_;
   torch::Tensor channel_offset_;  // [1, C, 1] int64: c * 256 where each channel has its own table
   // The epoch's order on the device (start_epoch) and the host range it was copied from.
@@ -67,7 +67,7 @@ struct ResidencyChoice {
   bool resident = false;
   std::string reason;
 };
-ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device, int64_t dataset_bytes,
-                                 int64_t device_memory_bytes);
+ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device,
+                                 int64_t dataset_bytes, int64_t device_memory_bytes);
 
 }  // namespace fasttrain

@@ -91,7 +91,9 @@ class Optimizer {
   bool has_state(size_t group, size_t index) const;
   // Field `field` of that parameter's state, and its step count (0-dim fp32 on the device; undefined
   // for optimizers that do not count steps). Only where has_state.
-  const torch::Tensor& state(size_t group, size_t field, size_t index) const { return state_[group][field][index]; }
+  const torch::Tensor& state(size_t group, size_t field, size_t index) const {
+    return state_[group][field][index];
+  }
   const torch::Tensor& step_count(size_t group, size_t index) const { return steps_[group][index]; }
   // Replaces the state of one parameter (tensors already on its device and in its layout), for
   // checkpoint loading; `step` is ignored by optimizers that do not count steps.
@@ -115,7 +117,8 @@ class Optimizer {
   // exists), through the fused kernel or the foreach ops.
   virtual void update_fused(size_t group, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
                             const torch::Tensor& found_inf) = 0;
-  virtual void update_foreach(size_t group, const std::vector<size_t>& with_grad, const torch::Tensor& lr) = 0;
+  virtual void update_foreach(size_t group, const std::vector<size_t>& with_grad,
+                              const torch::Tensor& lr) = 0;
   // `lr` as the fused kernels read it: fp32 on a GPU (the CUDA kernels read a float), as it is on the
   // CPU (read once as a double).
   static torch::Tensor fused_lr(const torch::Tensor& lr);
@@ -168,7 +171,7 @@ const std::vector<std::string>& optimizer_kernel_names();
 void validate(const OptimizerOptions& options);
 
 // The optimizer `options.name()` names over the model's trainable parameters, grouped as above.
-std::unique_ptr<Optimizer> make_optimizer(const torch::OrderedDict<std::string, torch::Tensor>& named_parameters,
-                                          const OptimizerOptions& options);
+std::unique_ptr<Optimizer> make_optimizer(
+    const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options);
 
 }  // namespace fasttrain

@@ -26,9 +26,9 @@
 #include "fasttrain/config/config.h"
 #include "fasttrain/profile/profiler.h"
 #include "fasttrain/train/trainer.h"
+#include "fasttrain/util/arg.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
-#include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
@@ -46,7 +46,7 @@ const char* severity_name(Severity severity);
 
 struct Finding {
   Finding(std::string rule, Severity severity) : rule_(std::move(rule)), severity_(severity) {}
-  FT_ARG(std::string, rule);      // the rule that found it, e.g. "data_bound"
+  FT_ARG(std::string, rule);  // the rule that found it, e.g. "data_bound"
   FT_ARG(Severity, severity);
   FT_ARG(std::string, title);     // what to do, in a sentence
   FT_ARG(std::string, evidence);  // what was measured or read
@@ -70,12 +70,12 @@ struct DoctorContext {
   ProfileResult base;  // the recorded profile of the run as configured
   int workers = 0, threads = 1, cores = 1;
   BlasLibrary blas;
-  bool conv_net = false;             // the model has 4-d (conv) weights
+  bool conv_net = false;              // the model has 4-d (conv) weights
   int64_t conv_biases_before_bn = 0;  // conv biases that a BatchNorm makes redundant
-  int64_t train_size = 0;            // samples per epoch
-  int64_t alloc_retries = 0;         // CUDA: caching-allocator retries during the profile
-  bool anomaly_mode = false;         // autograd anomaly detection was on before the doctor ran
-  bool profiler_was_on = false;      // RecordFunction callbacks were active before the doctor ran
+  int64_t train_size = 0;             // samples per epoch
+  int64_t alloc_retries = 0;          // CUDA: caching-allocator retries during the profile
+  bool anomaly_mode = false;          // autograd anomaly detection was on before the doctor ran
+  bool profiler_was_on = false;       // RecordFunction callbacks were active before the doctor ran
   // Times `changed` (named `name` in the measurements) against the config as given.
   std::function<Comparison(const std::string& name, const Config& changed, double threshold)> compare;
 };
