@@ -72,7 +72,15 @@ class Train : public Subcommand {
     const bool rank0 = !group || group->rank() == 0;
     // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
     fasttrain::StopSignals stop_signals;
-    fasttrain::FitSummary summary = fasttrain::train_run(cfg, run_dir, options_);
+    fasttrain::FitSummary summary;
+    try {
+      summary = fasttrain::train_run(cfg, run_dir, options_);
+    } catch (...) {
+      // main() reports the error once this guard is gone: a stop signal in between (the launcher
+      // stopping the other ranks when one failed) must not end the process before it does.
+      stop_signals.keep_installed();
+      throw;
+    }
     const int signal = fasttrain::StopSignals::received();
     const int stopped_code = 128 + (signal != 0 ? signal : SIGINT);  // a stop agreed with the other ranks
     if (!rank0) return summary.interrupted ? stopped_code : 0;

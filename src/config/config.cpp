@@ -536,9 +536,10 @@ const std::vector<Field>& schema() {
       field<int>(
           "dist", "zero", [](Config& c) -> int& { return c.dist.zero(); },
           "0 = DDP; 1 = ZeRO-1 (optimizer state sharded across ranks); 2 = ZeRO-2 (and gradients, "
-          "reduce-scattered)",
+          "reduce-scattered); 3 = fully sharded (and each block's parameters, gathered for its forward "
+          "and backward)",
           Check<int>([](const std::string& key, const int& value) {
-            FT_CONFIG_CHECK(value >= 0 && value <= 2, "{} must be 0, 1 or 2, got {}", key, value);
+            FT_CONFIG_CHECK(value >= 0 && value <= 3, "{} must be 0, 1, 2 or 3, got {}", key, value);
           })),
       field<bool>(
           "dist", "broadcast_buffers", [](Config& c) -> bool& { return c.dist.broadcast_buffers(); },

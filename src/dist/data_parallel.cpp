@@ -5,6 +5,8 @@
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include "fasttrain/dist/flat_buffer.h"
+#include "fasttrain/dist/fully_sharded.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
@@ -23,20 +25,17 @@ constexpr int64_t kFirstBucketBytes = int64_t{1} << 20;
 
 }  // namespace
 
-// ZeRO: one optimizer group's parameters in one flat buffer, and this rank's part of it.
+// ZeRO-1/2: one optimizer group's parameters in one flat buffer, and this rank's part of it.
 struct DataParallel::FlatGroup {
-  std::vector<torch::Tensor> parameters;  // the model's, views into `flat` since construction
-  std::vector<int64_t> offsets;           // element offset of each parameter in `flat`
-  torch::Tensor flat;                     // [world x part]: parameters, then zero padding
-  int64_t part = 0;
-  torch::Tensor shard;  // flat[rank * part, (rank + 1) * part): what the sharded optimizer steps
+  FlatBuffer flat;
+  torch::Tensor shard;  // flat.part_of(rank): what the sharded optimizer steps
 };
 
 DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<torch::nn::Module> model,
                            DistOptions options)
     : group_(std::move(group)), model_(std::move(model)), options_(std::move(options)) {
   FT_CHECK(group_ != nullptr, "DataParallel needs a process group");
-  FT_CONFIG_CHECK(options_.zero() >= 0 && options_.zero() <= 2, "dist.zero must be 0, 1 or 2, got {}",
+  FT_CONFIG_CHECK(options_.zero() >= 0 && options_.zero() <= 3, "dist.zero must be 0, 1, 2 or 3, got {}",
                   options_.zero());
   FT_CONFIG_CHECK(options_.bucket_cap_mb() > 0, "dist.bucket_cap_mb must be > 0, got {}",
                   options_.bucket_cap_mb());
@@ -54,6 +53,7 @@ DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<
     state.insert(state.end(), buffers_.begin(), buffers_.end());
     group_->broadcast(state, 0);
   }
+  if (options_.zero() == 3) sharded_ = std::make_unique<FullySharded>(*group_, *model_);
   if (options_.zero() > 0) return;  // shard_optimizer lays out the flat buffers
 
   // ---- DDP: c10d::Reducer with PyTorch DDP's bucket order (reverse of registration) ----
@@ -80,32 +80,13 @@ DataParallel::~DataParallel() = default;
 std::unique_ptr<Optimizer> DataParallel::shard_optimizer(std::unique_ptr<Optimizer> optimizer) {
   if (options_.zero() == 0) return optimizer;
   FT_CHECK(flat_groups_.empty(), "shard_optimizer was already called");
+  if (sharded_) return optimizer->rebuild(sharded_->shard(optimizer->groups()));
   torch::NoGradGuard no_grad;
   const int64_t world = world_size();
   std::vector<ParamGroup> shards;
   for (const auto& param_group : optimizer->groups()) {
-    FlatGroup flat_group;
-    int64_t total = 0;
-    for (const auto& parameter : param_group.params) {
-      FT_CHECK(parameter.is_non_overlapping_and_dense(),
-               "ZeRO needs dense parameters; one of shape {} has strides {}", parameter.sizes(),
-               parameter.strides());
-      flat_group.parameters.push_back(parameter);
-      flat_group.offsets.push_back(total);
-      total += parameter.numel();
-    }
-    flat_group.part = (total + world - 1) / world;
-    const auto& first = flat_group.parameters.front();
-    flat_group.flat = torch::zeros({flat_group.part * world}, first.options().requires_grad(false));
-    for (size_t i = 0; i < flat_group.parameters.size(); ++i) {
-      torch::Tensor& parameter = flat_group.parameters[i];
-      // The same memory layout (channels_last kernels stay so), now inside the flat buffer.
-      torch::Tensor view =
-          flat_group.flat.as_strided(parameter.sizes(), parameter.strides(), flat_group.offsets[i]);
-      view.copy_(parameter);
-      parameter.set_data(view);
-    }
-    flat_group.shard = flat_group.flat.narrow(0, rank() * flat_group.part, flat_group.part);
+    FlatGroup flat_group{FlatBuffer::lay_out(param_group.params, world), {}};
+    flat_group.shard = flat_group.flat.part_of(rank());
     shards.push_back({{shard_name(flat_groups_.size())}, {flat_group.shard}, param_group.weight_decay});
     flat_groups_.push_back(std::move(flat_group));
   }
@@ -120,6 +101,7 @@ torch::OrderedDict<std::string, torch::Tensor> DataParallel::optimizer_parameter
     }
     return named;
   }
+  if (sharded_) return sharded_->shards();
   torch::OrderedDict<std::string, torch::Tensor> named;
   for (size_t g = 0; g < flat_groups_.size(); ++g) named.insert(shard_name(g), flat_groups_[g].shard);
   return named;
@@ -140,6 +122,12 @@ void DataParallel::before_forward(bool sync) {
 }
 
 void DataParallel::backward(const torch::Tensor& loss, bool sync) {
+  if (sharded_) {
+    sharded_->begin_backward(sync);
+    group_->guard("the ZeRO-3 gathers and reduce-scatters in backward", [&] { loss.backward(); });
+    sharded_->end_backward();
+    return;
+  }
   if (!sync) {
     loss.backward();  // the Reducer's hooks stay quiet: gradients accumulate locally (no_sync)
     return;
@@ -158,33 +146,25 @@ void DataParallel::backward(const torch::Tensor& loss, bool sync) {
 
 void DataParallel::reduce_flat_gradients() {
   torch::NoGradGuard no_grad;
-  const int64_t world = world_size();
   for (FlatGroup& flat_group : flat_groups_) {
-    // [world x part]: the local gradients in the flat layout; the model's copies are freed.
-    torch::Tensor grads = torch::zeros_like(flat_group.flat);
-    for (size_t i = 0; i < flat_group.parameters.size(); ++i) {
-      torch::Tensor& parameter = flat_group.parameters[i];
-      if (!parameter.grad().defined()) continue;
-      grads.as_strided(parameter.sizes(), parameter.strides(), flat_group.offsets[i]).copy_(parameter.grad());
-      parameter.mutable_grad() = torch::Tensor();
-    }
-    grads.mul_(1.0 / static_cast<double>(world));  // as the Reducer: scale, then sum
+    const FlatBuffer& flat = flat_group.flat;
+    torch::Tensor grads = flat.take_gradients();  // [world x part], averaged once summed
+    if (!grads.defined()) grads = torch::zeros_like(flat.whole);
     if (options_.zero() == 1) {
       group_->all_reduce(grads);  // every rank holds every gradient; the optimizer reads its part
-      flat_group.shard.mutable_grad() = grads.narrow(0, rank() * flat_group.part, flat_group.part);
+      flat_group.shard.mutable_grad() = grads.narrow(0, rank() * flat.part, flat.part);
     } else {
-      flat_group.shard.mutable_grad() = group_->reduce_scatter(grads.view({world, flat_group.part}));
+      flat_group.shard.mutable_grad() = group_->reduce_scatter(grads.view({world_size(), flat.part}));
     }
   }
 }
 
 void DataParallel::after_optimizer_step() {
   if (reducer_) return;
+  if (sharded_) return sharded_->after_optimizer_step();
   torch::NoGradGuard no_grad;
   for (FlatGroup& flat_group : flat_groups_) {
-    std::vector<torch::Tensor> parts;
-    for (int r = 0; r < world_size(); ++r)
-      parts.push_back(flat_group.flat.narrow(0, r * flat_group.part, flat_group.part));
+    std::vector<torch::Tensor> parts = flat_group.flat.parts();
     group_->all_gather(parts, flat_group.shard);
   }
 }
@@ -204,6 +184,22 @@ std::function<void(torch::Tensor&)> DataParallel::found_inf_reducer() {
   return options_.zero() == 0 ? nullptr : reducer(ReduceOp::kMax);
 }
 
+int64_t DataParallel::parameter_bytes() const {
+  if (sharded_) return sharded_->parameter_bytes();
+  int64_t bytes = 0;
+  for (const auto& parameter : model_->parameters()) bytes += parameter.numel() * parameter.element_size();
+  return bytes;
+}
+
+DataParallel::WholeParameters::WholeParameters(DataParallel& parallel, bool write_back)
+    : sharded_(parallel.sharded_.get()), write_back_(write_back) {
+  if (sharded_) sharded_->gather_all();
+}
+
+DataParallel::WholeParameters::~WholeParameters() {
+  if (sharded_) sharded_->release_all(write_back_);
+}
+
 std::map<std::string, int64_t> DataParallel::ddp_timings() const {
   std::map<std::string, int64_t> timings;
   if (!logger_) return timings;
@@ -213,16 +209,18 @@ std::map<std::string, int64_t> DataParallel::ddp_timings() const {
   return timings;
 }
 
-nlohmann::json DataParallel::describe(const Optimizer& optimizer, int64_t steps,
-                                      int64_t bytes_before) const {
-  return {
+nlohmann::json DataParallel::describe(const Optimizer& optimizer, int64_t steps, int64_t bytes_before) const {
+  nlohmann::json facts = {
       {"world_size", world_size()},
       {"backend", group_->backend()},
       {"zero", options_.zero()},
       {"bytes_sent_per_step", steps > 0 ? (group_->bytes_sent() - bytes_before) / steps : 0},
       {"optimizer_state_bytes", optimizer.state_bytes()},
+      {"parameter_bytes", parameter_bytes()},
       {"ddp_timings_ns", ddp_timings()},
   };
+  if (sharded_) facts["units"] = sharded_->units();  // the root and the blocks with parameters
+  return facts;
 }
 
 }  // namespace fasttrain

@@ -23,7 +23,7 @@ using torch::autograd::variable_list;
 // capsule in saved_data (it cannot hold a std::function otherwise).
 struct Recompute : torch::CustomClassHolder {
   CheckpointBlock block;
-  size_t parameter_count = 0;
+  size_t stand_in_count = 0;
   std::vector<torch::Tensor> buffers;  // restored after the recompute
   torch::Tensor cpu_rng;
   std::optional<torch::Device> device;  // the input's accelerator, whose RNG is also replayed
@@ -60,13 +60,14 @@ class RngReplay {
 class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
  public:
   // Runs under no-grad (Function::apply), so the block's intermediate activations are freed as it
-  // goes; only `input` is saved. `parameters` are inputs only so that the output requires grad.
+  // goes; only `input` is saved. `stand_in` (empty, or one tensor when the input is data) is an input
+  // only so that the output requires grad.
   static torch::Tensor forward(AutogradContext* ctx, const CheckpointBlock& block,
                                const std::vector<torch::Tensor>& buffers, const torch::Tensor& input,
-                               at::TensorList parameters) {
+                               at::TensorList stand_in) {
     auto recompute = c10::make_intrusive<Recompute>();
     recompute->block = block;
-    recompute->parameter_count = parameters.size();
+    recompute->stand_in_count = stand_in.size();
     recompute->buffers = buffers;
     recompute->cpu_rng = generator_state(torch::kCPU);
     if (input.device().is_cuda()) {
@@ -111,8 +112,8 @@ class CheckpointFunction : public torch::autograd::Function<CheckpointFunction> 
     }
 
     // One gradient per forward argument: none for the block and the buffers, the input's, none for
-    // the parameters (already accumulated above).
-    variable_list grads(3 + recompute->parameter_count);
+    // the stand-in (the parameters' were accumulated above).
+    variable_list grads(3 + recompute->stand_in_count);
     if (detached.requires_grad()) grads[2] = detached.grad();
     return grads;
   }
@@ -134,7 +135,12 @@ torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& inpu
       "checkpoint: neither the input nor any of the {} given parameters requires grad, so backward would "
       "never reach the block and its parameters would get no gradient; pass the block's parameters",
       parameters.size());
-  return CheckpointFunction::apply(block, buffers, input, at::TensorList(trainable));
+  if (input.requires_grad()) return CheckpointFunction::apply(block, buffers, input, at::TensorList());
+  // The input is data: a stand-in that requires grad makes the output require it, so backward reaches
+  // the block. Not the parameters themselves: an edge to their gradient accumulators would run them a
+  // second time, with no gradient, and DDP's Reducer would count each parameter ready twice.
+  torch::Tensor stand_in = torch::zeros({}, input.options().dtype(torch::kFloat)).requires_grad_();
+  return CheckpointFunction::apply(block, buffers, input, at::TensorList(stand_in));
 }
 
 CheckpointPolicy CheckpointPolicy::parse(const CheckpointOptions& options) {
@@ -173,8 +179,8 @@ std::vector<std::pair<size_t, size_t>> checkpoint_blocks(torch::nn::SequentialIm
 }
 
 torch::Tensor checkpoint_sequential(torch::nn::SequentialImpl& sequential, const torch::Tensor& input,
-                                    const CheckpointPolicy& policy) {
-  if (!policy.enabled() || !torch::GradMode::is_enabled()) return sequential.forward(input);
+                                    const CheckpointPolicy& policy, BlockHooks* hooks) {
+  if (!hooks && (!policy.enabled() || !torch::GradMode::is_enabled())) return sequential.forward(input);
   torch::Tensor x = input;
   const auto blocks = checkpoint_blocks(sequential);
   for (size_t block = 0; block < blocks.size(); ++block) {
@@ -197,11 +203,13 @@ torch::Tensor checkpoint_sequential(torch::nn::SequentialImpl& sequential, const
     };
     // A block with nothing to differentiate (parameter-free layers on the data) has no activations
     // worth recomputing: it runs normally.
+    if (hooks) hooks->before_block(sequential, blocks[block].first);
     if (policy.applies(static_cast<int64_t>(block)) && trainable && torch::GradMode::is_enabled()) {
       x = checkpoint(run, x, parameters, buffers);
     } else {
       x = run(x);
     }
+    if (hooks) x = hooks->after_block(sequential, blocks[block].first, std::move(x));
   }
   return x;
 }

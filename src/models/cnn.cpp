@@ -34,6 +34,8 @@ class Cnn : public Model {
     classifier_ = classifier_head(features, options);
     register_module("features", features_);
     register_module("classifier", classifier_);
+    add_stage(features_);
+    add_stage(classifier_);
   }
 
   torch::Tensor forward(torch::Tensor images) override {

@@ -63,6 +63,7 @@ class Gpt : public Model {
     blocks_ = register_module("blocks", torch::nn::Sequential());
     for (int64_t i = 0; i < options.layers(); ++i)
       blocks_->push_back(GptBlock(embed, options.heads(), options.dropout()));
+    add_stage(blocks_);
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
 
     // ---- GPT-2's initialisation: N(0, 0.02), biases 0, residual projections / sqrt(2 L) ----

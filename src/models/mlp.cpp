@@ -13,6 +13,7 @@ class Mlp : public Model {
     int64_t features = options.in_channels() * options.height() * options.width();
     layers_ = classifier_head(features, options);
     register_module("layers", layers_);
+    add_stage(layers_);
   }
 
   torch::Tensor forward(torch::Tensor images) override {

@@ -65,6 +65,9 @@ class ResNet : public Model {
     register_module("stem", stem_);
     register_module("stages", stages_);
     register_module("head", head_);
+    add_stage(stem_);
+    add_stage(stages_);
+    add_stage(head_);
   }
 
   torch::Tensor forward(torch::Tensor images) override {

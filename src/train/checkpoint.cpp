@@ -117,6 +117,9 @@ std::string Trainer::save_checkpoint() {
   const auto start = std::chrono::steady_clock::now();
   // A diverged state is never saved: the losses since the last check, then the weights.
   check_losses_finite();
+  // ZeRO-3: every rank takes part in gathering the weights; rank 0 writes them whole.
+  std::optional<DataParallel::WholeParameters> whole;
+  if (parallel_) whole.emplace(*parallel_, /*write_back=*/false);
   {
     torch::NoGradGuard no_grad;
     torch::Tensor bad = torch::zeros({}, torch::TensorOptions().device(device_).dtype(torch::kLong));
@@ -264,7 +267,11 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
     for (const auto& name : state_names(*model_)) ema_shadow.push_back(ema_file.at(name));
   }
 
-  load_module_safetensors(*model_, dir + "/model.safetensors");
+  {
+    std::optional<DataParallel::WholeParameters> whole;  // ZeRO-3: the loaded weights become the shards
+    if (parallel_) whole.emplace(*parallel_, /*write_back=*/true);
+    load_module_safetensors(*model_, dir + "/model.safetensors");
+  }
   load_optimizer_state(*optimizer_, optimizer_file);
   if (ema_)
     ema_->load_state(ema_shadow, json_field<int64_t>(ema_state, "calls", what),

@@ -527,6 +527,8 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
       if (!extended.empty()) announce_extension(*trainer, *saved, effective, extended, experiment);
     }
   } else if (!config.train.init_from().empty()) {
+    std::optional<DataParallel::WholeParameters> whole;  // ZeRO-3: the loaded weights become the shards
+    if (trainer->data_parallel()) whole.emplace(*trainer->data_parallel(), /*write_back=*/true);
     load_module_safetensors(*experiment.model, config.train.init_from());
     fmt::print(stderr, "fasttrain: initial weights from {}\n", config.train.init_from());
   }
@@ -537,9 +539,12 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
     trainer->add_callback(std::make_shared<RunLogger>(run_dir, Progress::parse_mode(config.log.progress())));
   }
   FitSummary summary = trainer->fit(*experiment.train_loader, experiment.test_loader.get());
-  if (summary.interrupted || !rank0) return summary;
+  if (summary.interrupted) return summary;
 
   // ---- outputs: final weights (and their EMA) in safetensors, the summary ----
+  std::optional<DataParallel::WholeParameters> whole;  // ZeRO-3: gathered on every rank
+  if (trainer->data_parallel()) whole.emplace(*trainer->data_parallel(), /*write_back=*/false);
+  if (!rank0) return summary;
   save_module_safetensors(*experiment.model, run_dir + "/final/model.safetensors");
   if (trainer->ema()) {
     Ema::SwapGuard ema_weights(*trainer->ema());

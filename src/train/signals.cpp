@@ -51,8 +51,10 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
-  sigaction(SIGINT, &previous_int_, nullptr);
-  sigaction(SIGTERM, &previous_term_, nullptr);
+  if (!keep_installed_) {
+    sigaction(SIGINT, &previous_int_, nullptr);
+    sigaction(SIGTERM, &previous_term_, nullptr);
+  }
   g_installed.store(false);
 }
 

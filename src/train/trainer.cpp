@@ -79,7 +79,18 @@ Trainer::Trainer(std::shared_ptr<Model> model, std::unique_ptr<Optimizer> optimi
 
 Trainer::~Trainer() = default;
 
+namespace {
+
+void check_ema_with_zero3(bool both) {
+  FT_CONFIG_CHECK(!both,
+                  "ema.enabled = true needs every weight on every rank after each step, and dist.zero = 3 "
+                  "keeps a shard of them: use dist.zero = 2 with EMA, or turn EMA off");
+}
+
+}  // namespace
+
 void Trainer::enable_ema(const EmaOptions& options) {
+  check_ema_with_zero3(parallel_ && parallel_->zero() == 3);
   ema_ = std::make_unique<Ema>(*model_, options);
 }
 
@@ -87,6 +98,7 @@ void Trainer::enable_data_parallel(std::shared_ptr<ProcessGroup> group, const Di
   FT_CHECK(!parallel_, "enable_data_parallel was already called");
   FT_CHECK(step_ == 0 && optimizer_->state_bytes() == 0,
            "enable_data_parallel must come before any optimizer step or checkpoint load");
+  check_ema_with_zero3(ema_ && options.zero() == 3);
   parallel_ = std::make_unique<DataParallel>(std::move(group), model_, options);
   optimizer_ = parallel_->shard_optimizer(std::move(optimizer_));
   clip_parameters_ = optimizer_->parameters();

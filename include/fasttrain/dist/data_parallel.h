@@ -24,6 +24,11 @@
 // its part (half the bytes of an all-reduce). After the optimizer step each rank's updated part
 // is all-gathered into everyone's flat buffer. The collectives run after backward, not overlapped
 // with it. Element-wise optimizers (sgd, adam, adamw) give the same updates as DDP.
+//
+// dist.zero = 3 (fully sharded, dist/fully_sharded.h): the parameters too, block by block: each rank
+// keeps 1/N of each block's parameters between uses and gathers a block's whole parameters just
+// before its forward and its backward. Whatever reads the weights outside a training step (saving,
+// loading) does it inside a WholeParameters scope.
 #include <torch/nn/module.h>
 
 #include <map>
@@ -41,6 +46,8 @@ class Reducer;
 }  // namespace c10d
 
 namespace fasttrain {
+
+class FullySharded;
 
 class DataParallel {
  public:
@@ -78,15 +85,33 @@ class DataParallel {
   std::function<void(torch::Tensor&)> found_inf_reducer();
   bool any(bool flag) { return group_->any(flag); }
 
+  // While alive, every parameter is whole on every rank (ZeRO-3 gathers them; otherwise it does
+  // nothing): for saving or loading weights. `write_back`: what was loaded into them becomes each
+  // rank's shard when the scope ends. Collective: every rank makes one, at the same point.
+  class WholeParameters {
+   public:
+    WholeParameters(DataParallel& parallel, bool write_back);
+    ~WholeParameters();
+    WholeParameters(const WholeParameters&) = delete;
+    WholeParameters& operator=(const WholeParameters&) = delete;
+
+   private:
+    FullySharded* sharded_;
+    bool write_back_;
+  };
+
   ProcessGroup& group() { return *group_; }
   int rank() const { return group_->rank(); }
   int world_size() const { return group_->size(); }
   int zero() const { return options_.zero(); }
+  // Parameter bytes this rank keeps between steps (ZeRO-3: its shards and the root's parameters).
+  int64_t parameter_bytes() const;
   // DDP: PyTorch DDP's own runtime statistics of the sampled iterations (c10d::Logger, what
   // model._get_ddp_logging_data() shows in Python), in ns: avg_backward_compute_time,
   // avg_backward_comm_time, avg_backward_compute_comm_overlap_time, ... Empty under ZeRO.
   std::map<std::string, int64_t> ddp_timings() const;
-  // This run's facts for summary.json: world size, zero, bytes sent per step, optimizer state.
+  // This run's facts for summary.json: world size, zero, bytes sent per step, optimizer state and
+  // parameter bytes.
   nlohmann::json describe(const Optimizer& optimizer, int64_t steps, int64_t bytes_before) const;
 
  private:
@@ -104,7 +129,8 @@ class DataParallel {
   int64_t gradient_bytes_ = 0;
   std::shared_ptr<c10d::Reducer> reducer_;  // DDP
   std::shared_ptr<c10d::Logger> logger_;    // DDP: the Reducer's timings
-  std::vector<FlatGroup> flat_groups_;      // ZeRO
+  std::vector<FlatGroup> flat_groups_;      // ZeRO-1/2
+  std::unique_ptr<FullySharded> sharded_;   // ZeRO-3
 };
 
 }  // namespace fasttrain

@@ -39,7 +39,8 @@ struct DistOptions {
   // DDP gradient buckets (all-reduced as soon as each is ready in backward), MiB.
   FT_ARG(double, bucket_cap_mb) = 25;
   // 0 = DDP (every rank holds the optimizer state); 1 = ZeRO-1 (optimizer state sharded);
-  // 2 = ZeRO-2 (optimizer state and gradients sharded).
+  // 2 = ZeRO-2 (optimizer state and gradients sharded); 3 = fully sharded (and the parameters, each
+  // block's gathered for its forward and backward: dist/fully_sharded.h).
   FT_ARG(int, zero) = 0;
   // Before each forward, rank 0's buffers (BatchNorm statistics) replace the others', as DDP does.
   FT_ARG(bool, broadcast_buffers) = true;

@@ -37,7 +37,7 @@ namespace fasttrain {
 using CheckpointBlock = std::function<torch::Tensor(const torch::Tensor&)>;
 
 // Runs `block(input)` with checkpointing. `parameters` are the tensors the block uses besides its
-// input (its module's parameters): they make the output require grad even when the input does not
+// input (its module's parameters): when any requires grad, so does the output, even when the input does not
 // (the first block's input is data), so backward reaches the block. It is an error when grad mode
 // is on and neither the input nor any parameter requires grad: the block's gradients would be lost.
 // `buffers` are the state the block updates as it runs (BatchNorm's running mean, variance and
@@ -69,9 +69,23 @@ struct CheckpointPolicy {
 // weighted one form a block of their own. [start, end) child indices, in order.
 std::vector<std::pair<size_t, size_t>> checkpoint_blocks(torch::nn::SequentialImpl& sequential);
 
+// Called around every block (checkpoint_blocks) that checkpoint_sequential runs, checkpointed or not,
+// in training and in evaluation: fully sharded training (dist.zero = 3) gathers a block's parameters
+// before it and frees them after. A block is named by its Sequential and its first child's index.
+// The recompute of a checkpointed block in backward runs inside the block, between no hooks.
+class BlockHooks {
+ public:
+  virtual ~BlockHooks() = default;
+  virtual void before_block(const torch::nn::SequentialImpl& stage, size_t start) = 0;
+  // Returns the block's output (the hooks may attach a gradient hook to it).
+  virtual torch::Tensor after_block(const torch::nn::SequentialImpl& stage, size_t start,
+                                    torch::Tensor output) = 0;
+};
+
 // `sequential`'s forward with the blocks (checkpoint_blocks) the policy selects checkpointed; the
-// rest run normally. Children must take and return one tensor.
+// rest run normally. Children must take and return one tensor. `hooks` (may be null) run around
+// each block.
 torch::Tensor checkpoint_sequential(torch::nn::SequentialImpl& sequential, const torch::Tensor& input,
-                                    const CheckpointPolicy& policy);
+                                    const CheckpointPolicy& policy, BlockHooks* hooks = nullptr);
 
 }  // namespace fasttrain

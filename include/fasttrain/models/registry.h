@@ -64,15 +64,24 @@ class Model : public torch::nn::Module {
   // backward instead of keeping their activations. Gradients and BatchNorm statistics are unchanged.
   void set_checkpointing(const CheckpointPolicy& policy) { checkpointing_ = policy; }
   const CheckpointPolicy& checkpointing() const { return checkpointing_; }
+  // The Sequentials the forward runs block by block (run_stage), in forward order; parameters
+  // outside them (a GPT's embeddings) belong to no block.
+  const std::vector<torch::nn::Sequential>& stages() const { return stages_; }
+  // Run around every block of every stage (dist.zero = 3); null for none. Not owned.
+  void set_block_hooks(BlockHooks* hooks) { block_hooks_ = hooks; }
 
  protected:
-  // `stage`'s forward under the checkpointing policy.
+  // Each model lists its stages once, in its constructor.
+  void add_stage(const torch::nn::Sequential& stage) { stages_.push_back(stage); }
+  // `stage`'s forward under the checkpointing policy, between the block hooks.
   torch::Tensor run_stage(torch::nn::Sequential& stage, const torch::Tensor& input) {
-    return checkpoint_sequential(*stage, input, checkpointing_);
+    return checkpoint_sequential(*stage, input, checkpointing_, block_hooks_);
   }
 
  private:
   CheckpointPolicy checkpointing_;
+  std::vector<torch::nn::Sequential> stages_;
+  BlockHooks* block_hooks_ = nullptr;
 };
 
 const std::vector<std::string>& model_names();

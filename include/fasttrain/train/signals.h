@@ -22,7 +22,14 @@ class StopSignals {
   // The first signal received since the guard was made (0 = none). Async-signal-safe.
   static int received();
 
+  // The handlers stay for the rest of the process when the guard is destroyed (another guard may be
+  // made): an error unwinding past the guard is still reported by main(), where a stop signal in
+  // between (a launcher stopping the other ranks of a failed job) would have ended the process
+  // first. A signal then only sets received(); a second one still ends the process.
+  void keep_installed() { keep_installed_ = true; }
+
  private:
+  bool keep_installed_ = false;
   struct sigaction previous_int_ {};
   struct sigaction previous_term_ {};
 };

@@ -1,0 +1,44 @@
+// StopSignals (train/signals.h): the guard's handlers, and what stays when it ends.
+#include "fasttrain/train/signals.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+
+namespace fasttrain {
+namespace {
+
+void (*current_handler(int signal))(int) {
+  struct sigaction action {};
+  sigaction(signal, nullptr, &action);
+  return action.sa_handler;
+}
+
+TEST(StopSignals, AGuardRestoresThePreviousHandlersWhenItEnds) {
+  ASSERT_EQ(current_handler(SIGTERM), SIG_DFL);
+  {
+    StopSignals guard;
+    EXPECT_NE(current_handler(SIGTERM), SIG_DFL);
+    EXPECT_NE(current_handler(SIGINT), SIG_DFL);
+  }
+  EXPECT_EQ(current_handler(SIGTERM), SIG_DFL);
+  EXPECT_EQ(current_handler(SIGINT), SIG_DFL);
+}
+
+// An error unwinding past the guard is reported by main() afterwards: a stop signal in between only
+// sets the flag instead of ending the process (the CLI's train does this on an exception).
+TEST(StopSignals, KeptHandlersOutliveTheGuardAndASignalOnlySetsTheFlag) {
+  {
+    StopSignals guard;
+    guard.keep_installed();
+  }
+  EXPECT_NE(current_handler(SIGTERM), SIG_DFL);
+  ASSERT_EQ(std::raise(SIGTERM), 0);  // with the default handler this would end the test binary
+  EXPECT_EQ(StopSignals::received(), SIGTERM);
+  { StopSignals another; }  // a new guard may still be made
+  std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGINT, SIG_DFL);
+}
+
+}  // namespace
+}  // namespace fasttrain
