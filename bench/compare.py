@@ -11,6 +11,7 @@
   .venv/bin/python bench/compare.py gpt [--steps 300] [--repeats 3]   # byte-level GPT: tokens/s, MFU
   .venv/bin/python bench/compare.py gpt-checkpoint [--steps 30]       # 12-layer GPT, memory.checkpoint = blocks
   .venv/bin/python bench/compare.py gpt-bucketing [--steps 100]      # token-count buckets vs random batches
+  .venv/bin/python bench/compare.py sharding [--steps 10]            # per-rank memory: ZeRO-0/2/3 vs DDP, FSDP2
   .venv/bin/python bench/compare.py all
 
 Needs a Release build (scripts/build: build/, against PyTorch 2.11's LibTorch) and a Python with
@@ -19,8 +20,9 @@ To compare LibTorch 1.13 with itself: --build build-debian --python /usr/bin/pyt
 On PyTorch 2.x, classic and gpt also run the peer under torch.compile.
 Each run's raw JSON goes to bench/out/. Both sides use 2 intra-op threads (dist: 2 ranks x 1 thread
 against 1 process x 2 threads; gpt, gpt-checkpoint: configs/gpt_text.toml's train.threads). --repeats
-defaults to 3, to 1 for dist and gpt-checkpoint; --steps to 300, to 30 for gpt-checkpoint. The gpt
-benchmarks also print a markdown table for BENCHMARKS.md.
+defaults to 3, to 1 for dist, gpt-checkpoint and sharding; --steps to 300, to 30 for gpt-checkpoint, 100 for
+gpt-bucketing, 10 for sharding (2 ranks x 1 thread). The gpt benchmarks and sharding also print a markdown
+table for BENCHMARKS.md.
 """
 import argparse
 import json
@@ -84,9 +86,11 @@ def fasttrain_libtorch(build):
         return "unknown"
 
 
-def run(cmd):
-    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+def run(cmd, env=None):
+    """Runs cmd in ROOT (env: the whole environment, default this process's); its stdout, or exits."""
+    added = " ".join(f"{k}={v}" for k, v in sorted((env or {}).items()) if os.environ.get(k) != v)
+    print("+ " + (added + " " if added else "") + " ".join(cmd), file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         sys.exit(f"command failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-3000:]}")
     return done.stdout
@@ -831,20 +835,260 @@ def gpt_bucketing_bench(opts):
     return row, runs
 
 
+SHARDING_LAYERS, SHARDING_HEADS, SHARDING_EMBED = 8, 8, 512
+SHARDING_MAX_CONTEXT = 128        # configs/gpt_text.toml's context, or 128 where it is larger
+SHARDING_BATCH = 8                # windows per rank per step
+SHARDING_RANKS = 2
+SHARDING_WARMUP_STEPS = 2         # throughput clock and LR warm-up, both sides; fasttrain logs every 2 steps
+SHARDING_VAL_FRACTION = 0.002     # holds out one 13 kB document of /usr/lib/python3.11: a short final evaluation
+SHARDING_MMAP_THRESHOLD = 131072  # MALLOC_MMAP_THRESHOLD_ in both sides' environment
+SHARDING_RUNS = [  # (key, side, label, fasttrain's dist.zero or the peer's --mode)
+    ("fasttrain-zero0", "fasttrain", "fasttrain dist.zero = 0 (DDP)", 0),
+    ("fasttrain-zero2", "fasttrain", "fasttrain dist.zero = 2 (ZeRO-2)", 2),
+    ("fasttrain-zero3", "fasttrain", "fasttrain dist.zero = 3 (fully sharded)", 3),
+    ("peer-ddp", "peer", "PyTorch DDP", "ddp"),
+    ("peer-fsdp2", "peer", "PyTorch FSDP2 (fully_shard)", "fsdp2"),
+]
+SHARDING_DDP = {"fasttrain": "fasttrain-zero0", "peer": "peer-ddp"}
+
+
+def sharding_bench(opts):
+    """Per-rank memory of data parallel training, fasttrain's dist.zero = 0 (DDP), 2 (ZeRO-2: optimizer state
+    and gradients sharded) and 3 (fully sharded: each block's parameters too) against PyTorch's DDP and FSDP2
+    (bench/peer_fsdp.py: fully_shard on each block and on the root), on the same GPT: configs/gpt_text.toml at
+    8 layers x 512 wide x 8 heads (25.4 M parameters), its context (at most 128), 8 windows per rank per step,
+    AdamW, fp32 (train.precision = "fp32" and the peer's --precision fp32: neither side's "auto"), for --steps
+    optimizer steps (default 10; LR warm-up 2 steps), 2 ranks x 1 intra-op thread over Gloo on this CPU
+    (fasttrain: `fasttrain launch --nproc 2`; the peer spawns its own 2 ranks). data.val_fraction = 0.002 on
+    both sides (one 13 kB document held out instead of 5%: fasttrain's closing evaluation, which it always
+    runs, then takes seconds; the training split is the same on both sides). --set SECTION.KEY=VALUE applies
+    to both sides too: --set train.precision=bf16 --set memory.checkpoint=blocks gives the bf16 row set with
+    activation checkpointing (the peer's --precision bf16 --checkpoint-blocks).
+    glibc: both sides run with MALLOC_MMAP_THRESHOLD_=131072 in the environment (the peer's own
+    --mmap-threshold left at 0, so one mechanism serves both): every allocation of 128 KiB or more gets its
+    own mapping and goes back to the kernel when freed. glibc's default dynamic threshold would keep freed
+    blocks of up to 32 MiB (gathered parameters, activations) in the heap, resident, and hide what sharding
+    frees; with the fixed threshold the resident set follows the live tensors (and large allocations cost
+    page faults, which slows both sides alike).
+    Per rank, rank 0's figures (fasttrain's summary.json is rank 0's; the peer prints every rank's, the other
+    ranks' are in the raw JSON): parameter bytes kept between steps (fasttrain: dist.parameter_bytes, ZeRO-3
+    keeping the root's embeddings and final norm whole; FSDP2: the local DTensor shards), optimizer state
+    bytes (AdamW's moments and step counts; fasttrain: dist.optimizer_state_bytes), peak tensor bytes
+    (fasttrain only: summary.json peak_memory_bytes, its counting CPU allocator's peak over the whole run,
+    corpus, evaluation and final checkpoint included; PyTorch's CPU allocator keeps no statistics), peak RSS
+    (fasttrain: peak_resident_bytes, the process's VmHWM over its whole life, since it reports no resident
+    set before the model, so it is the absolute peak and holds LibTorch, the corpus and the final checkpoint
+    save; the peer: its VmHWM, reset to the resident set just before the model is built, and that peak less
+    the resident set then, its rise), and the peak RSS saved against the same side's DDP (a difference of
+    two peaks over the same baseline, so it compares across the sides). Ratios: each memory figure over its
+    own side's DDP (target for sharded state: 1/2), and fasttrain's ZeRO-3 over FSDP2. Throughput: target
+    tokens per second per rank over the steps after the first 2 (fasttrain: its metrics records at
+    log.every_steps = 2, global / 2; the peer: the mean of its ranks' clocks); the machine is shared, so it
+    is noisy: memory is the point. Final loss: the training loss of the last 2 steps, averaged over the
+    ranks (each rank trains on its own random windows, so the two sides' losses agree only roughly)."""
+    extra = opts.set or []
+    base = gpt_config()
+    context = min(base["model"]["context"], SHARDING_MAX_CONTEXT)
+    steps, warmup = opts.steps, SHARDING_WARMUP_STEPS
+    if steps <= warmup:
+        sys.exit(f"sharding: --steps must exceed the {warmup} warm-up steps")
+    common = [f"model.layers={SHARDING_LAYERS}", f"model.heads={SHARDING_HEADS}", f"model.embed={SHARDING_EMBED}",
+              f"model.context={context}", f"data.batch_size={SHARDING_BATCH}",
+              f"data.eval_batch_size={SHARDING_BATCH}", f"data.val_fraction={SHARDING_VAL_FRACTION}",
+              "train.threads=1", "train.precision=fp32", "memory.checkpoint=none",
+              f"schedule.warmup_steps={warmup}"] + extra
+    config = gpt_config(common)
+    precision = config["train"].get("precision", "fp32")
+    checkpoint = config.get("memory", {}).get("checkpoint", "none")
+    if checkpoint not in ("none", "blocks"):
+        sys.exit(f"sharding: memory.checkpoint = {checkpoint!r}: the peer has none and blocks only")
+    tokens_per_rank_step = SHARDING_BATCH * context
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(SHARDING_MMAP_THRESHOLD))
+    fasttrain_bin = os.path.join(opts.build, "bin", "fasttrain")
+    launch = [fasttrain_bin, "launch", "--nproc", str(SHARDING_RANKS), "--"]
+    runs = {key: [] for key, *_ in SHARDING_RUNS}
+    for i in range(opts.repeats):
+        for key, side, _, mode in SHARDING_RUNS:
+            if side == "fasttrain":
+                run_dir = os.path.join(OUT, f"sharding-{key}-{i}")
+                cmd = [fasttrain_bin, "train", GPT_CONFIG, "--run-dir", run_dir, "--fresh"]
+                for o in (["log.progress=none", f"log.every_steps={warmup}", f"train.max_steps={steps}",
+                           f"train.seed={i}", f"dist.zero={mode}"] + GPT_NO_EVAL + common):
+                    cmd += ["--set", o]
+                run(launch + cmd, env=env)
+                with open(os.path.join(run_dir, "summary.json")) as f:
+                    summary = json.load(f)
+                global_tokens = fasttrain_steady_samples_per_s(run_dir, SHARDING_RANKS * tokens_per_rank_step,
+                                                               warmup)
+                summary["tokens_per_s_per_rank"] = global_tokens / SHARDING_RANKS if global_tokens else None
+                summary["final_loss"] = last_train_loss(run_dir)
+                runs[key].append(summary)
+            else:
+                args = gpt_peer_args(config, steps, warmup)
+                args[args.index("--log-every") + 1] = str(warmup)  # final loss: the last 2 steps, as fasttrain's
+                args += (["--mode", mode, "--world-size", str(SHARDING_RANKS), "--seed", str(i),
+                          "--mmap-threshold", "0"]
+                         + (["--checkpoint-blocks"] if checkpoint == "blocks" else []))
+                out = run([PYTHON, os.path.join(ROOT, "bench", "peer_fsdp.py")] + args, env=env)
+                ranks = sorted((json.loads(line) for line in out.splitlines() if line.startswith("{")),
+                               key=lambda r: r["rank"])
+                if len(ranks) != SHARDING_RANKS:
+                    sys.exit(f"sharding: the peer printed {len(ranks)} rank lines, not {SHARDING_RANKS}")
+                runs[key].append({"ranks": ranks})
+
+    missing = set()
+
+    def field(summary, *path):
+        value = summary
+        for name in path:
+            if not isinstance(value, dict) or value.get(name) is None:
+                missing.add(".".join(path))
+                return None
+            value = value[name]
+        return value
+
+    def med(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    metrics = {}
+    for key, side, label, mode in SHARDING_RUNS:
+        if side == "fasttrain":
+            m = {
+                "parameter_bytes": med(field(s, "dist", "parameter_bytes") for s in runs[key]),
+                "optimizer_state_bytes": med(field(s, "dist", "optimizer_state_bytes") for s in runs[key]),
+                "peak_tensor_bytes": med(field(s, "peak_memory_bytes") for s in runs[key]),
+                "peak_rss_bytes": med(field(s, "peak_resident_bytes") for s in runs[key]),
+                "peak_rss_rise_bytes": None,
+                "bytes_sent_per_step": med(field(s, "dist", "bytes_sent_per_step") for s in runs[key]),
+                "zero_reported": med(field(s, "dist", "zero") for s in runs[key]),
+                "tokens_per_s_per_rank": med(s["tokens_per_s_per_rank"] for s in runs[key]),
+                "final_loss": med(s["final_loss"] for s in runs[key]),
+            }
+            if m["zero_reported"] is not None and m["zero_reported"] != mode:
+                sys.exit(f"sharding: {key} ran with dist.zero = {m['zero_reported']}, not {mode}")
+        else:
+            rank0 = [r["ranks"][0] for r in runs[key]]
+            m = {
+                "parameter_bytes": med(r["parameter_bytes"] for r in rank0),
+                "optimizer_state_bytes": med(r["optimizer_state_bytes"] for r in rank0),
+                "gradient_bytes": med(r["gradient_bytes"] for r in rank0),
+                "peak_tensor_bytes": None,
+                "peak_rss_bytes": med(r["peak_rss_bytes"] for r in rank0),
+                "peak_rss_rise_bytes": med(r["peak_rss_increase_bytes"] for r in rank0),
+                "rss_before_model_bytes": med(r["rss_before_model_bytes"] for r in rank0),
+                "peak_rss_rise_bytes_largest_rank": med(max(x["peak_rss_increase_bytes"] for x in r["ranks"])
+                                                        for r in runs[key]),
+                "peak_reset": all(x["peak_reset"] for r in runs[key] for x in r["ranks"]),
+                "tokens_per_s_per_rank": med(statistics.fmean(x["tokens_per_s"] for x in r["ranks"])
+                                             for r in runs[key]),
+                "final_loss": med(statistics.fmean(x["final_loss"] for x in r["ranks"]) for r in runs[key]),
+            }
+        m["label"], m["side"] = label, side
+        metrics[key] = m
+
+    def ratio(a, b, digits=3):
+        return round(a / b, digits) if a is not None and b else None
+
+    memory_keys = ("parameter_bytes", "optimizer_state_bytes", "peak_tensor_bytes", "peak_rss_bytes",
+                   "peak_rss_rise_bytes")
+    for key, m in metrics.items():
+        ddp = metrics[SHARDING_DDP[m["side"]]]
+        m["over_own_ddp"] = {k: ratio(m[k], ddp[k]) for k in memory_keys}
+        both = ddp["peak_rss_bytes"] is not None and m["peak_rss_bytes"] is not None
+        m["peak_rss_saved_vs_own_ddp_bytes"] = ddp["peak_rss_bytes"] - m["peak_rss_bytes"] if both else None
+    ours3, fsdp2 = metrics["fasttrain-zero3"], metrics["peer-fsdp2"]
+    zero3_over_fsdp2 = {k: ratio(ours3[k], fsdp2[k]) for k in
+                        ("parameter_bytes", "optimizer_state_bytes", "peak_rss_bytes", "tokens_per_s_per_rank")}
+    zero3_over_fsdp2["peak_rss_saved_vs_own_ddp"] = ratio(ours3["peak_rss_saved_vs_own_ddp_bytes"],
+                                                          fsdp2["peak_rss_saved_vs_own_ddp_bytes"])
+
+    mode_words = precision + (", memory.checkpoint = blocks / --checkpoint-blocks" if checkpoint == "blocks" else "")
+    parameters = gpt_parameters(SHARDING_LAYERS, SHARDING_EMBED, context)
+    peer_parameters = {r["ranks"][0]["parameters"] for key in ("peer-ddp", "peer-fsdp2") for r in runs[key]}
+    if peer_parameters != {parameters}:
+        sys.exit(f"sharding: the peer has {peer_parameters} parameters, fasttrain's gpt {parameters}")
+    model_words = (f"GPT L={SHARDING_LAYERS} H={SHARDING_HEADS} C={SHARDING_EMBED} T={context} "
+                   f"({parameters / 1e6:.1f} M parameters)")
+    row = {
+        "benchmark": f"per-rank memory of data parallel modes, {model_words}, batch {SHARDING_BATCH} per rank, "
+                     f"{SHARDING_RANKS} ranks x 1 thread (Gloo), {mode_words}, {steps} steps, "
+                     f"MALLOC_MMAP_THRESHOLD_={SHARDING_MMAP_THRESHOLD} (median of {opts.repeats})"
+                     + (f", --set {' '.join(extra)}" if extra else ""),
+        "runs": {k: {n: (round(v, 4) if isinstance(v, float) else v) for n, v in m.items()}
+                 for k, m in metrics.items()},
+        "fasttrain_zero3_over_fsdp2": zero3_over_fsdp2,
+        "missing_fasttrain_fields": sorted(missing),
+        "rss_note": "fasttrain: peak_resident_bytes, the process's whole-life VmHWM (no pre-model resident set "
+                    "is reported, so no rise); peer: VmHWM after a reset just before the model, and its rise "
+                    "over the resident set then. Saved vs own DDP: the difference of two peaks on one side.",
+        "per_rank_note": "rank 0's figures on both sides",
+    }
+
+    mib = 1 << 20
+
+    def number(v, spec):
+        return "n/a" if v is None else format(v, spec)
+
+    def cell(m, k, is_ddp):  # MiB, and the ratio to the same side's DDP
+        if m[k] is None:
+            return "n/a"
+        r = m["over_own_ddp"][k]
+        return f"{m[k] / mib:,.1f}" + (f" ({r:.2f})" if r is not None and not is_ddp else "")
+
+    lines = [
+        f"| {model_words}, batch {SHARDING_BATCH} x {context} per rank, {SHARDING_RANKS} ranks (Gloo), {mode_words}, "
+        f"{steps} steps | parameters / rank, MiB | optimizer state / rank, MiB | peak tensor bytes, MiB | "
+        f"peak RSS, MiB | peak RSS rise, MiB | peak RSS saved vs DDP, MiB | tokens/s / rank | final loss |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, m in metrics.items():
+        is_ddp = key in SHARDING_DDP.values()
+        saved = m["peak_rss_saved_vs_own_ddp_bytes"]
+        memory = " | ".join(cell(m, k, is_ddp) for k in memory_keys)
+        lines.append(f"| {m['label']} | {memory} | {'' if is_ddp else number(saved and saved / mib, ',.1f')} | "
+                     f"{number(m['tokens_per_s_per_rank'], ',.0f')} | {number(m['final_loss'], '.3f')} |")
+
+    def x(v):
+        return number(v, ".2f")
+
+    lines += [
+        "",
+        f"In brackets: over the same side's DDP (sharded state's target 1/{SHARDING_RANKS}). fasttrain ZeRO-3 / FSDP2: "
+        f"parameters {x(zero3_over_fsdp2['parameter_bytes'])}, optimizer state "
+        f"{x(zero3_over_fsdp2['optimizer_state_bytes'])}, peak RSS {x(zero3_over_fsdp2['peak_rss_bytes'])}, "
+        f"peak RSS saved vs DDP {x(zero3_over_fsdp2['peak_rss_saved_vs_own_ddp'])}, tokens/s "
+        f"{x(zero3_over_fsdp2['tokens_per_s_per_rank'])}. Rank 0's figures. Peak tensor bytes: fasttrain's counting "
+        f"allocator (corpus, evaluation and final checkpoint included); PyTorch's CPU allocator keeps none. Peak RSS: "
+        f"fasttrain's is the process's whole-life VmHWM (it reports no resident set before the model, so no rise: "
+        f"LibTorch and the corpus are in it); the peer's is VmHWM after a reset just before the model "
+        f"(rise: over the {fsdp2['rss_before_model_bytes'] / mib:,.0f} MiB resident then: Python, torch, the corpus). "
+        f"Peak RSS saved vs DDP is the difference of two peaks on the same side, so it compares across the sides. "
+        f"Both sides ran with MALLOC_MMAP_THRESHOLD_={SHARDING_MMAP_THRESHOLD} (glibc returns freed blocks of 128 KiB "
+        f"and more to the kernel). tokens/s on a shared 2-core machine: noisy. Machine: {machine()}.",
+    ]
+    if missing:
+        lines.append(f"fasttrain's summary.json lacked: {', '.join(sorted(missing))}.")
+    row["markdown"] = "\n".join(lines)
+    return row, runs
+
+
 def main():
     global PYTHON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
-                                     "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "all"])
+                                     "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "sharding", "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=None,
-                   help="runs per measurement (default 3; dist, gpt-checkpoint: 1)")
+                   help="runs per measurement (default 3; dist, gpt-checkpoint, sharding: 1)")
     p.add_argument("--steps", type=int, default=None,
-                   help="dist, gpt, gpt-checkpoint: optimizer steps per run (default 300; gpt-checkpoint: 30)")
+                   help="optimizer steps per run (default 300; gpt-checkpoint: 30, gpt-bucketing: 100, "
+                        "sharding: 10)")
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     p.add_argument("--set", action="append",
-                   help="gpt, gpt-bucketing: a config override SECTION.KEY=VALUE for both sides (repeatable)")
+                   help="gpt, gpt-bucketing, sharding: a config override SECTION.KEY=VALUE for both sides "
+                        "(repeatable)")
     p.add_argument("--python", default=PYTHON,
                    help="the interpreter of the peers (default: .venv/bin/python, PyTorch 2.11)")
     opts = p.parse_args()
@@ -853,12 +1097,15 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
                "activations": activations, "find-batch": find_batch, "dist": dist_bench, "gpt": gpt_bench,
-               "gpt-checkpoint": gpt_checkpoint_bench, "gpt-bucketing": gpt_bucketing_bench}
+               "gpt-checkpoint": gpt_checkpoint_bench, "gpt-bucketing": gpt_bucketing_bench,
+               "sharding": sharding_bench}
     chosen = list(benches) if opts.which == "all" else [opts.which]
     repeats, steps = opts.repeats, opts.steps
     for name in chosen:
-        opts.repeats = repeats if repeats is not None else (1 if name in ("dist", "gpt-checkpoint") else 3)
-        opts.steps = steps if steps is not None else {"gpt-checkpoint": 30, "gpt-bucketing": 100}.get(name, 300)
+        opts.repeats = repeats if repeats is not None else (1 if name in ("dist", "gpt-checkpoint", "sharding")
+                                                            else 3)
+        opts.steps = steps if steps is not None else {"gpt-checkpoint": 30, "gpt-bucketing": 100,
+                                                      "sharding": 10}.get(name, 300)
         row, raw = benches[name](opts)
         row["machine"] = machine()
         row["fasttrain_libtorch"] = fasttrain_libtorch(opts.build)

@@ -383,9 +383,32 @@ def cuda_loop(args, model, params, optimizer, lr_at, train_tokens, offsets, devi
     return losses, step_s, measured_s, curve
 
 
-def train(args):
+def window_step(model, optimizer, params, train_tokens, offsets, lr, args, generator=None, after_backward=None):
+    """One eager optimizer step on --batch-size random windows of --context tokens (drawn with
+    `generator`): the LR set, the loss under autocast when --precision bf16, backward, `after_backward()`,
+    clipping at --clip-norm, the step. Returns the loss tensor."""
+    T, B = args.context, args.batch_size
+    starts = torch.randint(0, train_tokens.numel() - T, (B,), generator=generator)
+    window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
+    x, y = window[:, :-1], window[:, 1:]
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        loss = F.cross_entropy(model(x), y.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if after_backward is not None:
+        after_backward()
+    if args.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+    optimizer.step()
+    return loss
+
+
+def set_threads_and_load_corpus(args):
+    """--threads intra-op threads, OpenBLAS's pool at --blas-threads, the training split of the corpus
+    (long enough for one window): what every peer of the GPT does first."""
     torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
     torch.mm(torch.ones(8, 8), torch.ones(8, 8))  # loads the BLAS
     if args.blas_threads > 0:
         _, openblas = blas()
@@ -393,9 +416,16 @@ def train(args):
             sys.exit(f"--blas-threads {args.blas_threads} needs OpenBLAS, and this torch's BLAS is another")
         openblas.openblas_set_num_threads(args.blas_threads)
     train_tokens, corpus_bytes, documents = load_corpus(args.path, args.include, args.val_fraction)
+    if train_tokens.numel() < args.context + 1:
+        sys.exit(f"the training split has {train_tokens.numel()} tokens, fewer than context + 1 = "
+                 f"{args.context + 1}")
+    return train_tokens, corpus_bytes, documents
+
+
+def train(args):
+    torch.manual_seed(args.seed)
+    train_tokens, corpus_bytes, documents = set_threads_and_load_corpus(args)
     T, B = args.context, args.batch_size
-    if train_tokens.numel() < T + 1:
-        sys.exit(f"the training split has {train_tokens.numel()} tokens, fewer than context + 1 = {T + 1}")
     cuda = args.device != "cpu"
     device = cuda_device(args.device) if cuda else torch.device("cpu")
     if cuda:
@@ -436,18 +466,7 @@ def train(args):
         measured_s = 0.0
         for step in range(args.steps):
             t0 = time.perf_counter()
-            starts = torch.randint(0, train_tokens.numel() - T, (B,))
-            window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
-            x, y = window[:, :-1], window[:, 1:]
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-                loss = F.cross_entropy(model(x), y.reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if args.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
-            optimizer.step()
+            loss = window_step(model, optimizer, params, train_tokens, offsets, lr_at(step), args)
             losses.append(loss.item())
             now = time.perf_counter()
             if step + 1 > warmup:
@@ -519,8 +538,8 @@ def train(args):
     print(json.dumps(result), flush=True)
 
 
-def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_corpus_and_model_args(p):
+    """The corpus and the GPT's shape: the flags every peer of the GPT shares."""
     p.add_argument("--path", default="/usr/lib/python3.11")
     p.add_argument("--include", default="*.py", help="fnmatch pattern on the file name")
     p.add_argument("--val-fraction", type=float, default=0.05,
@@ -530,10 +549,10 @@ def main():
     p.add_argument("--embed", type=int, default=128)
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--dropout", type=float, default=0.0)
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per step")
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--warmup-steps", type=int, default=20, help="steps before the throughput clock starts")
-    p.add_argument("--threads", type=int, default=2)
+
+
+def add_recipe_args(p):
+    """AdamW with fasttrain's cosine schedule, clipping, the seed, checkpointed blocks: shared by the peers."""
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--lr-warmup-steps", type=int, default=0, help="schedule.warmup_steps")
     p.add_argument("--min-lr", type=float, default=0.0, help="schedule.min_lr")
@@ -542,6 +561,16 @@ def main():
     p.add_argument("--clip-norm", type=float, default=1.0, help="0: no clipping")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint-blocks", action="store_true", help="torch.utils.checkpoint around each block")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_corpus_and_model_args(p)
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per step")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup-steps", type=int, default=20, help="steps before the throughput clock starts")
+    p.add_argument("--threads", type=int, default=2)
+    add_recipe_args(p)
     p.add_argument("--log-every", type=int, default=10, help="steps per progress line (stderr); 0: none")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling); "

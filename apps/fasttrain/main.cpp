@@ -29,6 +29,11 @@ fasttrain::Config build_config(const ConfigArgs& args) {
   return config;
 }
 
+// What the library reports, on stderr: "fasttrain: " lines and the progress bar of log.progress.
+std::shared_ptr<fasttrain::Reporter> console(const fasttrain::Config& config) {
+  return std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::parse_mode(config.log.progress()));
+}
+
 // A subcommand: its options are registered on construction, run() does its work.
 class Subcommand {
  public:
@@ -74,7 +79,7 @@ class Train : public Subcommand {
     fasttrain::StopSignals stop_signals;
     fasttrain::FitSummary summary;
     try {
-      summary = fasttrain::train_run(cfg, run_dir, options_);
+      summary = fasttrain::train_run(cfg, run_dir, fasttrain::RunOptions(options_).reporter(console(cfg)));
     } catch (...) {
       // main() reports the error once this guard is gone: a stop signal in between (the launcher
       // stopping the other ranks when one failed) must not end the process before it does.
@@ -176,7 +181,8 @@ class FindLr : public Subcommand {
     command_->add_option("--csv", csv_, "Where to write the curve")->capture_default_str();
   }
   int run() override {
-    fasttrain::LrFinderResult result = fasttrain::find_lr_run(build_config(args_), options_, csv_);
+    const fasttrain::Config cfg = build_config(args_);
+    fasttrain::LrFinderResult result = fasttrain::find_lr_run(cfg, options_, csv_, console(cfg));
     std::cout << result.table();
     std::cout << fmt::format("suggested max lr: {:.3g}{}\ncurve written to {}\n", result.suggested_lr,
                              result.diverged ? " (the sweep stopped at divergence)" : "", csv_);
@@ -206,7 +212,10 @@ class FindBatch : public Subcommand {
         ->capture_default_str();
   }
   int run() override {
-    std::cout << fasttrain::find_batch_size(build_config(args_), options_).table();
+    const fasttrain::Config cfg = build_config(args_);
+    std::cout << fasttrain::find_batch_size(cfg,
+                                            fasttrain::BatchFinderOptions(options_).reporter(console(cfg)))
+                     .table();
     return 0;
   }
 
@@ -230,7 +239,8 @@ class Profile : public Subcommand {
   }
   int run() override {
     fasttrain::Config cfg = build_config(args_);
-    std::cout << fasttrain::profile_run(cfg, run_dir_or_default(dir_, cfg), options_).table();
+    const auto options = fasttrain::ProfileOptions(options_).reporter(console(cfg));
+    std::cout << fasttrain::profile_run(cfg, run_dir_or_default(dir_, cfg), options).table();
     return 0;
   }
 
@@ -260,7 +270,8 @@ class Doctor : public Subcommand {
   int run() override {
     fasttrain::Config cfg = build_config(args_);
     const std::string dir = run_dir_or_default(dir_, cfg);
-    fasttrain::DoctorReport found = fasttrain::diagnose(cfg, dir, options_);
+    fasttrain::DoctorReport found =
+        fasttrain::diagnose(cfg, dir, fasttrain::DoctorOptions(options_).reporter(console(cfg)));
     fasttrain::write_json_file(dir + "/doctor.json", found.to_json());
     std::cout << (json_ ? found.to_json().dump(2) + "\n" : found.text());
     return 0;
@@ -294,7 +305,8 @@ class Tune : public Subcommand {
   int run() override {
     fasttrain::Config cfg = build_config(args_);
     const std::string dir = run_dir_or_default(dir_, cfg);
-    fasttrain::TuneResult result = fasttrain::tune(cfg, dir, options_);
+    fasttrain::TuneResult result =
+        fasttrain::tune(cfg, dir, fasttrain::TuneOptions(options_).reporter(console(cfg)));
     std::cout << result.table() << "written: " << dir << "/tuned.toml, " << dir << "/tune.md\n";
     return 0;
   }
@@ -357,7 +369,11 @@ class Launch : public Subcommand {
                          "After a rank fails, seconds the others get to exit before SIGKILL");
     command_->add_option("command", command_line_, "The command each rank runs, after --")->required();
   }
-  int run() override { return fasttrain::launch(options_, command_line_); }
+  int run() override {
+    auto reporter =
+        std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "fasttrain launch");
+    return fasttrain::launch(fasttrain::LaunchOptions(options_).reporter(reporter), command_line_);
+  }
 
  private:
   fasttrain::LaunchOptions options_;

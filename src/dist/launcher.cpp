@@ -79,6 +79,119 @@ int free_tcp_port() {
   return ntohs(address.sin_port);
 }
 
+namespace {
+
+// Starts rank `rank` of `command` as a child in its own process group, with the rendezvous variables.
+pid_t start_rank(const LaunchOptions& options, const std::vector<std::string>& command, int rank, int port) {
+  const pid_t launcher = getpid();
+  const pid_t pid = fork();
+  FT_CHECK(pid >= 0, "fork failed for rank {}: {}", rank, std::strerror(errno));
+  if (pid != 0) {
+    setpgid(pid, pid);  // also here: a signal sent before the child ran setpgid must not be lost
+    return pid;
+  }
+  // Own process group: a terminal's Ctrl-C reaches the launcher only, which forwards it once.
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(125);  // the launcher died before prctl
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  setenv("RANK", std::to_string(rank).c_str(), 1);
+  setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
+  setenv("WORLD_SIZE", std::to_string(options.nproc()).c_str(), 1);
+  setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc()).c_str(), 1);
+  setenv("MASTER_ADDR", options.master_addr().c_str(), 1);
+  setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
+  std::vector<char*> argv;
+  for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  execvp(argv[0], argv.data());
+  // The child has only its stderr left to say why (no reporter crosses exec); the launcher sees 127.
+  fmt::print(stderr, "fasttrain launch: cannot run '{}': {}\n", command[0], std::strerror(errno));
+  _exit(127);
+}
+
+// Waits for the ranks; on the first failure stops the others (SIGTERM, SIGKILL after the grace time),
+// forwards a signal the launcher got, and remembers the first failure's exit code.
+class RankSupervisor {
+ public:
+  RankSupervisor(std::vector<pid_t> children, double grace_s, Reporter& reporter)
+      : children_(std::move(children)),
+        running_(children_.size(), true),
+        alive_(children_.size()),
+        grace_(std::chrono::milliseconds(static_cast<int64_t>(grace_s * 1000))),
+        reporter_(reporter) {}
+
+  int wait_all() {
+    while (alive_ > 0) {
+      forward_signal();
+      int status = 0;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid > 0) {
+        ended(pid, status);
+        continue;
+      }
+      if (pid < 0 && errno != EINTR) break;  // no children left to wait for
+      if (kill_at_ && std::chrono::steady_clock::now() >= *kill_at_) {
+        signal_all(SIGKILL);
+        kill_at_ = std::chrono::steady_clock::now() + std::chrono::hours(1);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    // Whatever a rank left behind in its process group (a shell's background job) goes with it.
+    for (const pid_t child : children_) kill(-child, SIGKILL);
+    return first_failure_;
+  }
+
+ private:
+  // Each rank leads its own process group: its own children (a shell's, say) get the signal too.
+  void signal_all(int signal) {
+    for (size_t i = 0; i < children_.size(); ++i) {
+      if (running_[i]) kill(-children_[i], signal);
+    }
+  }
+  void forward_signal() {
+    if (forwarded_signal == 0) return;
+    stop_signal_ = forwarded_signal;
+    forwarded_signal = 0;
+    reporter_.note(fmt::format("forwarding signal {} to the ranks", stop_signal_));
+    signal_all(stop_signal_);  // they checkpoint and stop at their next step
+  }
+  void ended(pid_t pid, int status) {
+    for (size_t rank = 0; rank < children_.size(); ++rank) {
+      if (children_[rank] != pid || !running_[rank]) continue;
+      running_[rank] = false;
+      --alive_;
+      const int code = exit_code_of(status);
+      if (code == 0) return;
+      // After a forwarded signal, ranks that stop with 128 + it did as asked: no reason to hurry the rest.
+      const bool asked_to_stop = stop_signal_ != 0 && code == 128 + stop_signal_;
+      if (first_failure_ != 0) {
+        reporter_.note(fmt::format("rank {} {}", rank, describe_status(status)));
+        return;
+      }
+      first_failure_ = code;
+      if (asked_to_stop) return;
+      if (alive_ > 0)
+        reporter_.note(
+            fmt::format("rank {} {}; stopping the other {} rank(s)", rank, describe_status(status), alive_));
+      signal_all(SIGTERM);
+      if (!kill_at_) kill_at_ = std::chrono::steady_clock::now() + grace_;
+    }
+  }
+
+  std::vector<pid_t> children_;
+  std::vector<bool> running_;
+  size_t alive_;
+  std::chrono::milliseconds grace_;
+  Reporter& reporter_;
+  int first_failure_ = 0;
+  int stop_signal_ = 0;  // the last signal forwarded
+  std::optional<std::chrono::steady_clock::time_point> kill_at_;
+};
+
+}  // namespace
+
 int launch(const LaunchOptions& options, const std::vector<std::string>& command) {
   FT_CONFIG_CHECK(options.nproc() >= 1, "--nproc must be >= 1, got {}", options.nproc());
   FT_CONFIG_CHECK(
@@ -86,104 +199,14 @@ int launch(const LaunchOptions& options, const std::vector<std::string>& command
       "launch needs a command after --, e.g. fasttrain launch --nproc 2 -- fasttrain train cfg.toml");
   FT_CONFIG_CHECK(options.grace_s() >= 0, "--grace-s must be >= 0, got {}", options.grace_s());
   const int port = options.master_port() > 0 ? options.master_port() : free_tcp_port();
-  const pid_t launcher = getpid();
+  Reporter& reporter = reporter_or_quiet(options.reporter());
   SignalCapture capture;
-
-  // ---- start the ranks ----
   std::vector<pid_t> children;
-  for (int rank = 0; rank < options.nproc(); ++rank) {
-    const pid_t pid = fork();
-    FT_CHECK(pid >= 0, "fork failed for rank {}: {}", rank, std::strerror(errno));
-    if (pid == 0) {
-      // Own process group: a terminal's Ctrl-C reaches the launcher only, which forwards it once.
-      setpgid(0, 0);
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != launcher) _exit(125);  // the launcher died before prctl
-      signal(SIGINT, SIG_DFL);
-      signal(SIGTERM, SIG_DFL);
-      setenv("RANK", std::to_string(rank).c_str(), 1);
-      setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
-      setenv("WORLD_SIZE", std::to_string(options.nproc()).c_str(), 1);
-      setenv("LOCAL_WORLD_SIZE", std::to_string(options.nproc()).c_str(), 1);
-      setenv("MASTER_ADDR", options.master_addr().c_str(), 1);
-      setenv("MASTER_PORT", std::to_string(port).c_str(), 1);
-      std::vector<char*> argv;
-      for (const auto& arg : command) argv.push_back(const_cast<char*>(arg.c_str()));
-      argv.push_back(nullptr);
-      execvp(argv[0], argv.data());
-      fmt::print(stderr, "fasttrain launch: cannot run '{}': {}\n", command[0], std::strerror(errno));
-      _exit(127);
-    }
-    setpgid(pid, pid);  // also here: a signal sent before the child ran setpgid must not be lost
-    children.push_back(pid);
-  }
-  if (options.verbose()) {
-    fmt::print(stderr, "fasttrain launch: {} ranks of '{}' (MASTER_ADDR={} MASTER_PORT={})\n",
-               options.nproc(), command[0], options.master_addr(), port);
-  }
-
-  // ---- wait; on the first failure or a signal, stop the others ----
-  std::vector<bool> running(children.size(), true);
-  size_t alive = children.size();
-  int first_failure = 0;
-  std::optional<std::chrono::steady_clock::time_point> kill_at;
-  int stop_signal = 0;  // the last signal forwarded
-  // Each rank leads its own process group: its own children (a shell's, say) get the signal too.
-  auto signal_all = [&](int signal) {
-    for (size_t i = 0; i < children.size(); ++i) {
-      if (running[i]) kill(-children[i], signal);
-    }
-  };
-  auto start_stopping = [&](int signal) {
-    signal_all(signal);
-    if (!kill_at) {
-      kill_at = std::chrono::steady_clock::now() +
-                std::chrono::milliseconds(static_cast<int64_t>(options.grace_s() * 1000));
-    }
-  };
-  while (alive > 0) {
-    if (forwarded_signal != 0) {
-      stop_signal = forwarded_signal;
-      forwarded_signal = 0;
-      if (options.verbose())
-        fmt::print(stderr, "fasttrain launch: forwarding signal {} to the ranks\n", stop_signal);
-      signal_all(stop_signal);  // they checkpoint and stop at their next step
-    }
-    int status = 0;
-    const pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid > 0) {
-      for (size_t rank = 0; rank < children.size(); ++rank) {
-        if (children[rank] != pid || !running[rank]) continue;
-        running[rank] = false;
-        --alive;
-        const int code = exit_code_of(status);
-        // After a forwarded signal, ranks that stop with 128 + it did as asked: no reason to hurry the rest.
-        const bool asked_to_stop = stop_signal != 0 && code == 128 + stop_signal;
-        if (code != 0 && first_failure == 0 && asked_to_stop) {
-          first_failure = code;
-        } else if (code != 0 && first_failure == 0) {
-          first_failure = code;
-          if (options.verbose() && alive > 0) {
-            fmt::print(stderr, "fasttrain launch: rank {} {}; stopping the other {} rank(s)\n", rank,
-                       describe_status(status), alive);
-          }
-          start_stopping(SIGTERM);
-        } else if (options.verbose() && code != 0) {
-          fmt::print(stderr, "fasttrain launch: rank {} {}\n", rank, describe_status(status));
-        }
-      }
-      continue;
-    }
-    if (pid < 0 && errno != EINTR) break;  // no children left to wait for
-    if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
-      signal_all(SIGKILL);
-      kill_at = std::chrono::steady_clock::now() + std::chrono::hours(1);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  // Whatever a rank left behind in its process group (a shell's background job) goes with it.
-  for (const pid_t child : children) kill(-child, SIGKILL);
-  return first_failure;
+  for (int rank = 0; rank < options.nproc(); ++rank)
+    children.push_back(start_rank(options, command, rank, port));
+  reporter.note(fmt::format("{} ranks of '{}' (MASTER_ADDR={} MASTER_PORT={})", options.nproc(), command[0],
+                            options.master_addr(), port));
+  return RankSupervisor(std::move(children), options.grace_s(), reporter).wait_all();
 }
 
 }  // namespace fasttrain

@@ -312,10 +312,10 @@ DoctorContext measure(const Config& requested, const std::string& out_dir, const
   c.anomaly_mode = torch::autograd::AnomalyMode::is_enabled();
   // "auto" precision and threads as this machine resolves them: what the run would do here.
   c.hardware = detect_hardware(parse_device(requested.train.device()));
-  c.config = with_room_to_profile(resolve_auto(resolve_batch_size(requested), c.hardware).config);
+  c.config = with_room_to_profile(resolve_auto(resolve_batch_size(requested, options.reporter()), c.hardware).config);
   const ProfileOptions profile_options =
-      ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps()).announce(false);
-  Experiment experiment = Experiment::build(c.config, /*announce=*/false);
+      ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps());
+  Experiment experiment = Experiment::build(c.config);
   c.cuda = experiment.device.is_cuda();
   c.conv_biases_before_bn = conv_biases_before_batchnorm(*experiment.model);
   c.conv_net = has_convolutions(*experiment.model);

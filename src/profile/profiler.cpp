@@ -183,8 +183,8 @@ Config with_room_to_profile(Config config) {
 
 ProfileResult profile_run(const Config& requested, const std::string& out_dir, const ProfileOptions& options,
                           const std::vector<std::shared_ptr<Callback>>& callbacks) {
-  Config config = resolve_batch_size(requested);
-  Experiment experiment = Experiment::build(config, options.announce());
+  Config config = resolve_batch_size(requested, options.reporter());
+  Experiment experiment = Experiment::build(config, options.reporter().get());
   return profile_experiment(experiment, out_dir, options, callbacks);
 }
 

@@ -55,7 +55,7 @@ BatchTrial run_trial(const Config& base, const ImageSplits& data, int64_t batch_
   trial.batch_size = batch_size;
   const auto start = std::chrono::steady_clock::now();
   try {
-    Experiment experiment = Experiment::build(config, /*announce=*/false, &data);
+    Experiment experiment = Experiment::build(config, /*reporter=*/nullptr, &data);
     std::optional<CpuMemoryLimit> limit;
     if (experiment.device.is_cpu()) limit.emplace(budget_bytes);
     auto trainer = experiment.make_trainer();
@@ -100,13 +100,12 @@ BatchFinderResult find_batch_size(const Config& config, const BatchFinderOptions
 
   auto fits = [&](int64_t batch_size) {
     BatchTrial trial = run_trial(config, data, batch_size, options, result.budget_bytes);
-    if (options.verbose()) {
-      fmt::print(stderr, "fasttrain: find-batch: {:>6} {}", batch_size, trial.fits ? "fits" : "does not fit");
-      if (trial.fits)
-        fmt::print(stderr, ", peak {}, {:.0f} samples/s", format_bytes(trial.peak_bytes),
-                   trial.samples_per_s);
-      fmt::print(stderr, " ({:.1f} s)\n", trial.seconds);
-    }
+    const std::string measured = trial.fits ? fmt::format(", peak {}, {:.0f} samples/s",
+                                                          format_bytes(trial.peak_bytes), trial.samples_per_s)
+                                            : "";
+    reporter_or_quiet(options.reporter())
+        .note(fmt::format("find-batch: {:>6} {}{} ({:.1f} s)", batch_size,
+                          trial.fits ? "fits" : "does not fit", measured, trial.seconds));
     result.trials.push_back(trial);
     return trial.fits;
   };
@@ -157,11 +156,11 @@ std::string BatchFinderResult::table() const {
   return out;
 }
 
-Config resolve_batch_size(const Config& config) {
+Config resolve_batch_size(const Config& config, const std::shared_ptr<Reporter>& reporter) {
   if (config.data.batch_size() != 0) return config;
-  fmt::print(stderr, "fasttrain: data.batch_size = \"auto\": searching for the largest batch that fits\n");
-  BatchFinderResult result = find_batch_size(config);
-  fmt::print(stderr, "{}", result.table());
+  reporter_or_quiet(reporter).note("data.batch_size = \"auto\": searching for the largest batch that fits");
+  BatchFinderResult result = find_batch_size(config, BatchFinderOptions().reporter(reporter));
+  reporter_or_quiet(reporter).note("find-batch:\n" + result.table());
   Config resolved = config;
   resolved.data.batch_size(result.batch_size);
   return resolved;

@@ -68,6 +68,47 @@ std::vector<std::string> state_names(const torch::nn::Module& model) {
   return names;
 }
 
+// A checkpoint's state.json, read after every file matched the manifest, with the checks that need
+// only the file: format, version, step, a position inside the loader's epoch.
+struct SavedRunState {
+  int64_t step = 0;
+  std::string fingerprint;
+  TrainProgress progress;
+  nlohmann::json ema;  // null: written without EMA
+  GradScalerState scaler;
+  int world_size = 1;  // written before data parallel runs existed: one process
+  int zero = 0;
+};
+
+SavedRunState read_run_state(const std::string& dir, const CheckpointManifest& manifest, int64_t train_batches) {
+  const std::string what = "checkpoint " + dir + "/state.json";
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(read_text_file(dir + "/state.json", 1 << 20));
+  } catch (const nlohmann::json::exception& error) {
+    FT_FAIL("{} is not valid JSON: {}", what, error.what());
+  }
+  FT_CHECK(json_field<std::string>(state, "format", what) == kStateFormat, "{}: format is not {}", what,
+           kStateFormat);
+  const int version = json_field<int>(state, "version", what);
+  FT_CHECK(version == kStateVersion, "{}: format version {} is not the {} this fasttrain reads", what,
+           version, kStateVersion);
+  SavedRunState saved;
+  saved.step = json_field<int64_t>(state, "step", what);
+  FT_CHECK(saved.step == manifest.step, "{}: step {} differs from the manifest's {}", what, saved.step,
+           manifest.step);
+  saved.fingerprint = json_field<std::string>(state, "config_fingerprint", what);
+  saved.progress = TrainProgress::from_json(json_field<nlohmann::json>(state, "progress", what));
+  FT_CHECK(saved.progress.batch_in_epoch <= train_batches,
+           "{}: the checkpoint is at batch {} of an epoch, but the loader has {} batches per epoch", what,
+           saved.progress.batch_in_epoch, train_batches);
+  saved.ema = json_field<nlohmann::json>(state, "ema", what);
+  saved.scaler = GradScalerState::from_json(json_field<nlohmann::json>(state, "scaler", what));
+  if (state.contains("world_size")) saved.world_size = json_field<int>(state, "world_size", what);
+  if (state.contains("zero")) saved.zero = json_field<int>(state, "zero", what);
+  return saved;
+}
+
 }  // namespace
 
 nlohmann::json TrainProgress::to_json() const {
@@ -208,57 +249,31 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
     }
     return false;
   };
-  const std::string what = "checkpoint " + dir + "/state.json";
   FT_CHECK(has("state.json"), "checkpoint '{}' has no state.json: it is not a fasttrain run checkpoint", dir);
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(read_text_file(dir + "/state.json", 1 << 20));
-  } catch (const nlohmann::json::exception& error) {
-    FT_FAIL("{} is not valid JSON: {}", what, error.what());
-  }
-  FT_CHECK(json_field<std::string>(state, "format", what) == kStateFormat, "{}: format is not {}", what,
-           kStateFormat);
-  const int version = json_field<int>(state, "version", what);
-  FT_CHECK(version == kStateVersion, "{}: format version {} is not the {} this fasttrain reads", what,
-           version, kStateVersion);
-  const int64_t step = json_field<int64_t>(state, "step", what);
-  FT_CHECK(step == manifest.step, "{}: step {} differs from the manifest's {}", what, step, manifest.step);
-  const std::string fingerprint = json_field<std::string>(state, "config_fingerprint", what);
+  const SavedRunState saved = read_run_state(dir, manifest, train_batches);
+  const std::string what = "checkpoint " + dir + "/state.json";
   if (checkpoints_ && !checkpoints_->fingerprint().empty()) {
     FT_CONFIG_CHECK(
-        fingerprint == checkpoints_->fingerprint(),
+        saved.fingerprint == checkpoints_->fingerprint(),
         "checkpoint '{}' was written by a run with another training config (fingerprint {} vs {})", dir,
-        fingerprint.substr(0, 12), checkpoints_->fingerprint().substr(0, 12));
+        saved.fingerprint.substr(0, 12), checkpoints_->fingerprint().substr(0, 12));
   }
-  TrainProgress progress = TrainProgress::from_json(json_field<nlohmann::json>(state, "progress", what));
-  FT_CHECK(progress.batch_in_epoch <= train_batches,
-           "{}: the checkpoint is at batch {} of an epoch, but the loader has {} batches per epoch", what,
-           progress.batch_in_epoch, train_batches);
-  const nlohmann::json ema_state = json_field<nlohmann::json>(state, "ema", what);
-  FT_CHECK(ema_state.is_null() == (ema_ == nullptr),
-           "{}: the checkpoint was written {} EMA, the run has it {}", what,
-           ema_state.is_null() ? "without" : "with", ema_ ? "on" : "off");
-  GradScalerState scaler_state =
-      GradScalerState::from_json(json_field<nlohmann::json>(state, "scaler", what));
-  // Written before data parallel runs existed: one process.
-  const int saved_world = state.contains("world_size") ? json_field<int>(state, "world_size", what) : 1;
-  const int saved_zero = state.contains("zero") ? json_field<int>(state, "zero", what) : 0;
+  FT_CHECK(saved.ema.is_null() == (ema_ == nullptr), "{}: the checkpoint was written {} EMA, the run has it {}",
+           what, saved.ema.is_null() ? "without" : "with", ema_ ? "on" : "off");
   const int zero = parallel_ ? parallel_->zero() : 0;
-  FT_CONFIG_CHECK(saved_world == world_size() && saved_zero == zero,
+  FT_CONFIG_CHECK(saved.world_size == world_size() && saved.zero == zero,
                   "checkpoint '{}' was written by {} rank(s) with dist.zero = {}, but this run has {} with "
                   "dist.zero = {}: resume with the same number of ranks and dist.zero (resharding is not "
                   "supported)",
-                  dir, saved_world, saved_zero, world_size(), zero);
+                  dir, saved.world_size, saved.zero, world_size(), zero);
 
   // ---- tensors: each file parsed and checked before anything is changed ----
   SafetensorsFile optimizer_file = load_safetensors(dir + "/" + optimizer_file_name());
   SafetensorsFile rng_file = load_safetensors(dir + "/" + rng_file_name());
   std::optional<SafetensorsFile> window_file;
-  if (progress.window_done > 0) {
+  if (saved.progress.window_done > 0) {
     FT_CHECK(has("window.safetensors"),
-             "checkpoint '{}' stops inside an accumulation window but has no "
-             "window.safetensors",
-             dir);
+             "checkpoint '{}' stops inside an accumulation window but has no window.safetensors", dir);
     window_file = load_safetensors(dir + "/window.safetensors");
   }
   std::vector<torch::Tensor> ema_shadow;
@@ -274,32 +289,33 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   }
   load_optimizer_state(*optimizer_, optimizer_file);
   if (ema_)
-    ema_->load_state(ema_shadow, json_field<int64_t>(ema_state, "calls", what),
-                     json_field<int64_t>(ema_state, "updates", what));
-  scaler_.load_state(scaler_state);
+    ema_->load_state(ema_shadow, json_field<int64_t>(saved.ema, "calls", what),
+                     json_field<int64_t>(saved.ema, "updates", what));
+  scaler_.load_state(saved.scaler);
   restore_generator_states(rng_file);
+  restore_window(window_file);
+  step_ = saved.step;
+  device_step_.fill_(saved.step);
+  progress_ = saved.progress;
+  losses_.reset();
+  last_checkpoint_step_ = saved.step;
+  last_checkpoint_ = dir;
+}
+
+void Trainer::restore_window(const std::optional<SafetensorsFile>& window_file) {
   torch::NoGradGuard no_grad;
   optimizer_->zero_grad();
   window_loss_.zero_();
-  if (window_file) {
-    window_loss_.copy_(window_file->at("loss"));
-    for (const auto& item : model_->named_parameters()) {
-      const std::string key = "grad." + item.key();
-      if (!window_file->contains(key)) continue;
-      const torch::Tensor& saved = window_file->at(key);
-      FT_CHECK(saved.sizes() == item.value().sizes(),
-               "window.safetensors '{}' has shape {}, the parameter {}", key, saved.sizes(),
-               item.value().sizes());
-      item.value().mutable_grad() =
-          saved.to(item.value().options()).contiguous(item.value().suggest_memory_format());
-    }
+  if (!window_file) return;
+  window_loss_.copy_(window_file->at("loss"));
+  for (const auto& item : model_->named_parameters()) {
+    const std::string key = "grad." + item.key();
+    if (!window_file->contains(key)) continue;
+    const torch::Tensor& saved = window_file->at(key);
+    FT_CHECK(saved.sizes() == item.value().sizes(), "window.safetensors '{}' has shape {}, the parameter {}",
+             key, saved.sizes(), item.value().sizes());
+    item.value().mutable_grad() = saved.to(item.value().options()).contiguous(item.value().suggest_memory_format());
   }
-  step_ = step;
-  device_step_.fill_(step);
-  progress_ = progress;
-  losses_.reset();
-  last_checkpoint_step_ = step;
-  last_checkpoint_ = dir;
 }
 
 }  // namespace fasttrain

@@ -11,8 +11,6 @@
 #include "fasttrain/config/auto.h"
 #include "fasttrain/data/text.h"
 #include "fasttrain/log/metrics.h"
-#include "fasttrain/log/progress.h"
-#include "fasttrain/log/tensorboard.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/precision/autocast.h"
@@ -21,6 +19,7 @@
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/train/batch_finder.h"
+#include "fasttrain/train/run_logger.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/compat.h"
 #include "fasttrain/util/device.h"
@@ -48,121 +47,14 @@ TransformPipeline make_pipeline(const DataConfig& data,
   return pipeline;
 }
 
-// Writes metrics.jsonl and the TensorBoard events of a run and drives the console progress.
-class RunLogger : public Callback {
- public:
-  RunLogger(const std::string& run_dir, Progress::Mode mode)
-      : metrics_(std::make_unique<MetricsWriter>(run_dir + "/metrics.jsonl")),
-        events_(std::make_unique<TensorBoardWriter>(run_dir)),
-        mode_(mode) {}
-
-  void on_fit_start(Trainer& trainer, int64_t total_steps) override {
-    // How the steps run, said once on a GPU: captured, or why train.cuda_graphs = "auto" could not.
-    if (trainer.device().is_cuda()) {
-      const std::string& reason = trainer.engine_reason();
-      fmt::print(stderr, "fasttrain: steps: {}{}; optimizer {}, {}\n", trainer.engine_name(),
-                 reason.empty() ? "" : " (train.cuda_graphs: " + reason + ")", trainer.optimizer().name(),
-                 trainer.optimizer().describe_kernel());
-    }
-    progress_ = std::make_unique<Progress>(mode_, total_steps);
-    if (trainer.step() > 0) events_->purge_from(trainer.step() + 1);  // resumed: hide the repeated steps
-  }
-  void on_log(Trainer&, const StepRecord& r) override {
-    metrics_->write({{"kind", "train"},
-                     {"step", r.step},
-                     {"epoch", r.epoch},
-                     {"loss", r.loss},
-                     {"lr", r.lr},
-                     {"grad_norm", r.grad_norm},
-                     {"samples_per_s", r.samples_per_s},
-                     {"data_wait_fraction", r.data_wait_fraction},
-                     {"phases_s", r.phases.to_json()},
-                     {"elapsed_s", r.elapsed_s}});
-    events_->add_scalar("train/loss", r.loss, r.step);
-    events_->add_scalar("train/lr", r.lr, r.step);
-    events_->add_scalar("train/grad_norm", r.grad_norm, r.step);
-    events_->add_scalar("train/samples_per_s", r.samples_per_s, r.step);
-    events_->add_scalar("train/data_wait_fraction", r.data_wait_fraction, r.step);
-    progress_->update({r.step, r.epoch, r.loss, r.lr, r.samples_per_s, r.data_wait_fraction, r.elapsed_s});
-  }
-  void on_evaluate(Trainer&, const EvalRecord& r) override {
-    nlohmann::json record{{"kind", "eval"},
-                          {"step", r.step},
-                          {"epoch", r.epoch},
-                          {"test_loss", r.result.loss},
-                          {"test_accuracy", r.result.accuracy},
-                          {"ema", r.ema},
-                          {"elapsed_s", r.elapsed_s}};
-    if (r.result.bits_per_byte) {
-      record["test_bits_per_byte"] = *r.result.bits_per_byte;
-      events_->add_scalar("test/bits_per_byte", *r.result.bits_per_byte, r.step);
-    }
-    metrics_->write(record);
-    events_->add_scalar("test/accuracy", r.result.accuracy, r.step);
-    events_->add_scalar("test/loss", r.result.loss, r.step);
-    events_->flush();
-    progress_->message(fmt::format("step {} epoch {}: test accuracy {:.4f}{} loss {:.4f}{} at {:.1f}s",
-                                   r.step, r.epoch, r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss,
-                                   r.result.bits_per_byte
-                                       ? fmt::format(" ({:.3f} bits per byte)", *r.result.bits_per_byte)
-                                       : std::string(),
-                                   r.elapsed_s));
-  }
-  // The marker a resume truncates metrics.jsonl to: what follows it will be recomputed.
-  void on_checkpoint(Trainer& trainer, const std::string& dir) override {
-    metrics_->write({{"kind", "checkpoint"},
-                     {"step", trainer.step()},
-                     {"dir", dir},
-                     {"save_s", trainer.last_checkpoint_seconds()}});
-    events_->flush();
-  }
-  void on_fit_end(Trainer&, const FitSummary&) override {
-    events_->flush();
-    progress_->finish();
-  }
-
- private:
-  std::unique_ptr<MetricsWriter> metrics_;
-  std::unique_ptr<TensorBoardWriter> events_;
-  Progress::Mode mode_;
-  std::unique_ptr<Progress> progress_;
-};
-
-// Keeps the lines of metrics.jsonl up to the marker of checkpoint `step`: the records after it
-// belong to steps the resumed run repeats. Without the marker (killed between the commit and the
-// marker) the records of steps before `step` and the train record of `step` are kept.
-void truncate_metrics(const std::string& path, int64_t step) {
-  if (!fs::exists(path)) return;
-  std::vector<std::pair<std::string, nlohmann::json>> records;
-  std::istringstream lines(read_text_file(path));
-  for (std::string line; std::getline(lines, line);) {
-    records.emplace_back(line, nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false));
-  }
-  auto is_marker = [&](const nlohmann::json& r) {
-    return r.is_object() && r.value("kind", "") == "checkpoint" && r.value("step", int64_t{-1}) == step;
-  };
-  const bool has_marker =
-      std::any_of(records.begin(), records.end(), [&](const auto& r) { return is_marker(r.second); });
-  std::string kept;
-  for (const auto& [line, record] : records) {
-    if (!record.is_object()) continue;  // a line cut short by a kill
-    const int64_t record_step = record.value("step", int64_t{-1});
-    if (!has_marker && !(record_step < step || (record_step == step && record.value("kind", "") == "train")))
-      break;
-    kept += line + "\n";
-    if (has_marker && is_marker(record)) break;
-  }
-  write_text_file(path, kept);
-}
-
 // The step-N directory `--resume` names: "latest" (may be none), a step-N directory, or a run
 // directory (its newest verified checkpoint).
-std::optional<std::string> resume_target(const std::string& resume, const std::string& run_dir) {
-  auto newest = [](const std::string& root, const std::string& what) -> std::optional<std::string> {
+std::optional<std::string> resume_target(const std::string& resume, const std::string& run_dir,
+                                         Reporter& reporter) {
+  auto newest = [&](const std::string& root, const std::string& what) -> std::optional<std::string> {
     std::vector<std::string> skipped;
     auto latest = latest_checkpoint(root, &skipped);
-    for (const auto& reason : skipped)
-      fmt::print(stderr, "fasttrain: skipping a damaged checkpoint: {}\n", reason);
+    for (const auto& reason : skipped) reporter.warning("skipping a damaged checkpoint: " + reason);
     if (!latest) {
       FT_CHECK(what.empty(), "--resume {}: no checkpoint that verifies in '{}'", what, root);
       return std::nullopt;
@@ -205,7 +97,8 @@ std::vector<std::string> check_same_training(const std::string& checkpoint, cons
 
 // Resuming step `step` from `checkpoint` into `root`: checkpoints of `root` after it belong to the
 // abandoned continuation and are rewritten by this run. Those of another run are not touched: an error.
-void remove_later_checkpoints(const std::string& root, const std::string& checkpoint, int64_t step) {
+void remove_later_checkpoints(const std::string& root, const std::string& checkpoint, int64_t step,
+                              Reporter& reporter) {
   const auto existing = list_checkpoints(root);
   if (existing.empty()) return;
   const bool same_root = fs::equivalent(fs::path(checkpoint).parent_path(), root);
@@ -214,7 +107,7 @@ void remove_later_checkpoints(const std::string& root, const std::string& checkp
            checkpoint, root);
   for (const auto& later : existing) {
     if (later.step <= step) continue;
-    fmt::print(stderr, "fasttrain: removing {}, written after the resumed step {}\n", later.dir, step);
+    reporter.note(fmt::format("removing {}, written after the resumed step {}", later.dir, step));
     fs::remove_all(later.dir);
   }
 }
@@ -253,52 +146,25 @@ std::unique_ptr<Schedule> run_schedule(const Config& config, int64_t total_steps
 
 // A resumed run made longer: its schedule is recomputed over the new total, and the LR moves.
 void announce_extension(const Trainer& trainer, const Config& saved, const Config& now,
-                        const std::vector<std::string>& changes, const Experiment& experiment) {
+                        const std::vector<std::string>& changes, const Experiment& experiment,
+                        Reporter& reporter) {
   const int64_t batches = experiment.train_loader->batches_per_epoch();
   const int64_t before = planned_steps(saved.train, batches), after = planned_steps(now.train, batches);
   const auto old_schedule = run_schedule(saved, before), new_schedule = run_schedule(now, after);
   const int64_t step = trainer.step();
-  fmt::print(stderr,
-             "fasttrain: extending the run ({}): {} steps instead of {}; the {} schedule is recomputed over "
-             "the new total (at step {} the LR is {:.3g}; the old schedule had {:.3g})\n",
-             fmt::join(changes, ", "), after, before, now.schedule.name(), step, new_schedule->lr(step),
-             old_schedule->lr(std::min(step, std::max<int64_t>(before - 1, 0))));
+  reporter.note(fmt::format(
+      "extending the run ({}): {} steps instead of {}; the {} schedule is recomputed over the new total (at "
+      "step {} the LR is {:.3g}; the old schedule had {:.3g})",
+      fmt::join(changes, ", "), after, before, now.schedule.name(), step, new_schedule->lr(step),
+      old_schedule->lr(std::min(step, std::max<int64_t>(before - 1, 0)))));
 }
 
-}  // namespace
-
-Experiment Experiment::build(const Config& requested, bool announce, const ImageSplits* data_in) {
-  validate(requested);
-  FT_CHECK(requested.data.batch_size() > 0,
-           "data.batch_size is \"auto\": resolve it first (resolve_batch_size, as train_run does)");
-  // Before CUDA allocates anything: the allocator reads its settings once.
-  if (requested.memory.expandable_segments() && !compat::enable_expandable_segments()) {
-    fmt::print(stderr, "fasttrain: memory.expandable_segments needs LibTorch >= 2.1 (this is {}): ignored\n",
-               compat::torch_version());
-  }
-  Experiment experiment;
-  experiment.device = parse_device(requested.train.device());
-  experiment.group = default_process_group(requested.dist);
+// The splits, their batch sources and loaders (on the device when they fit, data.device_resident);
+// returns the model options with the input shape and class count the data gives.
+ModelOptions load_data(Experiment& experiment, const ImageSplits* data_in, int local_ranks) {
+  const Config& config = experiment.config;
   const int64_t rank = experiment.group ? experiment.group->rank() : 0;
   const int64_t world_size = experiment.group ? experiment.group->size() : 1;
-  announce = announce && rank == 0;
-  // The ranks on this machine share its cores: "auto" threads and workers take a share each.
-  const int local_ranks = experiment.group ? experiment.group->local_size() : 1;
-  // "auto" precision and threads become what this hardware runs best.
-  experiment.hardware = detect_hardware(experiment.device);
-  const AutoResolution resolved = resolve_auto(requested, experiment.hardware, local_ranks);
-  experiment.config = resolved.config;
-  const Config& config = experiment.config;
-  // From the start, so that peak_memory_bytes counts the dataset and the model too.
-  if (experiment.device.is_cpu()) track_cpu_allocations();
-  experiment.threads = set_threads(config.train, local_ranks);
-  experiment.blas = blas_library();
-  compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
-                               config.train.deterministic());
-  parse_precision(config.train.precision(), experiment.device);  // fp16 on CPU fails here, before any work
-  torch::manual_seed(static_cast<uint64_t>(config.train.seed()));
-
-  // ---- data ----
   const DataConfig& data = config.data;
   auto loader_options = [&](int64_t batch_size) {
     return LoaderOptions(batch_size)
@@ -344,8 +210,8 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
                     train.size());
     const auto stats = normalisation(data, train);
     train_source = std::make_shared<ImageBatchSource>(train, make_pipeline(data, stats, /*augment=*/true));
-    eval_source =
-        std::make_shared<ImageBatchSource>(experiment.data.test, make_pipeline(data, stats, /*augment=*/false));
+    eval_source = std::make_shared<ImageBatchSource>(experiment.data.test,
+                                                     make_pipeline(data, stats, /*augment=*/false));
     model_options.in_channels(train.channels())
         .height(train.height())
         .width(train.width())
@@ -357,14 +223,105 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
                                      : 0;
   experiment.residency = choose_residency(data.device_resident(), experiment.device, resident_bytes,
                                           experiment.hardware.gpu_memory_bytes);
-  const int64_t eval_batch =
-      experiment.is_text() ? data.eval_batch_size() : std::min(data.eval_batch_size(), experiment.data.test.size());
-  experiment.train_loader = std::make_unique<DataLoader>(train_source, loader_options(data.batch_size())
-                                                                           .shuffle(data.shuffle())
-                                                                           .drop_last(data.drop_last())
-                                                                           .device_resident(experiment.residency.resident));
+  const int64_t eval_batch = experiment.is_text()
+                                 ? data.eval_batch_size()
+                                 : std::min(data.eval_batch_size(), experiment.data.test.size());
+  experiment.train_loader =
+      std::make_unique<DataLoader>(train_source, loader_options(data.batch_size())
+                                                     .shuffle(data.shuffle())
+                                                     .drop_last(data.drop_last())
+                                                     .device_resident(experiment.residency.resident));
   experiment.test_loader = std::make_unique<DataLoader>(
       eval_source, eval_options(eval_batch).device_resident(experiment.residency.resident));
+
+  return model_options;
+}
+
+// The ranks, their kind of data parallelism and batch; a warning when the ranks on this machine ask for
+// more threads of a pool than it has (they take turns).
+void announce_ranks(const Experiment& experiment, int local_ranks, Reporter& reporter) {
+  const Config& config = experiment.config;
+  const int hardware = static_cast<int>(std::thread::hardware_concurrency());
+  auto warn_oversubscribed = [&](int per_rank, const std::string& pool, const std::string& remedy) {
+    if (per_rank * local_ranks <= hardware) return;
+    reporter.warning(
+        fmt::format("{} ranks x {} {} threads on {} hardware threads: they will take turns; set {}",
+                    local_ranks, per_rank, pool, hardware, remedy));
+  };
+  warn_oversubscribed(experiment.threads, "intra-op", "train.threads = 0 (a share of the cores each) or 1");
+  warn_oversubscribed(experiment.blas.threads, experiment.blas.name + " (matmul)",
+                      fmt::format("train.blas_threads = {}", std::max(1, hardware / local_ranks)));
+  const int64_t token_budget = experiment.token_budget();
+  const int64_t per_rank = token_budget > 0 ? token_budget : config.data.batch_size();
+  const int64_t world_size = experiment.group->size();
+  reporter.note(
+      fmt::format("{} ranks ({}), {}, {} {} per rank = {} global", world_size, experiment.group->backend(),
+                  config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
+                  token_budget > 0 ? "tokens per batch at most" : "batch", per_rank, per_rank * world_size));
+}
+
+// A short start: the machine, what runs where (and what "auto" chose), the data and the model.
+void announce_experiment(const Experiment& experiment, const AutoResolution& resolved, int local_ranks,
+                         Reporter& reporter) {
+  const Config& config = experiment.config;
+  const DataConfig& data = config.data;
+  reporter.note(fmt::format("{}; LibTorch {}", experiment.hardware.describe(), compat::torch_version()));
+  const std::string blas = experiment.blas.name.empty()
+                               ? ""
+                               : fmt::format(" + {} of {}'s own pool for fp32 matmuls",
+                                             experiment.blas.threads, experiment.blas.name);
+  const int workers = experiment.train_loader->workers();
+  reporter.note(fmt::format("{}, {}, {} intra-op thread{}{}, {} loader worker{}", experiment.device.str(),
+                            config.train.precision(), experiment.threads, experiment.threads == 1 ? "" : "s",
+                            blas, workers, workers == 1 ? "" : "s"));
+  if (experiment.residency.resident || (experiment.device.is_cuda() && data.device_resident() == "auto"))
+    reporter.note(fmt::format("  data.device_resident = {}: {}", experiment.residency.resident,
+                              experiment.residency.reason));
+  for (const AutoChoice& choice : resolved.choices)
+    reporter.note(fmt::format("  auto: {} = {}: {}", choice.key, choice.value, choice.reason));
+  for (const std::string& warning : resolved.warnings) reporter.warning(warning);
+  if (experiment.group) announce_ranks(experiment, local_ranks, reporter);
+  reporter.note(
+      fmt::format("data: train {}, {} batches per epoch; {} {}", experiment.train_loader->source().describe(),
+                  experiment.train_loader->batches_per_epoch(), experiment.is_text() ? "validation" : "test",
+                  experiment.test_loader->source().describe()));
+  reporter.note(
+      fmt::format("model {}, {} parameters", config.model.name(), experiment.model->parameter_count()));
+}
+
+}  // namespace
+
+Experiment Experiment::build(const Config& requested, Reporter* reporter_in, const ImageSplits* data_in) {
+  validate(requested);
+  FT_CHECK(requested.data.batch_size() > 0,
+           "data.batch_size is \"auto\": resolve it first (resolve_batch_size, as train_run does)");
+  Experiment experiment;
+  experiment.device = parse_device(requested.train.device());
+  experiment.group = default_process_group(requested.dist);
+  const bool rank0 = !experiment.group || experiment.group->rank() == 0;
+  Reporter& reporter = reporter_in && rank0 ? *reporter_in : quiet_reporter();
+  // Before CUDA allocates anything: the allocator reads its settings once.
+  if (requested.memory.expandable_segments() && !compat::enable_expandable_segments()) {
+    reporter.warning(fmt::format("memory.expandable_segments needs LibTorch >= 2.1 (this is {}): ignored",
+                                 compat::torch_version()));
+  }
+  // The ranks on this machine share its cores: "auto" threads and workers take a share each.
+  const int local_ranks = experiment.group ? experiment.group->local_size() : 1;
+  // "auto" precision and threads become what this hardware runs best.
+  experiment.hardware = detect_hardware(experiment.device);
+  const AutoResolution resolved = resolve_auto(requested, experiment.hardware, local_ranks);
+  experiment.config = resolved.config;
+  const Config& config = experiment.config;
+  // From the start, so that peak_memory_bytes counts the dataset and the model too.
+  if (experiment.device.is_cpu()) track_cpu_allocations();
+  experiment.threads = set_threads(config.train, local_ranks);
+  experiment.blas = blas_library();
+  compat::set_backend_switches(config.train.cudnn_benchmark(), config.train.tf32(),
+                               config.train.deterministic());
+  parse_precision(config.train.precision(), experiment.device);  // fp16 on CPU fails here, before any work
+  torch::manual_seed(static_cast<uint64_t>(config.train.seed()));
+
+  ModelOptions model_options = load_data(experiment, data_in, local_ranks);
 
   // ---- model ----
   experiment.model = make_model(model_options);
@@ -372,48 +329,7 @@ Experiment Experiment::build(const Config& requested, bool announce, const Image
   experiment.model->to(experiment.device);
   if (config.train.channels_last()) to_channels_last(*experiment.model);
 
-  if (announce) {
-    // A short start: the machine, what runs where (and what "auto" chose), the data and the model.
-    fmt::print(stderr, "fasttrain: {}; LibTorch {}\n", experiment.hardware.describe(), compat::torch_version());
-    fmt::print(stderr, "fasttrain: {}, {}, {} intra-op thread{}{}, {} loader worker{}\n", experiment.device.str(),
-               config.train.precision(), experiment.threads, experiment.threads == 1 ? "" : "s",
-               experiment.blas.name.empty() ? ""
-                                            : fmt::format(" + {} of {}'s own pool for fp32 matmuls",
-                                                          experiment.blas.threads, experiment.blas.name),
-               experiment.train_loader->workers(), experiment.train_loader->workers() == 1 ? "" : "s");
-    if (experiment.residency.resident || (experiment.device.is_cuda() && data.device_resident() == "auto"))
-      fmt::print(stderr, "fasttrain:   data.device_resident = {}: {}\n", experiment.residency.resident,
-                 experiment.residency.reason);
-    for (const AutoChoice& choice : resolved.choices)
-      fmt::print(stderr, "fasttrain:   auto: {} = {}: {}\n", choice.key, choice.value, choice.reason);
-    for (const std::string& warning : resolved.warnings) fmt::print(stderr, "fasttrain: warning: {}\n", warning);
-    if (experiment.group) {
-      // The ranks on this machine asking for more threads of a pool than it has take turns.
-      const int hardware = static_cast<int>(std::thread::hardware_concurrency());
-      auto warn_oversubscribed = [&](int per_rank, const std::string& pool, const std::string& remedy) {
-        if (per_rank * local_ranks <= hardware) return;
-        fmt::print(stderr,
-                   "fasttrain: warning: {} ranks x {} {} threads on {} hardware threads: they will take "
-                   "turns; set {}\n",
-                   local_ranks, per_rank, pool, hardware, remedy);
-      };
-      warn_oversubscribed(experiment.threads, "intra-op",
-                          "train.threads = 0 (a share of the cores each) or 1");
-      warn_oversubscribed(experiment.blas.threads, experiment.blas.name + " (matmul)",
-                          fmt::format("train.blas_threads = {}", std::max(1, hardware / local_ranks)));
-      const int64_t token_budget = experiment.token_budget();
-      const int64_t per_rank = token_budget > 0 ? token_budget : data.batch_size();
-      fmt::print(stderr, "fasttrain: {} ranks ({}), {}, {} {} per rank = {} global\n", world_size,
-                 experiment.group->backend(),
-                 config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero()),
-                 token_budget > 0 ? "tokens per batch at most" : "batch", per_rank, per_rank * world_size);
-    }
-    fmt::print(stderr, "fasttrain: data: train {}, {} batches per epoch; {} {}\n",
-               experiment.train_loader->source().describe(), experiment.train_loader->batches_per_epoch(),
-               experiment.is_text() ? "validation" : "test", experiment.test_loader->source().describe());
-    fmt::print(stderr, "fasttrain: model {}, {} parameters\n", config.model.name(),
-               experiment.model->parameter_count());
-  }
+  announce_experiment(experiment, resolved, local_ranks, reporter);
   return experiment;
 }
 
@@ -453,43 +369,49 @@ Batch Experiment::largest_batch() const {
   return batch;
 }
 
-FitSummary train_run(const Config& requested, const std::string& run_dir, const RunOptions& options) {
-  // ---- distributed: rank 0 alone decides about and writes the run directory ----
-  std::shared_ptr<ProcessGroup> group = default_process_group(requested.dist);
-  const bool rank0 = !group || group->rank() == 0;
-  FT_CONFIG_CHECK(!group || requested.data.batch_size() > 0,
-                  "data.batch_size = \"auto\" is not supported in a distributed run: find it in one process "
-                  "(fasttrain find-batch) and set the per-rank size");
-  auto on_rank0 = [&](const std::function<std::string()>& decide) {
-    std::string result = rank0 ? decide() : "";
-    return group ? group->broadcast_string(result) : result;
-  };
+namespace {
 
-  // ---- where the run starts: a checkpoint, or new ----
-  Config config = requested;
+// Where a run starts: a verified checkpoint and the config it recorded, or new.
+struct RunStart {
+  Config config;  // data.batch_size resolved
   std::optional<std::string> checkpoint;
   std::optional<Config> saved;
   std::vector<std::string> extended;  // "train.epochs 2 -> 3": the resumed run is made longer
+};
+
+// Rank 0 decides, every rank learns the answer.
+std::string decided_on_rank0(const std::shared_ptr<ProcessGroup>& group,
+                             const std::function<std::string()>& decide) {
+  const bool rank0 = !group || group->rank() == 0;
+  std::string result = rank0 ? decide() : "";
+  return group ? group->broadcast_string(result) : result;
+}
+
+RunStart find_start(const Config& requested, const std::string& run_dir, const RunOptions& options,
+                    const std::shared_ptr<ProcessGroup>& group,
+                    const std::shared_ptr<Reporter>& reporter_ptr) {
+  Reporter& reporter = reporter_or_quiet(reporter_ptr);
+  RunStart start{requested, std::nullopt, std::nullopt, {}};
+  Config& config = start.config;
   if (!options.resume().empty()) {
-    const std::string target =
-        on_rank0([&] { return resume_target(options.resume(), run_dir).value_or(""); });
-    if (!target.empty()) checkpoint = target;
-    if (!checkpoint) {
-      fmt::print(stderr, "fasttrain: no checkpoint in {}/checkpoints: starting fresh\n", run_dir);
-    } else if ((saved = saved_config(*checkpoint))) {
+    const std::string target = decided_on_rank0(
+        group, [&] { return resume_target(options.resume(), run_dir, reporter).value_or(""); });
+    if (!target.empty()) start.checkpoint = target;
+    if (!start.checkpoint) {
+      reporter.note(fmt::format("no checkpoint in {}/checkpoints: starting fresh", run_dir));
+    } else if ((start.saved = saved_config(*start.checkpoint))) {
       // "auto" resumes with the size the run was searched to, not a new search.
-      if (config.data.batch_size() == 0) config.data.batch_size(saved->data.batch_size());
+      if (config.data.batch_size() == 0) config.data.batch_size(start.saved->data.batch_size());
       // The checkpoint recorded what "auto" chose then; this machine's choice is compared with it.
-      const Config resolved =
-          resolve_auto(config, detect_hardware(parse_device(config.train.device())),
-                       group ? group->local_size() : 1)
-              .config;
-      extended = check_same_training(*checkpoint, *saved, resolved);
+      const Config resolved = resolve_auto(config, detect_hardware(parse_device(config.train.device())),
+                                           group ? group->local_size() : 1)
+                                  .config;
+      start.extended = check_same_training(*start.checkpoint, *start.saved, resolved);
     }
   }
-  if (!checkpoint) {
+  if (!start.checkpoint) {
     // Every rank learns of a refusal (an earlier run without --fresh) and stops with the same error.
-    const std::string refusal = on_rank0([&] {
+    const std::string refusal = decided_on_rank0(group, [&] {
       try {
         clear_run_outputs(run_dir, options.fresh());
       } catch (const Error& error) {
@@ -499,16 +421,59 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
     });
     FT_CHECK(refusal.empty(), "{}", refusal);
   }
-  config = resolve_batch_size(config);
+  config = resolve_batch_size(config, reporter_ptr);
+  return start;
+}
 
-  Experiment experiment = Experiment::build(config, /*announce=*/true);
+// The trainer continues the checkpoint; rank 0 drops what the abandoned continuation wrote.
+void resume(Trainer& trainer, const RunStart& start, const Experiment& experiment, const std::string& run_dir,
+            Reporter& reporter) {
+  trainer.load_checkpoint(*start.checkpoint, experiment.train_loader->batches_per_epoch());
+  const int64_t step = trainer.step();
+  if (trainer.rank() != 0) return;
+  remove_later_checkpoints(run_dir + "/checkpoints", *start.checkpoint, step, reporter);
+  truncate_metrics(run_dir + "/metrics.jsonl", step);
+  reporter.note(fmt::format("resuming from {} (step {}, epoch {}, batch {} of the epoch)", *start.checkpoint,
+                            step, trainer.progress().epoch, trainer.progress().batch_in_epoch));
+  if (!start.extended.empty())
+    announce_extension(trainer, *start.saved, experiment.config, start.extended, experiment, reporter);
+}
+
+// The final weights (and their EMA) in safetensors, and the summary; ZeRO-3's are gathered on every rank.
+void write_outputs(Trainer& trainer, Model& model, const FitSummary& summary, const std::string& run_dir) {
+  std::optional<DataParallel::WholeParameters> whole;
+  if (trainer.data_parallel()) whole.emplace(*trainer.data_parallel(), /*write_back=*/false);
+  if (trainer.rank() != 0) return;
+  save_module_safetensors(model, run_dir + "/final/model.safetensors");
+  if (trainer.ema()) {
+    Ema::SwapGuard ema_weights(*trainer.ema());
+    save_module_safetensors(model, run_dir + "/final/model_ema.safetensors");
+  }
+  write_json_file(run_dir + "/summary.json", summary.to_json());
+}
+
+}  // namespace
+
+FitSummary train_run(const Config& requested, const std::string& run_dir, const RunOptions& options) {
+  // ---- distributed: rank 0 alone decides about, writes and reports the run directory ----
+  std::shared_ptr<ProcessGroup> group = default_process_group(requested.dist);
+  const bool rank0 = !group || group->rank() == 0;
+  const std::shared_ptr<Reporter> reporter_ptr = rank0 ? options.reporter() : nullptr;
+  Reporter& reporter = reporter_or_quiet(reporter_ptr);
+  FT_CONFIG_CHECK(!group || requested.data.batch_size() > 0,
+                  "data.batch_size = \"auto\" is not supported in a distributed run: find it in one process "
+                  "(fasttrain find-batch) and set the per-rank size");
+
+  // ---- where the run starts: a checkpoint, or new; then what is built ----
+  const RunStart start = find_start(requested, run_dir, options, group, reporter_ptr);
+  Experiment experiment = Experiment::build(start.config, &reporter);
   // What ran: "auto" resolved; checkpoints record it, so a resume elsewhere compares what ran.
   const Config& effective = experiment.config;
   if (rank0) {
     fs::create_directories(run_dir + "/final");
     write_text_file(run_dir + "/config.toml", to_toml(effective));
     write_text_file(run_dir + "/model.txt", experiment.model->describe());
-    fmt::print(stderr, "fasttrain: run directory {} (effective config: {}/config.toml)\n", run_dir, run_dir);
+    reporter.note(fmt::format("run directory {} (effective config: {}/config.toml)", run_dir, run_dir));
   }
   auto trainer = experiment.make_trainer();
   trainer->enable_checkpoints(RunCheckpointOptions(run_dir + "/checkpoints")
@@ -516,41 +481,20 @@ FitSummary train_run(const Config& requested, const std::string& run_dir, const 
                                   .keep(effective.checkpoint.keep())
                                   .config_toml(to_toml(effective))
                                   .fingerprint(training_fingerprint(effective)));
-  if (checkpoint) {
-    trainer->load_checkpoint(*checkpoint, experiment.train_loader->batches_per_epoch());
-    const int64_t step = trainer->step();
-    if (rank0) {
-      remove_later_checkpoints(run_dir + "/checkpoints", *checkpoint, step);
-      truncate_metrics(run_dir + "/metrics.jsonl", step);
-      fmt::print(stderr, "fasttrain: resuming from {} (step {}, epoch {}, batch {} of the epoch)\n",
-                 *checkpoint, step, trainer->progress().epoch, trainer->progress().batch_in_epoch);
-      if (!extended.empty()) announce_extension(*trainer, *saved, effective, extended, experiment);
-    }
-  } else if (!config.train.init_from().empty()) {
+  if (start.checkpoint) {
+    resume(*trainer, start, experiment, run_dir, reporter);
+  } else if (!effective.train.init_from().empty()) {
     std::optional<DataParallel::WholeParameters> whole;  // ZeRO-3: the loaded weights become the shards
     if (trainer->data_parallel()) whole.emplace(*trainer->data_parallel(), /*write_back=*/true);
-    load_module_safetensors(*experiment.model, config.train.init_from());
-    fmt::print(stderr, "fasttrain: initial weights from {}\n", config.train.init_from());
+    load_module_safetensors(*experiment.model, effective.train.init_from());
+    reporter.note("initial weights from " + effective.train.init_from());
   }
 
   // ---- train ----
-  if (config.memory.warmup()) trainer->warm_up(experiment.largest_batch());
-  if (rank0) {
-    trainer->add_callback(std::make_shared<RunLogger>(run_dir, Progress::parse_mode(config.log.progress())));
-  }
+  if (effective.memory.warmup()) trainer->warm_up(experiment.largest_batch());
+  if (rank0) trainer->add_callback(std::make_shared<RunLogger>(run_dir, reporter_ptr));
   FitSummary summary = trainer->fit(*experiment.train_loader, experiment.test_loader.get());
-  if (summary.interrupted) return summary;
-
-  // ---- outputs: final weights (and their EMA) in safetensors, the summary ----
-  std::optional<DataParallel::WholeParameters> whole;  // ZeRO-3: gathered on every rank
-  if (trainer->data_parallel()) whole.emplace(*trainer->data_parallel(), /*write_back=*/false);
-  if (!rank0) return summary;
-  save_module_safetensors(*experiment.model, run_dir + "/final/model.safetensors");
-  if (trainer->ema()) {
-    Ema::SwapGuard ema_weights(*trainer->ema());
-    save_module_safetensors(*experiment.model, run_dir + "/final/model_ema.safetensors");
-  }
-  write_json_file(run_dir + "/summary.json", summary.to_json());
+  if (!summary.interrupted) write_outputs(*trainer, *experiment.model, summary, run_dir);
   return summary;
 }
 
@@ -558,7 +502,7 @@ EvalResult eval_run(const Config& config, const std::string& weights_path) {
   Config plain = config;
   plain.ema.enabled(false);                                    // evaluate the weights in the file as they are
   if (plain.data.batch_size() == 0) plain.data.batch_size(1);  // "auto": no training batches here
-  Experiment experiment = Experiment::build(plain, /*announce=*/false);
+  Experiment experiment = Experiment::build(plain);
   FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
   load_module_safetensors(*experiment.model, weights_path);
   auto trainer = experiment.make_trainer();
@@ -601,20 +545,22 @@ LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptio
       }
       window.push_back(std::move(*batch));
     }
-    const torch::Tensor lr_tensor = torch::full({}, lr, torch::TensorOptions().device(trainer.device()).dtype(torch::kDouble));
+    const torch::Tensor lr_tensor =
+        torch::full({}, lr, torch::TensorOptions().device(trainer.device()).dtype(torch::kDouble));
     return trainer.train_step(window, lr_tensor).item<double>();
   });
   torch::serialize::InputArchive model_archive;
   model_archive.load_from(model_state);
   trainer.model().load(model_archive);
-  load_optimizer_state(trainer.optimizer(),
-                       SafetensorsFile(optimizer_before.tensors, optimizer_before.metadata, "the optimizer before find-lr"));
+  load_optimizer_state(
+      trainer.optimizer(),
+      SafetensorsFile(optimizer_before.tensors, optimizer_before.metadata, "the optimizer before find-lr"));
   return result;
 }
 
-LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options,
-                           const std::string& csv_path) {
-  Experiment experiment = Experiment::build(resolve_batch_size(config), /*announce=*/true);
+LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path,
+                           const std::shared_ptr<Reporter>& reporter) {
+  Experiment experiment = Experiment::build(resolve_batch_size(config, reporter), reporter.get());
   auto trainer = experiment.make_trainer();
   LrFinderResult result = find_lr(*trainer, *experiment.train_loader, options);
   if (!csv_path.empty()) result.write_csv(csv_path);

@@ -13,6 +13,7 @@ namespace {
 std::atomic<int> g_received{0};
 std::atomic<bool> g_announced{false};
 std::atomic<bool> g_installed{false};
+std::atomic<bool> g_quiet{false};  // kept past the guard: no run is left to stop
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
 static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
@@ -27,10 +28,12 @@ void on_signal(int signal) {
     }
     _exit(128 + signal);
   }
-  const char message[] =
-      "\nfasttrain: stopping after this micro-batch and saving a checkpoint (signal again to quit now)\n";
-  ssize_t ignored = write(STDERR_FILENO, message, sizeof(message) - 1);
-  (void)ignored;
+  if (!g_quiet.load()) {
+    const char message[] =
+        "\nfasttrain: stopping after this micro-batch and saving a checkpoint (signal again to quit now)\n";
+    ssize_t ignored = write(STDERR_FILENO, message, sizeof(message) - 1);
+    (void)ignored;
+  }
   g_announced.store(true);
 }
 
@@ -40,6 +43,7 @@ StopSignals::StopSignals() {
   FT_CHECK(!g_installed.exchange(true), "only one StopSignals guard may exist at a time");
   g_received.store(0);
   g_announced.store(false);
+  g_quiet.store(false);
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
@@ -51,6 +55,7 @@ StopSignals::StopSignals() {
 }
 
 StopSignals::~StopSignals() {
+  g_quiet.store(keep_installed_);
   if (!keep_installed_) {
     sigaction(SIGINT, &previous_int_, nullptr);
     sigaction(SIGTERM, &previous_term_, nullptr);

@@ -90,7 +90,7 @@ TEST(Profile, MinSecondsTimesPastTheStepsUntilThatLong) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
   const Config config = with_room_to_profile(small_config());
-  const auto timed = ProfileOptions().steps(3).warmup_steps(1).record(false).announce(false);
+  const auto timed = ProfileOptions().steps(3).warmup_steps(1).record(false);
   const ProfileResult exact = profile_run(config, dir.file("exact"), timed);
   EXPECT_EQ(exact.steps, 3);
   const ProfileResult longer =
@@ -145,7 +145,7 @@ TEST(Profile, NormalStepsReadNothingBackToTheHost) {
   Config config = small_config();
   config.log.every_steps(1000);  // one log record: at the end of the 30 steps
   config.train.clip_norm(1.0).label_smoothing(0.1);
-  Experiment experiment = Experiment::build(config, /*announce=*/false);
+  Experiment experiment = Experiment::build(config);
   auto trainer = experiment.make_trainer();
   trainer->set_log_every(1000);
   testing::TempDir dir;

@@ -47,7 +47,7 @@ TEST(BatchFinder, FindsTheLargestBatchUnderTheBudget) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
   config.memory.budget("96MiB");
-  auto options = BatchFinderOptions().verbose(false).tolerance(0.05);
+  auto options = BatchFinderOptions().tolerance(0.05);
   BatchFinderResult result = find_batch_size(config, options);
   ASSERT_GT(result.batch_size, 16);
   EXPECT_LT(result.batch_size, 4096) << "the budget must bind for this test to mean anything";
@@ -73,7 +73,7 @@ TEST(BatchFinder, FindsTheLargestBatchUnderTheBudget) {
   Config run = config;
   run.data.batch_size(result.batch_size);
   run.train.max_steps(20);
-  Experiment experiment = Experiment::build(run, /*announce=*/false);
+  Experiment experiment = Experiment::build(run);
   FitSummary summary = experiment.make_trainer()->fit(*experiment.train_loader, experiment.test_loader.get());
   EXPECT_LE(summary.peak_memory_bytes, result.budget_bytes);
 }
@@ -82,14 +82,14 @@ TEST(BatchFinder, OnCpuTheBudgetIsRequiredAndMustHoldOneSample) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
   try {
-    find_batch_size(config, BatchFinderOptions().verbose(false));
+    find_batch_size(config, BatchFinderOptions());
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
     EXPECT_NE(std::string(error.what()).find("memory.budget"), std::string::npos) << error.what();
   }
   config.memory.budget("1MiB");  // less than the dataset itself
   try {
-    find_batch_size(config, BatchFinderOptions().verbose(false));
+    find_batch_size(config, BatchFinderOptions());
     FAIL() << "expected Error";
   } catch (const Error& error) {
     EXPECT_NE(
@@ -107,7 +107,7 @@ TEST(BatchFinder, ResolveReplacesOnlyAuto) {
   EXPECT_EQ(resolve_batch_size(config).data.batch_size(), 96);
   config.data.batch_size(0);
   try {
-    Experiment::build(config, /*announce=*/false);
+    Experiment::build(config);
     FAIL() << "an unresolved \"auto\" must not build";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("resolve"), std::string::npos) << error.what();

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,7 @@
 
 #include "fasttrain/state/file_io.h"
 #include "fasttrain/train/run.h"
+#include "fasttrain/train/run_logger.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 
@@ -76,7 +78,7 @@ TEST(TextRun, TokenBucketsTrainWithLittlePaddingAndMemoryWarmUpAtTheLongest) {
   Config config = text_config(write_text_corpus(dir));
   config.data.batching("tokens").max_tokens(128);
   config.memory.warmup(true);
-  Experiment experiment = Experiment::build(config, /*announce=*/false);
+  Experiment experiment = Experiment::build(config);
   const Batch largest = experiment.largest_batch();
   EXPECT_EQ(largest.inputs.sizes(), (torch::IntArrayRef{4, 32}));  // max_tokens / context sequences
   const FitSummary bucketed = train_run(config, dir.file("bucketed"));
@@ -106,15 +108,88 @@ TEST(TextRun, BlasThreadsChangeNoLoss) {
   std::vector<double> losses;
   for (int threads : {1, 2}) {
     config.train.blas_threads(threads);
-    EXPECT_EQ(Experiment::build(config, /*announce=*/false).blas.threads, threads);
+    EXPECT_EQ(Experiment::build(config).blas.threads, threads);
     const FitSummary summary = train_run(config, dir.file("blas" + std::to_string(threads)));
     ASSERT_TRUE(summary.last_eval.has_value());
     losses.push_back(summary.last_eval->loss);
   }
   EXPECT_NEAR(losses[0], losses[1], 1e-5 * losses[0]);
   config.train.blas_threads(0);  // the library's own count again
-  EXPECT_EQ(Experiment::build(config, /*announce=*/false).blas.threads, at_start);
+  EXPECT_EQ(Experiment::build(config).blas.threads, at_start);
   EXPECT_TRUE(contains_all(error_message([] { set_blas_threads(-1); }), {"train.blas_threads", "-1"}));
+}
+
+// Every event a run sends, in order, as text.
+class RecordingReporter : public Reporter {
+ public:
+  void note(const std::string& text) override { events.push_back("note " + text); }
+  void warning(const std::string& text) override { events.push_back("warning " + text); }
+  void training_started(int64_t total_steps) override {
+    events.push_back(fmt::format("started {}", total_steps));
+  }
+  void training_progress(const ProgressState& state) override {
+    events.push_back(fmt::format("progress {}", state.step));
+  }
+  void training_finished() override { events.push_back("finished"); }
+  int64_t count(const std::string& prefix) const {
+    return std::count_if(events.begin(), events.end(),
+                         [&](const std::string& e) { return e.rfind(prefix, 0) == 0; });
+  }
+  std::vector<std::string> events;
+};
+
+// The library says nothing itself: what a run builds and does reaches the reporter the caller passed,
+// and without one, stderr stays empty while metrics.jsonl is written all the same.
+TEST(TextRun, RunsReportThroughTheReporterAndPrintNothingThemselves) {
+  TempDir dir;
+  Config config = text_config(write_text_corpus(dir));
+  config.train.max_steps(20).eval_every_steps(10);
+  auto recorder = std::make_shared<RecordingReporter>();
+  ::testing::internal::CaptureStderr();
+  train_run(config, dir.file("reported"), RunOptions().reporter(recorder));
+  train_run(config, dir.file("quiet"));
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+  const auto& events = recorder->events;
+  auto has = [&](const std::string& text) {
+    return std::any_of(events.begin(), events.end(),
+                       [&](const std::string& e) { return e.find(text) != std::string::npos; });
+  };
+  EXPECT_TRUE(has("LibTorch")) << "the machine and LibTorch";
+  EXPECT_TRUE(has("note model gpt,"));
+  EXPECT_TRUE(has("note data: train"));
+  EXPECT_TRUE(has("note run directory " + dir.file("reported")));
+  EXPECT_EQ(recorder->count("started 20"), 1);
+  EXPECT_EQ(recorder->count("progress"), 2);  // log.every_steps = 10 of 20
+  EXPECT_EQ(recorder->count("finished"), 1);
+  EXPECT_GE(recorder->count("note step 10 epoch"), 1) << "the evaluation at step 10";
+  auto records = [&](const std::string& run) {
+    const std::string text = read_text_file(dir.file(run + "/metrics.jsonl"));
+    return std::count(text.begin(), text.end(), '\n');
+  };
+  EXPECT_GE(records("reported"), 3);
+  EXPECT_EQ(records("quiet"), records("reported")) << "the same records with or without a reporter";
+}
+
+// A library user driving a Trainer gets the run directory's records by adding a RunLogger.
+TEST(TextRun, RunLoggerWritesMetricsForATrainerDrivenDirectly) {
+  TempDir dir;
+  Config config = text_config(write_text_corpus(dir));
+  config.train.max_steps(20).eval_every_steps(20);
+  Experiment experiment = Experiment::build(config);
+  auto trainer = experiment.make_trainer();
+  auto recorder = std::make_shared<RecordingReporter>();
+  trainer->add_callback(std::make_shared<RunLogger>(dir.path(), recorder));
+  trainer->fit(*experiment.train_loader, experiment.test_loader.get());
+  std::istringstream metrics(read_text_file(dir.file("metrics.jsonl")));
+  std::vector<std::string> kinds;
+  for (std::string line; std::getline(metrics, line);) kinds.push_back(nlohmann::json::parse(line)["kind"]);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "train"), 2);
+  EXPECT_GE(std::count(kinds.begin(), kinds.end(), "eval"), 1);
+  EXPECT_EQ(recorder->count("progress"), 2);
+  bool has_events = false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    has_events |= entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  EXPECT_TRUE(has_events) << "TensorBoard events next to metrics.jsonl";
 }
 
 TEST(TextRun, ModelAndDataMustMatch) {

@@ -109,12 +109,12 @@ TEST(Experiment, BackendSwitchesReachTheGlobalContext) {
   Config config;
   config.data.train_limit(256);
   config.train.deterministic(true).tf32(false);
-  Experiment::build(config, /*announce=*/false);
+  Experiment::build(config);
   EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
   EXPECT_FALSE(at::globalContext().benchmarkCuDNN()) << "deterministic turns cudnn_benchmark off";
   EXPECT_FALSE(at::globalContext().allowTF32CuBLAS());
   config.train.deterministic(false).tf32(true).cudnn_benchmark(true);
-  Experiment::build(config, /*announce=*/false);
+  Experiment::build(config);
   EXPECT_FALSE(at::globalContext().deterministicAlgorithms());
   EXPECT_TRUE(at::globalContext().benchmarkCuDNN());
   EXPECT_TRUE(at::globalContext().allowTF32CuBLAS());
@@ -353,7 +353,7 @@ TEST(Experiment, CheckpointedRunTrainsTheSameWeights) {
     config.model.name("cnn").widths({8, 16}).hidden({32}).batchnorm(true).dropout(0.2);
     config.train.max_steps(8).threads(1).device("cpu");  // bitwise-close: CPU kernels (cuDNN picks per run)
     config.memory.checkpoint(mode);
-    Experiment experiment = Experiment::build(config, /*announce=*/false);
+    Experiment experiment = Experiment::build(config);
     EXPECT_EQ(experiment.model->checkpointing().enabled(), mode != "none");
     experiment.make_trainer()->fit(*experiment.train_loader, nullptr);
     std::vector<torch::Tensor> state;

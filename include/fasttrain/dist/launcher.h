@@ -10,9 +10,11 @@
 // When a child fails (non-zero exit or killed by a signal) the others get SIGTERM, and SIGKILL after
 // grace_s; launch() returns the first failure's exit code (128 + N for signal N), 0 when all
 // succeed. A child never outlives the launcher (PR_SET_PDEATHSIG).
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "fasttrain/log/reporter.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -25,8 +27,9 @@ struct LaunchOptions {
   FT_ARG(int, master_port) = 0;
   // Seconds the other ranks get to exit after a failure (or a forwarded signal) before SIGKILL.
   FT_ARG(double, grace_s) = 10;
-  // Print one line per child that exits, to stderr.
-  FT_ARG(bool, verbose) = true;
+  // Hears the start, a forwarded signal and each rank that fails (the CLI's ConsoleReporter named
+  // "fasttrain launch"); null: nothing said.
+  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 int launch(const LaunchOptions& options, const std::vector<std::string>& command);

@@ -37,6 +37,8 @@ struct DoctorOptions {
   FT_ARG(int64_t, warmup_steps) = 5;
   // Each timed comparison run lasts at least `steps` and at least this long (short runs are noise).
   FT_ARG(double, min_seconds) = 2.0;
+  // Hears the batch search of data.batch_size = "auto" (null: nothing said).
+  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 // How much a finding matters, in ranking order.

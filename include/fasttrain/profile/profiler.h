@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fasttrain/config/config.h"
+#include "fasttrain/log/reporter.h"
 #include "fasttrain/profile/phases.h"
 #include "fasttrain/train/run.h"
 #include "fasttrain/util/arg.h"
@@ -37,8 +38,8 @@ struct ProfileOptions {
   FT_ARG(double, min_seconds) = 0.0;
   // Operators listed in the table (by total self time).
   FT_ARG(int64_t, top_operators) = 15;
-  // Print what was built (device, data, model) to stderr.
-  FT_ARG(bool, announce) = true;
+  // Hears what was built (device, data, model); null: nothing said.
+  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
   // Record the trace and the memory timeline. Off: only time the steps, what the tuner compares
   // (recording costs every operator and allocation something, which distorts models of many small
   // ops: the gpt measured 3.6k tokens/s recorded against 15k unrecorded).

@@ -17,10 +17,12 @@
 // `min_gain` faster (a first pair of runs that says so is timed again, and the means must agree)
 // and its losses stay finite (the trainer's own check: a diverging trial fails and is reported, not
 // kept).
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fasttrain/config/config.h"
+#include "fasttrain/log/reporter.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -35,6 +37,8 @@ struct TuneOptions {
   FT_ARG(double, min_gain) = 1.10;
   // Also try larger batches (changes the optimisation, so off unless asked).
   FT_ARG(bool, batch) = false;
+  // Hears the batch search of data.batch_size = "auto" (null: nothing said).
+  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 struct TuneTrial {

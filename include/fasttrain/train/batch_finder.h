@@ -16,10 +16,12 @@
 //   std::cout << result.table();    // every size tried: fits, peak bytes, samples/s
 //   config.data.batch_size(result.batch_size);
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "fasttrain/config/config.h"
+#include "fasttrain/log/reporter.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -35,8 +37,8 @@ struct BatchFinderOptions {
   FT_ARG(double, tolerance) = 0.05;
   // The largest size tried (0 = the training set's size).
   FT_ARG(int64_t, max_batch) = 0;
-  // Print each trial to stderr as it finishes.
-  FT_ARG(bool, verbose) = true;
+  // Hears each trial as it finishes (null: nothing said).
+  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 struct BatchTrial {
@@ -62,8 +64,8 @@ struct BatchFinderResult {
 BatchFinderResult find_batch_size(const Config& config,
                                   const BatchFinderOptions& options = BatchFinderOptions());
 
-// `config` with data.batch_size = "auto" replaced by find_batch_size's answer (printed with its
-// table to stderr); any other config is returned as it is.
-Config resolve_batch_size(const Config& config);
+// `config` with data.batch_size = "auto" replaced by find_batch_size's answer (told to `reporter` with
+// its table); any other config is returned as it is.
+Config resolve_batch_size(const Config& config, const std::shared_ptr<Reporter>& reporter = nullptr);
 
 }  // namespace fasttrain

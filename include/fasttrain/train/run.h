@@ -16,6 +16,7 @@
 #include "fasttrain/data/device_resident.h"
 #include "fasttrain/data/loader.h"
 #include "fasttrain/data/text.h"
+#include "fasttrain/log/reporter.h"
 #include "fasttrain/models/generate.h"
 #include "fasttrain/optim/lr_finder.h"
 #include "fasttrain/train/trainer.h"
@@ -26,7 +27,8 @@
 namespace fasttrain {
 
 // Everything a run is made of, built from a config: device and threads set, data loaded, model
-// initialised from train.seed. `announce` prints what was built (threads, data, model) to stderr.
+// initialised from train.seed. `reporter` (on rank 0; null: nothing said) hears what was built and
+// chosen: the machine, threads, "auto" choices and their reasons, the data, the model.
 struct Experiment {
   Config config;  // as it runs: "auto" precision and threads resolved for `hardware`
   torch::Device device = torch::kCPU;
@@ -45,7 +47,7 @@ struct Experiment {
 
   // `data`: the loaded dataset to use instead of reading it again (find_batch_size's trials).
   // data.batch_size must be resolved (not "auto": resolve_batch_size).
-  static Experiment build(const Config& config, bool announce, const ImageSplits* data = nullptr);
+  static Experiment build(const Config& config, Reporter* reporter = nullptr, const ImageSplits* data = nullptr);
   // Optimizer, schedule (planned over the run) and options: a Trainer ready to fit() (data parallel
   // over `group` when there is one).
   std::unique_ptr<Trainer> make_trainer() const;
@@ -69,6 +71,9 @@ struct RunOptions {
   // A new run in a directory that holds an earlier one's checkpoints is an error unless `fresh`:
   // then its checkpoints, metrics, events, final weights and summary are removed first.
   FT_ARG(bool, fresh) = false;
+  // Hears what the run builds, chooses and does, and its progress (the CLI's ConsoleReporter); null:
+  // nothing is said. metrics.jsonl and the TensorBoard events are written either way.
+  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 // Trains and writes the run directory (data.batch_size = "auto" is resolved first, or taken from
@@ -94,6 +99,7 @@ std::string generate_run(const Config& config, const std::string& weights_path, 
 LrFinderResult find_lr(Trainer& trainer, DataLoader& loader, const LrFinderOptions& options);
 
 // LR range test on the config's model and data. Writes the curve to `csv_path` when it is not empty.
-LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path);
+LrFinderResult find_lr_run(const Config& config, const LrFinderOptions& options, const std::string& csv_path,
+                           const std::shared_ptr<Reporter>& reporter = nullptr);
 
 }  // namespace fasttrain

@@ -25,7 +25,8 @@ class StopSignals {
   // The handlers stay for the rest of the process when the guard is destroyed (another guard may be
   // made): an error unwinding past the guard is still reported by main(), where a stop signal in
   // between (a launcher stopping the other ranks of a failed job) would have ended the process
-  // first. A signal then only sets received(); a second one still ends the process.
+  // first. A signal then only sets received(), silently (no run is left to stop); a second one still
+  // ends the process.
   void keep_installed() { keep_installed_ = true; }
 
  private:

@@ -57,6 +57,7 @@ namespace fasttrain {
 
 class CheckpointWriter;
 class FitSession;
+class SafetensorsFile;
 
 // What a log interval measured.
 struct StepRecord {
@@ -287,6 +288,8 @@ class Trainer {
   bool sharded_optimizer() const;
   std::string optimizer_file_name() const;
   std::string rng_file_name() const;
+  // No gradients and no window loss, or those of the accumulation window a checkpoint stopped inside.
+  void restore_window(const std::optional<SafetensorsFile>& window_file);
 
   std::shared_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
