@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+#include <type_traits>
+
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
@@ -20,6 +23,78 @@ void expect_config_error(Fn&& fn, std::vector<std::string> parts) {
       EXPECT_NE(std::string(error.what()).find(part), std::string::npos)
           << "message: " << error.what() << "\nmissing: " << part;
   }
+}
+
+// A section as the option structs declare theirs: keys, a plain option between them, rules.
+struct SampleSection {
+  FT_KEYS(SampleSection);
+  explicit SampleSection(std::string name) : name_(std::move(name)) {}
+  FT_KEY(std::string, name, "What it is called", one_of({"a", "b"}));
+  FT_ARG(int64_t, not_a_key) = 7;
+  FT_KEY(int64_t, steps, "How many", at_least(1)) = 3;
+  FT_KEY(int, workers, "Threads, or \"auto\"", integer_or_auto<int>(-1, 0)) = -1;
+  FT_KEY(double, fraction,
+         "A fraction written over "
+         "two lines",
+         in_unit_interval()) = 0.5;
+};
+
+struct SeenKey {
+  std::string name, help;
+  std::function<void()> check_bad_value;
+};
+
+TEST(ConfigKeys, ASectionListsItsKeysInDeclarationOrderWithHelpRuleAndMember) {
+  std::vector<SeenKey> seen;
+  SampleSection section("a");
+  for_each_key<SampleSection>([&](const auto& key) {
+    using T = typename std::decay_t<decltype(key)>::Type;
+    SeenKey entry{key.name, key.help, nullptr};
+    if constexpr (std::is_same_v<T, int64_t>) {
+      EXPECT_EQ(section.*(key.member), 3);  // the member the key sets, with its default
+      entry.check_bad_value = [rule = key.rule] { rule.check("sample.steps", 0); };
+    }
+    if constexpr (std::is_same_v<T, std::string>) {
+      entry.check_bad_value = [rule = key.rule] { rule.check("sample.name", "c"); };
+    }
+    if constexpr (std::is_same_v<T, int>) {
+      EXPECT_EQ(key.rule.auto_value, -1);
+      entry.check_bad_value = [rule = key.rule] { rule.check("sample.workers", -2); };
+    }
+    if constexpr (std::is_same_v<T, double>) {
+      entry.check_bad_value = [rule = key.rule] { rule.check("sample.fraction", 1.5); };
+    }
+    seen.push_back(entry);
+  });
+  ASSERT_EQ(seen.size(), 4u) << "not_a_key is an FT_ARG: an option, not a key";
+  EXPECT_EQ(seen[0].name, "name");
+  EXPECT_EQ(seen[1].name, "steps");
+  EXPECT_EQ(seen[2].name, "workers");
+  EXPECT_EQ(seen[3].name, "fraction");
+  EXPECT_EQ(seen[3].help, "A fraction written over two lines");
+  expect_config_error(seen[0].check_bad_value, {"sample.name 'c' is not allowed; valid: a, b"});
+  expect_config_error(seen[1].check_bad_value, {"sample.steps must be >= 1, got 0"});
+  expect_config_error(seen[2].check_bad_value, {"sample.workers must be an integer >= 0 or \"auto\", got -2"});
+  expect_config_error(seen[3].check_bad_value, {"sample.fraction must be in [0, 1], got 1.5"});
+  // Still an options struct: chained setters, getters.
+  EXPECT_EQ(SampleSection("b").steps(5).not_a_key(), 7);
+}
+
+// The schema is the FT_KEYs of Config's sections: every key documented, every default written back as
+// it reads.
+TEST(ConfigKeys, EverySectionKeyIsDocumentedAndItsDefaultRoundTrips) {
+  const std::string reference = config_reference();
+  int keys = 0;
+  for_each_key<TrainOptions>([&](const auto& key) {
+    ++keys;
+    EXPECT_NE(reference.find(fmt::format("| `{}` |", key.name)), std::string::npos) << key.name;
+    EXPECT_FALSE(std::string(key.help).empty()) << key.name;
+  });
+  EXPECT_EQ(keys, 21);
+  Config defaults;
+  Config reread;
+  apply_toml(reread, to_toml(defaults), "defaults");
+  EXPECT_EQ(to_toml(reread), to_toml(defaults));
 }
 
 TEST(Config, TomlMapsOntoTheOptionStructs) {

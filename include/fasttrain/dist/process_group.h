@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "fasttrain/util/arg.h"
+#include "fasttrain/util/key.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -32,18 +33,27 @@ namespace fasttrain {
 
 // [dist]: how ranks talk and what they shard.
 struct DistOptions {
-  // "auto" (gloo on CPU), "gloo" or "nccl" (needs a LibTorch built with NCCL).
-  FT_ARG(std::string, backend) = "auto";
-  // Longest wait of any collective or rendezvous before the run fails (PyTorch's default is 1800).
-  FT_ARG(double, timeout_s) = 300;
-  // DDP gradient buckets (all-reduced as soon as each is ready in backward), MiB.
-  FT_ARG(double, bucket_cap_mb) = 25;
-  // 0 = DDP (every rank holds the optimizer state); 1 = ZeRO-1 (optimizer state sharded);
-  // 2 = ZeRO-2 (optimizer state and gradients sharded); 3 = fully sharded (and the parameters, each
-  // block's gathered for its forward and backward: dist/fully_sharded.h).
-  FT_ARG(int, zero) = 0;
-  // Before each forward, rank 0's buffers (BatchNorm statistics) replace the others', as DDP does.
-  FT_ARG(bool, broadcast_buffers) = true;
+  FT_KEYS(DistOptions);
+  FT_KEY(std::string, backend,
+         "Collectives of a distributed run (torchrun, srun or fasttrain launch): auto (gloo on CPU), gloo or "
+         "nccl (a LibTorch built with NCCL)",
+         one_of({"auto", "gloo", "nccl"})) = "auto";
+  FT_KEY(
+      double, timeout_s,
+      "Longest wait of the rendezvous or any collective: a rank that died or hangs fails the others after it",
+      above(0)) = 300;
+  FT_KEY(double, bucket_cap_mb,
+         "DDP gradient buckets, MiB: each is all-reduced as soon as backward has filled it", above(0)) = 25;
+  FT_KEY(int, zero,
+         "0 = DDP; 1 = ZeRO-1 (optimizer state sharded across ranks); 2 = ZeRO-2 (and gradients, "
+         "reduce-scattered); 3 = fully sharded (and each block's parameters, gathered for its forward and "
+         "backward)",
+         [](const std::string& key, const int& value) {
+           FT_CONFIG_CHECK(value >= 0 && value <= 3, "{} must be 0, 1, 2 or 3, got {}", key, value);
+         }) = 0;
+  FT_KEY(bool, broadcast_buffers,
+         "Before each forward, rank 0's buffers (BatchNorm statistics) replace the other ranks' (as DDP)") =
+      true;
 };
 
 // Where this process sits in the job, read from the environment.

@@ -17,39 +17,48 @@
 
 #include "fasttrain/memory/checkpoint.h"
 #include "fasttrain/util/arg.h"
+#include "fasttrain/util/key.h"
 
 namespace fasttrain {
 
+// The registered models' names (an unknown model.name lists them).
+const std::vector<std::string>& model_names();
+
+// [model]
 struct ModelOptions {
+  FT_KEYS(ModelOptions);
   explicit ModelOptions(std::string name) : name_(std::move(name)) {}
-  FT_ARG(std::string, name);
+  FT_KEY(std::string, name,
+         "Model: mlp, cnn, resnet (images), or gpt (byte-level text: data.dataset = \"text\")",
+         one_of(model_names()));
   // Set from the dataset.
   FT_ARG(int64_t, in_channels) = 1;
   FT_ARG(int64_t, height) = 28;
   FT_ARG(int64_t, width) = 28;
   FT_ARG(int64_t, num_classes) = 10;
-  // cnn: channels of each 3x3 conv stage (each followed by a 2x2 max-pool).
-  // resnet: channels of each stage (the first is also the stem; later stages halve the resolution).
-  FT_ARG(std::vector<int64_t>, widths) = std::vector<int64_t>{32, 64};
-  // mlp and cnn: hidden fully connected layers before the classifier.
-  FT_ARG(std::vector<int64_t>, hidden) = std::vector<int64_t>{128};
-  // cnn: BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it).
-  FT_ARG(bool, batchnorm) = false;
-  // cnn: keep the conv bias before BatchNorm anyway, as a PyTorch model built with
-  // Conv2d(bias=True) has it (to load its weights); wasted work otherwise.
-  FT_ARG(bool, bias_before_norm) = false;
-  // cnn: max-pool straight after each conv, then [BatchNorm +] ReLU: max-pool and ReLU commute, and
-  // normalising the pooled map is 4x less work than normalising the full one.
-  FT_ARG(bool, pool_first) = false;
-  // resnet: residual blocks per stage.
-  FT_ARG(int64_t, blocks) = 1;
-  // Dropout before each fully connected layer (0 = none); gpt: on the embeddings and each residual branch.
-  FT_ARG(double, dropout) = 0.0;
-  // gpt: transformer blocks, attention heads, embedding width (a multiple of heads), longest sequence.
-  FT_ARG(int64_t, layers) = 4;
-  FT_ARG(int64_t, heads) = 4;
-  FT_ARG(int64_t, embed) = 128;
-  FT_ARG(int64_t, context) = 128;
+  FT_KEY(std::vector<int64_t>, widths,
+         "cnn: channels of each 3x3 conv stage (each followed by a 2x2 max-pool); resnet: channels of each "
+         "stage (the first is also the stem; later stages halve the resolution)") = std::vector<int64_t>{32,
+                                                                                                         64};
+  FT_KEY(std::vector<int64_t>, hidden,
+         "Hidden fully connected layers before the classifier") = std::vector<int64_t>{128};
+  FT_KEY(bool, batchnorm,
+         "cnn: BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it)") = false;
+  FT_KEY(bool, bias_before_norm,
+         "cnn: keep the conv bias before BatchNorm (as PyTorch's Conv2d(bias=True) has it, to load its "
+         "weights); wasted work otherwise") = false;
+  FT_KEY(bool, pool_first,
+         "cnn: max-pool right after each conv, before BatchNorm and ReLU (they commute with it; 4x less "
+         "normalisation work)") = false;
+  FT_KEY(int64_t, blocks, "resnet: residual blocks per stage", at_least(1)) = 1;
+  FT_KEY(double, dropout,
+         "Dropout before each fully connected layer (gpt: on the embeddings and each residual branch)",
+         in_unit_interval()) = 0.0;
+  // ---- gpt ----
+  FT_KEY(int64_t, layers, "gpt: transformer blocks", at_least(1)) = 4;
+  FT_KEY(int64_t, heads, "gpt: attention heads", at_least(1)) = 4;
+  FT_KEY(int64_t, embed, "gpt: embedding width (a multiple of heads)", at_least(1)) = 128;
+  FT_KEY(int64_t, context, "gpt: longest sequence (positions embedded)", at_least(1)) = 128;
 };
 
 // A classifier: images in, logits out.
@@ -83,8 +92,6 @@ class Model : public torch::nn::Module {
   std::vector<torch::nn::Sequential> stages_;
   BlockHooks* block_hooks_ = nullptr;
 };
-
-const std::vector<std::string>& model_names();
 
 // The fully connected head every model ends with: for each of options.hidden() [Dropout +] Linear +
 // ReLU, then [Dropout +] the Linear classifier, from `features` inputs to options.num_classes().

@@ -30,21 +30,33 @@
 #include <vector>
 
 #include "fasttrain/util/arg.h"
+#include "fasttrain/util/key.h"
 
 namespace fasttrain {
 
+// The registered optimizers' names: "sgd", "adam", "adamw".
+std::vector<std::string> optimizer_names();
+// The kernels optim.kernel accepts.
+const std::vector<std::string>& optimizer_kernel_names();
+
+// [optim]
 struct OptimizerOptions {
+  FT_KEYS(OptimizerOptions);
   explicit OptimizerOptions(std::string name) : name_(std::move(name)) {}
-  FT_ARG(std::string, name);
-  FT_ARG(double, lr) = 1e-3;
-  FT_ARG(double, momentum) = 0.9;  // sgd momentum; adam/adamw beta1 is betas[0]
-  FT_ARG(bool, nesterov) = false;
-  FT_ARG(double, weight_decay) = 0.0;
-  FT_ARG(double, beta1) = 0.9;
-  FT_ARG(double, beta2) = 0.999;
-  FT_ARG(double, eps) = 1e-8;
-  // "auto" | "fused" | "foreach" (see the top of this file).
-  FT_ARG(std::string, kernel) = "auto";
+  FT_KEY(std::string, name, "Optimizer: sgd, adam or adamw", one_of(optimizer_names()));
+  FT_KEY(double, lr, "Learning rate (the peak of one-cycle and cyclic schedules)", above(0)) = 1e-3;
+  FT_KEY(double, momentum, "sgd momentum", in_unit_interval()) = 0.9;
+  FT_KEY(bool, nesterov, "sgd Nesterov momentum") = false;
+  FT_KEY(double, weight_decay, "Weight decay (decoupled for adamw); never applied to biases and norm weights",
+         at_least(0)) = 0.0;
+  FT_KEY(double, beta1, "adam/adamw beta1", in_unit_interval()) = 0.9;
+  FT_KEY(double, beta2, "adam/adamw beta2", in_unit_interval()) = 0.999;
+  FT_KEY(double, eps, "adam/adamw epsilon", above(0)) = 1e-8;
+  FT_KEY(std::string, kernel,
+         "How the optimizer steps on the device: fused (ATen's fused multi-tensor kernel, one launch per "
+         "group; CUDA, and CPU from LibTorch 2.4), foreach (multi-tensor ops; every LibTorch) or auto (fused "
+         "where the device has it)",
+         one_of(optimizer_kernel_names())) = "auto";
 };
 
 // Parameters stepped alike; `names` name them in checkpoints (the model's names, or ZeRO's parts).
@@ -158,12 +170,8 @@ struct OptimizerKind {
 };
 // The registered kinds, in the order they are listed.
 const std::vector<OptimizerKind>& optimizer_kinds();
-// Their names: "sgd", "adam", "adamw".
-std::vector<std::string> optimizer_names();
 // The kind called `name`; a ConfigError listing the valid names when there is none.
 const OptimizerKind& optimizer_kind(const std::string& name);
-// The kernels optim.kernel accepts.
-const std::vector<std::string>& optimizer_kernel_names();
 
 // Validates `options`: throws ConfigError naming optim.<key> and the value for an unknown name or
 // kernel (the message lists the valid ones), a non-finite or negative lr / weight_decay / eps,

@@ -21,43 +21,49 @@
 //                                            /*max_lr=*/0.01, /*base_momentum=*/0.9, /*total_steps=*/1000);
 //   double lr = schedule->lr(step);                   // step = optimizer steps taken so far
 //   std::optional<double> m = schedule->momentum(step);
-#include <cstdint>
 #include <torch/types.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "fasttrain/util/arg.h"
+#include "fasttrain/util/key.h"
 
 namespace fasttrain {
 
-struct ScheduleOptions {
-  explicit ScheduleOptions(std::string name) : name_(std::move(name)) {}
-  FT_ARG(std::string, name);
-  // step
-  FT_ARG(int64_t, step_size) = 1000;
-  FT_ARG(double, gamma) = 0.1;
-  // cosine
-  FT_ARG(int64_t, warmup_steps) = 0;
-  FT_ARG(double, min_lr) = 0.0;
-  // one-cycle
-  FT_ARG(double, pct_start) = 0.3;
-  FT_ARG(double, div_factor) = 25.0;
-  FT_ARG(double, final_div_factor) = 1e4;
-  FT_ARG(std::string, anneal) = "cos";  // "cos" | "linear"
-  FT_ARG(bool, cycle_momentum) = true;
-  FT_ARG(double, base_momentum) = 0.85;
-  FT_ARG(double, max_momentum) = 0.95;
-  FT_ARG(bool, three_phase) = false;
-  // cyclic (triangular); the max is the optimizer's lr
-  FT_ARG(double, base_lr) = 1e-4;
-  FT_ARG(int64_t, step_size_up) = 2000;
-  FT_ARG(int64_t, step_size_down) = 0;  // 0 = same as step_size_up
-};
-
 const std::vector<std::string>& schedule_names();
+
+// [schedule]
+struct ScheduleOptions {
+  FT_KEYS(ScheduleOptions);
+  explicit ScheduleOptions(std::string name) : name_(std::move(name)) {}
+  FT_KEY(std::string, name, "Schedule: constant, step, cosine, one-cycle or cyclic",
+         one_of(schedule_names()));
+  // ---- step ----
+  FT_KEY(int64_t, step_size, "step: optimizer steps between decays", at_least(1)) = 1000;
+  FT_KEY(double, gamma, "step: decay factor", above(0)) = 0.1;
+  // ---- cosine ----
+  FT_KEY(int64_t, warmup_steps, "cosine: linear warmup steps", at_least(0)) = 0;
+  FT_KEY(double, min_lr, "cosine: final learning rate", at_least(0)) = 0.0;
+  // ---- one-cycle ----
+  FT_KEY(double, pct_start, "one-cycle: fraction of the steps spent rising to optim.lr",
+         in_unit_interval()) = 0.3;
+  FT_KEY(double, div_factor, "one-cycle: initial lr = optim.lr / div_factor", above(0)) = 25.0;
+  FT_KEY(double, final_div_factor, "one-cycle: final lr = initial lr / final_div_factor", above(0)) = 1e4;
+  FT_KEY(std::string, anneal, "one-cycle: annealing shape, cos or linear", one_of({"cos", "linear"})) = "cos";
+  FT_KEY(bool, cycle_momentum,
+         "one-cycle and cyclic: cycle momentum (sgd) or beta1 (adam) inversely to the lr") = true;
+  FT_KEY(double, base_momentum, "Lowest momentum of the cycle", in_unit_interval()) = 0.85;
+  FT_KEY(double, max_momentum, "Highest momentum of the cycle", in_unit_interval()) = 0.95;
+  FT_KEY(bool, three_phase, "one-cycle: fastai-style third phase that annihilates the lr") = false;
+  // ---- cyclic (triangular; the highest lr is the optimizer's) ----
+  FT_KEY(double, base_lr, "cyclic: lowest lr (the highest is optim.lr)", above(0)) = 1e-4;
+  FT_KEY(int64_t, step_size_up, "cyclic: steps rising", at_least(1)) = 2000;
+  FT_KEY(int64_t, step_size_down, "cyclic: steps falling (0 = step_size_up)", at_least(0)) = 0;
+};
 
 class Schedule {
  public:

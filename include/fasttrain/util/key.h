@@ -37,7 +37,8 @@ template <typename T>
 struct KeyRule {
   KeyRule() = default;
   // `check(name, value)` throws ConfigError naming the key, the value and what is allowed.
-  explicit KeyRule(std::function<void(const std::string& name, const T& value)> check) : check(std::move(check)) {}
+  explicit KeyRule(std::function<void(const std::string& name, const T& value)> check)
+      : check(std::move(check)) {}
 
   std::function<void(const std::string& name, const T& value)> check;
   // An integer key that also takes "auto", stored as this value; `expected` says what is allowed.
@@ -68,8 +69,12 @@ struct Above {
     });
   }
 };
-inline AtLeast at_least(double minimum) { return {minimum}; }
-inline Above above(double minimum) { return {minimum}; }
+inline AtLeast at_least(double minimum) {
+  return {minimum};
+}
+inline Above above(double minimum) {
+  return {minimum};
+}
 
 inline KeyRule<double> in_unit_interval() {
   return KeyRule<double>([](const std::string& name, const double& value) {
@@ -91,7 +96,8 @@ inline KeyRule<std::string> one_of(std::vector<std::string> choices) {
 template <typename T>
 KeyRule<T> integer_or_auto(T auto_value, T minimum) {
   KeyRule<T> rule([minimum](const std::string& name, const T& value) {
-    FT_CONFIG_CHECK(value >= minimum, "{} must be an integer >= {} or \"auto\", got {}", name, minimum, value);
+    FT_CONFIG_CHECK(value >= minimum, "{} must be an integer >= {} or \"auto\", got {}", name, minimum,
+                    value);
   });
   rule.auto_value = auto_value;
   rule.expected = fmt::format("an integer >= {} or \"auto\"", minimum);
@@ -141,16 +147,16 @@ void for_each_key(Visit&& visit) {
 
 }  // namespace fasttrain
 
-#define FT_KEYS(Section)       \
- public:                       \
-  using ft_section = Section;  \
+#define FT_KEYS(Section)      \
+ public:                      \
+  using ft_section = Section; \
   static constexpr int ft_first_key_line = __LINE__
 
-#define FT_KEY(T, name, help, ...)                                                                     \
- public:                                                                                               \
-  static_assert(__LINE__ - ft_first_key_line < ::fasttrain::kMaxKeyLines,                             \
-                "a section's keys must lie within kMaxKeyLines lines of its FT_KEYS");                \
-  static ::fasttrain::Key<ft_section, T> ft_key(::fasttrain::KeyLine<__LINE__>) {                      \
-    return {#name, help, &ft_section::name##_, ::fasttrain::KeyRule<T>(__VA_ARGS__)};                 \
-  }                                                                                                    \
+#define FT_KEY(T, name, help, ...)                                                     \
+ public:                                                                               \
+  static_assert(__LINE__ - ft_first_key_line < ::fasttrain::kMaxKeyLines,              \
+                "a section's keys must lie within kMaxKeyLines lines of its FT_KEYS"); \
+  static ::fasttrain::Key<ft_section, T> ft_key(::fasttrain::KeyLine<__LINE__>) {      \
+    return {#name, help, &ft_section::name##_, ::fasttrain::KeyRule<T>(__VA_ARGS__)};  \
+  }                                                                                    \
   FT_ARG(T, name)
