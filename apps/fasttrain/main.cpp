@@ -73,8 +73,8 @@ class Train : public Subcommand {
     const std::string run_dir = run_dir_or_default(run_dir_, cfg);
     // A distributed job prints once, from rank 0 (the other ranks run the same config). The full
     // effective config goes to RUN_DIR/config.toml (`fasttrain config` prints it), not the terminal.
-    const std::shared_ptr<fasttrain::ProcessGroup> group = fasttrain::default_process_group(cfg.dist);
-    const bool rank0 = !group || group->rank() == 0;
+    const std::optional<fasttrain::DistEnv> job = fasttrain::DistEnv::from_environment();
+    const bool rank0 = !job || job->rank == 0;
     // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
     fasttrain::StopSignals stop_signals;
     fasttrain::FitSummary summary;

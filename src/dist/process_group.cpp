@@ -235,12 +235,19 @@ bool ProcessGroup::any(bool flag) {
 std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options) {
   static std::mutex mutex;
   static std::shared_ptr<ProcessGroup> group;
-  static bool created = false;
+  static std::optional<DistOptions> created_with;
   std::lock_guard<std::mutex> lock(mutex);
-  if (!created) {
+  if (!created_with) {
     if (std::optional<DistEnv> env = DistEnv::from_environment()) group = ProcessGroup::create(*env, options);
-    created = true;
+    created_with = options;
+    return group;
   }
+  // What the group was made with cannot change: a later caller asking for another is told, not ignored.
+  FT_CONFIG_CHECK(!group || (options.backend() == created_with->backend() &&
+                             options.timeout_s() == created_with->timeout_s()),
+                  "this process's group was created with dist.backend = \"{}\", dist.timeout_s = {}; it "
+                  "cannot be asked for again with dist.backend = \"{}\", dist.timeout_s = {}",
+                  created_with->backend(), created_with->timeout_s(), options.backend(), options.timeout_s());
   return group;
 }
 

@@ -295,13 +295,15 @@ Experiment Experiment::build(const Config& requested, Reporter* reporter_in, con
   validate(requested);
   FT_CHECK(requested.data.batch_size() > 0,
            "data.batch_size is \"auto\": resolve it first (resolve_batch_size, as train_run does)");
+  // Before CUDA allocates anything (a process group may): the allocator reads its settings once.
+  const bool segments_ignored =
+      requested.memory.expandable_segments() && !compat::enable_expandable_segments();
   Experiment experiment;
   experiment.device = parse_device(requested.train.device());
   experiment.group = default_process_group(requested.dist);
   const bool rank0 = !experiment.group || experiment.group->rank() == 0;
   Reporter& reporter = reporter_in && rank0 ? *reporter_in : quiet_reporter();
-  // Before CUDA allocates anything: the allocator reads its settings once.
-  if (requested.memory.expandable_segments() && !compat::enable_expandable_segments()) {
+  if (segments_ignored) {
     reporter.warning(fmt::format("memory.expandable_segments needs LibTorch >= 2.1 (this is {}): ignored",
                                  compat::torch_version()));
   }

@@ -132,6 +132,24 @@ TEST(DistEnv, ABadVariableIsAnErrorNamingIt) {
   }
 }
 
+// The process's group is made once; asking for it again with other options is an error, not a
+// silently different group (ctest runs each test in its own process, so the group ends with it).
+TEST(DistEnv, TheDefaultGroupKeepsItsOptionsAndRefusesOthers) {
+  RendezvousEnv env({{"RANK", "0"},
+                     {"WORLD_SIZE", "1"},
+                     {"MASTER_ADDR", "127.0.0.1"},
+                     {"MASTER_PORT", std::to_string(free_tcp_port())}});
+  const DistOptions options = DistOptions().timeout_s(20);
+  const std::shared_ptr<ProcessGroup> group = default_process_group(options);
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->size(), 1);
+  EXPECT_EQ(default_process_group(options), group);
+  EXPECT_EQ(default_process_group(DistOptions(options).zero(2)), group) << "zero is the trainer's, not the group's";
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([&] { default_process_group(DistOptions(options).timeout_s(30)); }),
+      {"dist.timeout_s = 20", "dist.timeout_s = 30"}));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The sampler: DistributedSampler's sharding
 // ---------------------------------------------------------------------------------------------

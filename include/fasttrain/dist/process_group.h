@@ -134,7 +134,8 @@ class ProcessGroup {
 
 // The process group of this process, created from the environment on the first call (nullptr when
 // the environment names no distributed job) and kept for the life of the process, like
-// torch.distributed's default group.
+// torch.distributed's default group. A later call with another dist.backend or dist.timeout_s is a
+// ConfigError (the group has them already).
 std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options);
 
 }  // namespace fasttrain

@@ -95,12 +95,12 @@ inline KeyRule<std::string> one_of(std::vector<std::string> choices) {
 // An integer >= `minimum`, or "auto", stored as `auto_value` (data.workers = "auto" is -1).
 template <typename T>
 KeyRule<T> integer_or_auto(T auto_value, T minimum) {
-  KeyRule<T> rule([minimum](const std::string& name, const T& value) {
-    FT_CONFIG_CHECK(value >= minimum, "{} must be an integer >= {} or \"auto\", got {}", name, minimum,
-                    value);
+  const std::string expected = fmt::format("an integer >= {} or \"auto\"", minimum);
+  KeyRule<T> rule([minimum, expected](const std::string& name, const T& value) {
+    FT_CONFIG_CHECK(value >= minimum, "{} must be {}, got {}", name, expected, value);
   });
   rule.auto_value = auto_value;
-  rule.expected = fmt::format("an integer >= {} or \"auto\"", minimum);
+  rule.expected = expected;
   return rule;
 }
 // true, false or "auto" (a switch whose default depends on the machine).
