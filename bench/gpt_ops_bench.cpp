@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "fasttrain/models/attention.h"
-#include "fasttrain/util/compat.h"
-#include "fasttrain/util/json.h"
+#include "fasttrain/detail/compat.h"
+#include "fasttrain/detail/json.h"
 
 namespace {
 

@@ -1,6 +1,7 @@
 // fasttrain: the command-line tool. A thin layer over the library: parse a subcommand, build the
-// Config, call the run functions of train/run.h. Only main() catches errors: it prints
-// `error: ...` with a hint and exits 2 for bad configuration or usage, 1 for anything else.
+// Config, call the runs of run/train_run.h and the tools with the registries' RunBuilder. Only main()
+// catches errors: it prints `error: ...` with a hint and exits 2 for bad configuration or usage, 1 for
+// anything else.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -22,10 +23,11 @@ void add_config_args(CLI::App& command, ConfigArgs& args, bool required) {
   command.add_option("--set", args.overrides, "Override a key: --set section.key=value (repeatable)");
 }
 
+// The config as asked for; its values are checked as they are read, and by each component as the run is
+// built from it.
 fasttrain::Config build_config(const ConfigArgs& args) {
   fasttrain::Config config = args.path.empty() ? fasttrain::Config() : fasttrain::load_config(args.path);
   for (const auto& assignment : args.overrides) fasttrain::apply_override(config, assignment);
-  fasttrain::validate(config);
   return config;
 }
 
@@ -89,14 +91,15 @@ class Train : public Subcommand {
     const int signal = fasttrain::StopSignals::received();
     const int stopped_code = 128 + (signal != 0 ? signal : SIGINT);  // a stop agreed with the other ranks
     if (!rank0) return summary.interrupted ? stopped_code : 0;
-    std::cout << summary.to_json().dump(2) << "\n";
     if (summary.interrupted) {
       std::cerr << "fasttrain: interrupted at step " << summary.steps << "; state saved in "
                 << summary.checkpoint << "\nfasttrain: continue with: fasttrain train ... --run-dir "
                 << run_dir << " --resume\n";
       return stopped_code;
     }
-    std::cerr << "fasttrain: run written to " << run_dir << "\n";
+    // A closing statement; the whole summary is in the run directory.
+    std::cout << "fasttrain: " << summary.describe() << "\nfasttrain: run directory " << run_dir
+              << " (summary.json, metrics.jsonl, final/model.safetensors)\n";
     return 0;
   }
 
@@ -118,9 +121,9 @@ class Eval : public Subcommand {
   }
   int run() override {
     fasttrain::EvalResult result = fasttrain::eval_run(build_config(args_), weights_);
-    nlohmann::json out{
-        {"test_accuracy", result.accuracy}, {"test_loss", result.loss}, {"samples", result.samples}};
-    if (result.bits_per_byte) out["test_bits_per_byte"] = *result.bits_per_byte;
+    nlohmann::json out;
+    for (const auto& [name, value] : result.metrics.items()) out["test_" + name] = value;
+    out["samples"] = result.samples;
     std::cout << out.dump(2) << "\n";
     return 0;
   }
@@ -182,7 +185,8 @@ class FindLr : public Subcommand {
   }
   int run() override {
     const fasttrain::Config cfg = build_config(args_);
-    fasttrain::LrFinderResult result = fasttrain::find_lr_run(cfg, options_, csv_, console(cfg));
+    fasttrain::RunBuilder builder;
+    fasttrain::LrFinderResult result = fasttrain::find_lr_run(builder, cfg, options_, csv_, console(cfg));
     std::cout << result.table();
     std::cout << fmt::format("suggested max lr: {:.3g}{}\ncurve written to {}\n", result.suggested_lr,
                              result.diverged ? " (the sweep stopped at divergence)" : "", csv_);
@@ -202,7 +206,7 @@ class FindBatch : public Subcommand {
             app, "find-batch",
             "The largest batch that fits memory.budget (CPU) or the GPU, with samples/s at each size") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.steps(), "Optimizer steps per trial")->capture_default_str();
+    command_->add_option("--steps", options_.measure().steps(), "Optimizer steps per trial")->capture_default_str();
     command_->add_option("--start", options_.start(), "First batch size tried")->capture_default_str();
     command_->add_option("--max", options_.max_batch(), "Largest batch size tried (0 = the training set)")
         ->capture_default_str();
@@ -213,9 +217,10 @@ class FindBatch : public Subcommand {
   }
   int run() override {
     const fasttrain::Config cfg = build_config(args_);
-    std::cout << fasttrain::find_batch_size(cfg,
-                                            fasttrain::BatchFinderOptions(options_).reporter(console(cfg)))
-                     .table();
+    fasttrain::RunBuilder builder;
+    fasttrain::BatchFinderOptions options = options_;
+    options.measure().reporter(console(cfg));
+    std::cout << fasttrain::find_batch_size(builder, cfg, options).table();
     return 0;
   }
 
@@ -230,8 +235,8 @@ class Profile : public Subcommand {
       : Subcommand(app, "profile",
                    "Profile training steps: Chrome trace, memory timeline, time per phase and operator") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.steps(), "Optimizer steps recorded")->capture_default_str();
-    command_->add_option("--warmup-steps", options_.warmup_steps(), "Steps run before recording")
+    command_->add_option("--steps", options_.measure().steps(), "Optimizer steps recorded")->capture_default_str();
+    command_->add_option("--warmup-steps", options_.measure().warmup_steps(), "Steps run before recording")
         ->capture_default_str();
     command_->add_option("--run-dir", dir_,
                          "Where trace.json, memory_timeline.csv and profile.json go (default: "
@@ -239,8 +244,10 @@ class Profile : public Subcommand {
   }
   int run() override {
     fasttrain::Config cfg = build_config(args_);
-    const auto options = fasttrain::ProfileOptions(options_).reporter(console(cfg));
-    std::cout << fasttrain::profile_run(cfg, run_dir_or_default(dir_, cfg), options).table();
+    fasttrain::RunBuilder builder;
+    fasttrain::ProfileOptions options = options_;
+    options.measure().reporter(console(cfg));
+    std::cout << fasttrain::profile_run(builder, cfg, run_dir_or_default(dir_, cfg), options).table();
     return 0;
   }
 
@@ -256,10 +263,10 @@ class Doctor : public Subcommand {
       : Subcommand(app, "doctor",
                    "Measure a short run and say which playbook techniques it needs, with evidence, ranked") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.steps(), "Steps recorded per measurement")
+    command_->add_option("--steps", options_.measure().steps(), "Steps recorded per measurement")
         ->capture_default_str();
     command_
-        ->add_option("--min-seconds", options_.min_seconds(),
+        ->add_option("--min-seconds", options_.measure().min_seconds(),
                      "Each timed comparison lasts at least this long (short runs are noise)")
         ->capture_default_str();
     command_->add_flag("--json", json_, "Print doctor.json instead of the text");
@@ -270,8 +277,10 @@ class Doctor : public Subcommand {
   int run() override {
     fasttrain::Config cfg = build_config(args_);
     const std::string dir = run_dir_or_default(dir_, cfg);
-    fasttrain::DoctorReport found =
-        fasttrain::diagnose(cfg, dir, fasttrain::DoctorOptions(options_).reporter(console(cfg)));
+    fasttrain::RunBuilder builder;
+    fasttrain::DoctorOptions options = options_;
+    options.measure().reporter(console(cfg));
+    fasttrain::DoctorReport found = fasttrain::diagnose(builder, cfg, dir, options);
     fasttrain::write_json_file(dir + "/doctor.json", found.to_json());
     std::cout << (json_ ? found.to_json().dump(2) + "\n" : found.text());
     return 0;
@@ -291,9 +300,9 @@ class Tune : public Subcommand {
             app, "tune",
             "Try the switches that apply here, keep what is faster, write the tuned config and the table") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.steps(), "Steps timed per trial")->capture_default_str();
+    command_->add_option("--steps", options_.measure().steps(), "Steps timed per trial")->capture_default_str();
     command_
-        ->add_option("--min-seconds", options_.min_seconds(),
+        ->add_option("--min-seconds", options_.measure().min_seconds(),
                      "Each trial lasts at least this long, past --steps if need be (short runs are noise)")
         ->capture_default_str();
     command_->add_option("--min-gain", options_.min_gain(), "Speedup needed to keep a change")
@@ -305,8 +314,10 @@ class Tune : public Subcommand {
   int run() override {
     fasttrain::Config cfg = build_config(args_);
     const std::string dir = run_dir_or_default(dir_, cfg);
-    fasttrain::TuneResult result =
-        fasttrain::tune(cfg, dir, fasttrain::TuneOptions(options_).reporter(console(cfg)));
+    fasttrain::RunBuilder builder;
+    fasttrain::TuneOptions options = options_;
+    options.measure().reporter(console(cfg));
+    fasttrain::TuneResult result = fasttrain::tune(builder, cfg, dir, options);
     std::cout << result.table() << "written: " << dir << "/tuned.toml, " << dir << "/tune.md\n";
     return 0;
   }

@@ -3,30 +3,18 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <map>
 #include <sstream>
 
-#include "fasttrain/data/dataset.h"
-#include "fasttrain/data/text.h"
-#include "fasttrain/state/sha256.h"
+#include "fasttrain/detail/sha256.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
-
-std::string DataConfig::resolved_path() const {
-  return path_.empty() ? "/usr/share/datasets/" + dataset_ : path_;
-}
-
-std::vector<std::string> dataset_names() {
-  std::vector<std::string> names = image_dataset_names();
-  names.push_back("text");
-  return names;
-}
 
 int64_t MemoryConfig::budget_bytes() const {
   return budget_.empty() ? 0 : parse_bytes(budget_, "memory.budget");
@@ -35,206 +23,240 @@ int64_t MemoryConfig::budget_bytes() const {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Values: TOML node -> C++ value, C++ value -> TOML literal. Errors name the key and the value.
+// TOML node -> KeyValue (util/key.h reads keys from those).
 // ---------------------------------------------------------------------------------------------
 
-std::string describe(const toml::node& node) {
-  std::ostringstream out;
-  node.visit([&out](auto&& value) { out << value; });
-  out << " (" << node.type() << ")";
-  return out.str();
-}
-
-std::string quote(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+KeyValue key_value(const toml::node& node) {
+  KeyValue value;
+  if (node.is_boolean()) {
+    value.kind = KeyValue::Kind::kBoolean;
+    value.boolean = node.as_boolean()->get();
+  } else if (node.is_integer()) {
+    value.kind = KeyValue::Kind::kInteger;
+    value.integer = node.as_integer()->get();
+  } else if (node.is_floating_point()) {
+    value.kind = KeyValue::Kind::kFloat;
+    value.floating = node.as_floating_point()->get();
+  } else if (node.is_string()) {
+    value.kind = KeyValue::Kind::kString;
+    value.string = node.as_string()->get();
+  } else if (node.is_array()) {
+    value.kind = KeyValue::Kind::kArray;
+    for (const auto& element : *node.as_array()) value.array.push_back(key_value(element));
+  } else {
+    throw ConfigError("a TOML table or date is not a config value here (keys take numbers, strings, booleans and "
+                      "arrays)");
   }
-  return out + "\"";
-}
-
-std::string literal(int64_t value) {
-  return std::to_string(value);
-}
-std::string literal(int value) {
-  return std::to_string(value);
-}
-std::string literal(bool value) {
-  return value ? "true" : "false";
-}
-std::string literal(const std::string& value) {
-  return quote(value);
-}
-std::string literal(double value) {
-  std::string text = fmt::format("{}", value);
-  if (text.find_first_of(".eEn") == std::string::npos) text += ".0";  // keep it a TOML float
-  return text;
-}
-std::string literal(const std::vector<int64_t>& values) {
-  return fmt::format("[{}]", fmt::join(values, ", "));
-}
-
-void parse(const toml::node& node, const std::string& key, int64_t& out) {
-  FT_CONFIG_CHECK(node.is_integer(), "{} must be an integer, got {}", key, describe(node));
-  out = node.as_integer()->get();
-}
-void parse(const toml::node& node, const std::string& key, int& out) {
-  int64_t value = 0;
-  parse(node, key, value);
-  FT_CONFIG_CHECK(value >= INT32_MIN && value <= INT32_MAX, "{} is out of range, got {}", key, value);
-  out = static_cast<int>(value);
-}
-void parse(const toml::node& node, const std::string& key, double& out) {
-  FT_CONFIG_CHECK(node.is_number(), "{} must be a number, got {}", key, describe(node));
-  out = node.is_integer() ? static_cast<double>(node.as_integer()->get()) : node.as_floating_point()->get();
-  FT_CONFIG_CHECK(std::isfinite(out), "{} must be finite, got {}", key, out);
-}
-void parse(const toml::node& node, const std::string& key, bool& out) {
-  FT_CONFIG_CHECK(node.is_boolean(), "{} must be true or false, got {}", key, describe(node));
-  out = node.as_boolean()->get();
-}
-void parse(const toml::node& node, const std::string& key, std::string& out) {
-  FT_CONFIG_CHECK(node.is_string(), "{} must be a string, got {}", key, describe(node));
-  out = node.as_string()->get();
-}
-void parse(const toml::node& node, const std::string& key, std::vector<int64_t>& out) {
-  FT_CONFIG_CHECK(node.is_array(), "{} must be an array of integers, got {}", key, describe(node));
-  std::vector<int64_t> values;
-  for (const auto& element : *node.as_array()) {
-    FT_CONFIG_CHECK(element.is_integer(), "{} must be an array of integers, got {}", key, describe(node));
-    values.push_back(element.as_integer()->get());
-  }
-  out = std::move(values);
+  return value;
 }
 
 // ---------------------------------------------------------------------------------------------
-// The schema: one Field per key, in the order they are printed and documented.
+// The schema: sections made of parts, a part an options struct somewhere in a Config (its FT_KEYs), or a
+// selection (its name key, then the selected component's keys).
 // ---------------------------------------------------------------------------------------------
 
+struct Part {
+  std::string section;
+  // A struct: where it is, and its keys.
+  std::function<void*(Config&)> object;
+  const std::vector<KeyInfo>* keys = nullptr;
+  // A selection: its name key, what it holds, and how to change it.
+  std::string selector;
+  std::string selector_help;
+  std::function<std::string(const Config&)> selected;
+  std::function<void(Config&, const std::string&)> select;
+  std::function<std::vector<std::string>(const Config&)> choices;
+  std::function<AnyOptions&(Config&)> selection_options;
+};
+
+template <typename Options>
+Part struct_part(const std::string& section, Options& (*in)(Config&)) {
+  static const std::vector<KeyInfo> keys = key_infos<Options>();
+  Part part;
+  part.section = section;
+  part.object = [in](Config& config) -> void* { return &in(config); };
+  part.keys = &keys;
+  return part;
+}
+
+template <typename Recipe>
+Part selection_part(const std::string& section, const std::string& key, const std::string& help,
+                    Selection<Recipe>& (*in)(Config&)) {
+  Part part;
+  part.section = section;
+  part.selector = key;
+  part.selector_help = help;
+  part.selected = [in](const Config& config) { return in(const_cast<Config&>(config)).name(); };
+  part.select = [in](Config& config, const std::string& name) { in(config).select(name); };
+  part.choices = [in](const Config& config) { return in(const_cast<Config&>(config)).choices(); };
+  part.selection_options = [in](Config& config) -> AnyOptions& { return in(config).options(); };
+  return part;
+}
+
+const std::vector<Part>& parts() {
+  static const std::vector<Part> all = [] {
+    std::vector<Part> p;
+    p.push_back(selection_part<DatasetRecipe>(
+        "data", "dataset",
+        "Dataset: fashion-mnist, mnist, idx (any MNIST-format IDX files), text (byte-level documents for a "
+        "sequence model), or one a program registered; its own keys follow",
+        [](Config& c) -> Selection<DatasetRecipe>& { return c.data.dataset; }));
+    p.push_back(struct_part<DataConfig>("data", [](Config& c) -> DataConfig& { return c.data; }));
+    p.push_back(struct_part<LoaderOptions>("data", [](Config& c) -> LoaderOptions& { return c.data.loader; }));
+    p.push_back(selection_part<ModelRecipe>(
+        "model", "name", "Model: cnn, gpt, mlp, resnet, or one a program registered; its own keys follow",
+        [](Config& c) -> Selection<ModelRecipe>& { return c.model; }));
+    p.push_back(selection_part<TaskRecipe>(
+        "task", "name",
+        "Task (loss and metrics): auto (the data's own: classification for labelled images, "
+        "language_modeling for text), classification, language_modeling, regression, reconstruction, or one "
+        "a program registered; its own keys follow",
+        [](Config& c) -> Selection<TaskRecipe>& { return c.task; }));
+    p.push_back(struct_part<OptimizerOptions>("optim", [](Config& c) -> OptimizerOptions& { return c.optim; }));
+    p.push_back(struct_part<ScheduleOptions>("schedule", [](Config& c) -> ScheduleOptions& { return c.schedule; }));
+    p.push_back(struct_part<TrainOptions>("train", [](Config& c) -> TrainOptions& { return c.train.options; }));
+    p.push_back(struct_part<TrainConfig>("train", [](Config& c) -> TrainConfig& { return c.train; }));
+    p.push_back(struct_part<EmaConfig>("ema", [](Config& c) -> EmaConfig& { return c.ema; }));
+    p.push_back(struct_part<EmaOptions>("ema", [](Config& c) -> EmaOptions& { return c.ema.options; }));
+    p.push_back(struct_part<MemoryConfig>("memory", [](Config& c) -> MemoryConfig& { return c.memory; }));
+    p.push_back(struct_part<DistOptions>("dist", [](Config& c) -> DistOptions& { return c.dist; }));
+    p.push_back(struct_part<LogOptions>("log", [](Config& c) -> LogOptions& { return c.log; }));
+    p.push_back(struct_part<RunCheckpointOptions>(
+        "checkpoint", [](Config& c) -> RunCheckpointOptions& { return c.checkpoint; }));
+    p.push_back(struct_part<RunConfig>("run", [](Config& c) -> RunConfig& { return c.run; }));
+    return p;
+  }();
+  return all;
+}
+
+// One key of a config as it stands (a selection's keys are its current component's).
 struct Field {
   std::string section;
   std::string key;
   std::string help;
-  std::function<void(Config&, const toml::node&)> read;
+  KeyTrait trait = KeyTrait::kShapesTraining;
+  bool selector = false;
+  std::function<void(Config&, const KeyValue&)> read;
   std::function<std::string(const Config&)> write;
 
   std::string name() const { return section + "." + key; }
 };
 
-// A key given "auto" or a TOML boolean where its rule takes them; otherwise its type's parse and the
-// rule's check.
-template <typename T>
-T read_value(const toml::node& node, const std::string& name, const KeyRule<T>& rule) {
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    if (rule.auto_value) {
-      const std::string expected = fmt::format("{} must be {}, got ", name, rule.expected);
-      if (node.is_string()) {
-        FT_CONFIG_CHECK(node.as_string()->get() == "auto", "{}{}", expected, describe(node));
-        return *rule.auto_value;
-      }
-      FT_CONFIG_CHECK(node.is_integer(), "{}{}", expected, describe(node));
-    }
+std::vector<Field> struct_fields(const std::string& section, const std::vector<KeyInfo>& keys,
+                                 std::function<void*(Config&)> object) {
+  std::vector<Field> fields;
+  for (const KeyInfo& info : keys) {
+    Field field{section, info.name, info.help, info.trait, false, nullptr, nullptr};
+    const std::string name = field.name();
+    field.read = [object, info, name](Config& config, const KeyValue& value) { info.read(object(config), value, name); };
+    field.write = [object, info](const Config& config) { return info.write(object(const_cast<Config&>(config))); };
+    fields.push_back(std::move(field));
   }
-  if constexpr (std::is_same_v<T, std::string>) {
-    if (rule.switch_or_auto) {
-      if (node.is_boolean()) return node.as_boolean()->get() ? "true" : "false";
-      const bool allowed =
-          node.is_string() && (node.as_string()->get() == "auto" || node.as_string()->get() == "true" ||
-                               node.as_string()->get() == "false");
-      FT_CONFIG_CHECK(allowed, "{} must be true, false or \"auto\", got {}", name, describe(node));
-      return node.as_string()->get();
-    }
-  }
-  T value{};
-  parse(node, name, value);
-  if (rule.check) rule.check(name, value);
-  return value;
-}
-
-template <typename T>
-std::string write_value(const T& value, const KeyRule<T>& rule) {
-  if (rule.auto_value && value == *rule.auto_value) return quote("auto");
-  if constexpr (std::is_same_v<T, std::string>) {
-    if (rule.switch_or_auto) return value == "auto" ? quote("auto") : value;
-  }
-  return literal(value);
-}
-
-// The schema's entry for `key` of the section at `section_in_config`.
-template <typename Section, typename T>
-Field make_field(const std::string& section, Section Config::*section_in_config, const Key<Section, T>& key) {
-  Field field{section, key.name, key.help, nullptr, nullptr};
-  const std::string name = field.name();
-  field.read = [=](Config& config, const toml::node& node) {
-    (config.*section_in_config).*(key.member) = read_value(node, name, key.rule);
-  };
-  field.write = [=](const Config& config) {
-    return write_value((config.*section_in_config).*(key.member), key.rule);
-  };
-  return field;
-}
-
-template <typename Section>
-void add_section(std::vector<Field>& fields, const std::string& section, Section Config::*section_in_config) {
-  for_each_key<Section>(
-      [&](const auto& key) { fields.push_back(make_field(section, section_in_config, key)); });
-}
-
-// Every key of every section, in the order they are printed and documented: the sections as Config
-// holds them, each section's keys as its struct declares them (FT_KEY).
-const std::vector<Field>& schema() {
-  static const std::vector<Field> fields = [] {
-    std::vector<Field> all;
-    add_section(all, "data", &Config::data);
-    add_section(all, "model", &Config::model);
-    add_section(all, "optim", &Config::optim);
-    add_section(all, "schedule", &Config::schedule);
-    add_section(all, "train", &Config::train);
-    add_section(all, "ema", &Config::ema);
-    add_section(all, "memory", &Config::memory);
-    add_section(all, "dist", &Config::dist);
-    add_section(all, "log", &Config::log);
-    add_section(all, "checkpoint", &Config::checkpoint);
-    add_section(all, "run", &Config::run);
-    return all;
-  }();
   return fields;
+}
+
+std::vector<Field> fields_of(const Config& config) {
+  std::vector<Field> all;
+  for (const Part& part : parts()) {
+    if (part.selector.empty()) {
+      auto fields = struct_fields(part.section, *part.keys, part.object);
+      all.insert(all.end(), fields.begin(), fields.end());
+      continue;
+    }
+    Field name{part.section, part.selector, part.selector_help, KeyTrait::kShapesTraining, true, nullptr, nullptr};
+    const std::string qualified = name.name();
+    name.read = [part, qualified](Config& c, const KeyValue& value) {
+      std::string chosen;
+      read_key_value(value, qualified, chosen);
+      const auto valid = part.choices(c);
+      FT_CONFIG_CHECK(std::find(valid.begin(), valid.end(), chosen) != valid.end(), "{} '{}' is not allowed; valid: {}",
+                      qualified, chosen, fmt::join(valid, ", "));
+      part.select(c, chosen);
+    };
+    name.write = [part](const Config& c) { return key_literal(part.selected(c)); };
+    all.push_back(std::move(name));
+    Config& mutable_config = const_cast<Config&>(config);
+    const AnyOptions& options = part.selection_options(mutable_config);
+    auto selection_options = part.selection_options;
+    auto fields = struct_fields(part.section, options.keys(),
+                                [selection_options](Config& c) { return selection_options(c).data(); });
+    all.insert(all.end(), fields.begin(), fields.end());
+  }
+  return all;
 }
 
 std::vector<std::string> sections() {
   std::vector<std::string> result;
-  for (const auto& f : schema()) {
-    if (result.empty() || result.back() != f.section) result.push_back(f.section);
+  for (const Part& part : parts()) {
+    if (result.empty() || result.back() != part.section) result.push_back(part.section);
   }
   return result;
 }
 
-const Field& find_field(const std::string& section, const std::string& key) {
-  auto all_sections = sections();
+// Keys that moved: a config written before gets told where they went.
+const std::map<std::string, std::string>& moved_keys() {
+  static const std::map<std::string, std::string> moved = {
+      {"train.label_smoothing",
+       "task.label_smoothing, a key of the classification and language_modeling tasks: set task.name = "
+       "\"classification\" (or \"language_modeling\") and [task] label_smoothing"},
+  };
+  return moved;
+}
+
+// The field `section.key` of `config` as it stands; a ConfigError listing the valid ones otherwise.
+Field find_field(const Config& config, const std::string& section, const std::string& key) {
+  const auto all_sections = sections();
   FT_CONFIG_CHECK(std::find(all_sections.begin(), all_sections.end(), section) != all_sections.end(),
                   "unknown config section [{}]; valid: {}", section, fmt::join(all_sections, ", "));
+  const auto moved = moved_keys().find(section + "." + key);
+  FT_CONFIG_CHECK(moved == moved_keys().end(), "{}.{} has moved: it is now {}", section, key,
+                  moved == moved_keys().end() ? "" : moved->second);
   std::vector<std::string> keys;
-  for (const auto& f : schema()) {
-    if (f.section != section) continue;
-    if (f.key == key) return f;
-    keys.push_back(f.key);
+  std::string selected;
+  for (const Part& part : parts()) {
+    if (part.section == section && !part.selector.empty())
+      selected = fmt::format(" ({} = \"{}\")", part.selector, part.selected(config));
   }
-  throw ConfigError(fmt::format("unknown config key {}.{}; valid keys of [{}]: {}", section, key, section,
+  for (Field& field : fields_of(config)) {
+    if (field.section != section) continue;
+    if (field.key == key) return field;
+    keys.push_back(field.key);
+  }
+  throw ConfigError(fmt::format("unknown config key {}.{}; valid keys of [{}]{}: {}", section, key, section, selected,
                                 fmt::join(keys, ", ")));
+}
+
+void read_field(Config& config, const std::string& section, const std::string& key, const KeyValue& value) {
+  find_field(config, section, key).read(config, value);
 }
 
 void apply_table(Config& config, const toml::table& table, const std::string& source) {
   for (const auto& [section_key, section_node] : table) {
-    std::string section(section_key.str());
+    const std::string section(section_key.str());
     FT_CONFIG_CHECK(section_node.is_table(), "{}: '{}' must be a [section] table; valid sections: {}", source,
                     section, fmt::join(sections(), ", "));
-    for (const auto& [key, node] : *section_node.as_table()) {
-      try {
-        find_field(section, std::string(key.str())).read(config, node);
-      } catch (const ConfigError& error) {
-        throw ConfigError(fmt::format("{}: {}", source, error.what()));
-      }
+  }
+  auto read = [&](const std::string& section, const std::string& key, const toml::node& node) {
+    try {
+      read_field(config, section, key, key_value(node));
+    } catch (const ConfigError& error) {
+      throw ConfigError(fmt::format("{}: {}", source, error.what()));
+    }
+  };
+  for (const auto& [section_key, section_node] : table) {
+    const std::string section(section_key.str());
+    const toml::table& keys = *section_node.as_table();
+    // A selection's name first: the section's other keys are the chosen component's.
+    std::vector<std::string> selectors;
+    for (const Part& part : parts()) {
+      if (part.section == section && !part.selector.empty()) selectors.push_back(part.selector);
+    }
+    for (const auto& selector : selectors) {
+      if (const toml::node* node = keys.get(selector)) read(section, selector, *node);
+    }
+    for (const auto& [key, node] : keys) {
+      const std::string name(key.str());
+      if (std::find(selectors.begin(), selectors.end(), name) == selectors.end()) read(section, name, node);
     }
   }
 }
@@ -272,119 +294,65 @@ void apply_override(Config& config, const std::string& assignment) {
   std::string section = assignment.substr(0, dot);
   std::string key = assignment.substr(dot + 1, equals - dot - 1);
   std::string value = assignment.substr(equals + 1);
-  const Field& target = find_field(section, key);
   toml::table parsed;
   try {
     parsed = toml::parse("value = " + value);
   } catch (const toml::parse_error&) {
     parsed = toml::table{{"value", value}};  // a bare word: model.name=resnet
   }
-  target.read(config, *parsed.get("value"));
-}
-
-void validate(const Config& config) {
-  validate(config.optim);
-  // Building the schedule checks its options against a nominal length.
-  make_schedule(config.schedule, config.optim.lr(), config.optim.momentum(), 1000);
-  FT_CONFIG_CHECK(config.schedule.max_momentum() >= config.schedule.base_momentum(),
-                  "schedule.max_momentum ({}) must be >= schedule.base_momentum ({})",
-                  config.schedule.max_momentum(), config.schedule.base_momentum());
-  const std::string& device = config.train.device();
-  FT_CONFIG_CHECK(device == "auto" || device == "cpu" || device.rfind("cuda", 0) == 0,
-                  "train.device must be auto, cpu, cuda or cuda:N, got '{}'", device);
-  if (config.data.dataset() == "idx") {
-    FT_CONFIG_CHECK(!config.data.path().empty(),
-                    "data.path must name the IDX directory when data.dataset = \"idx\"");
-  }
-  FT_CONFIG_CHECK(
-      config.train.init_from().empty() || std::filesystem::is_regular_file(config.train.init_from()),
-      "train.init_from '{}' is not a file (a safetensors file of the model's weights)",
-      config.train.init_from());
-  // A text model on text data, an image model on images.
-  const bool text = config.data.dataset() == "text";
-  FT_CONFIG_CHECK(text == (config.model.name() == "gpt"),
-                  "model.name = \"{}\" cannot train on data.dataset = \"{}\": gpt takes byte sequences "
-                  "(data.dataset = \"text\"), the other models images",
-                  config.model.name(), config.data.dataset());
-  if (text) {
-    FT_CONFIG_CHECK(
-        !config.data.path().empty(),
-        "data.path must name a directory of documents (or one file) when data.dataset = \"text\"");
-    FT_CONFIG_CHECK(std::filesystem::exists(config.data.path()), "data.path '{}' does not exist",
-                    config.data.path());
-    FT_CONFIG_CHECK(config.data.batch_size() > 0,
-                    "data.batch_size = \"auto\" searches image batches only: set the sequences per batch "
-                    "(data.batching = \"windows\") or data.max_tokens (\"tokens\") for text");
-    FT_CONFIG_CHECK(config.data.train_limit() == 0,
-                    "data.train_limit = {} applies to images; for text narrow data.include or data.path",
-                    config.data.train_limit());
-    if (config.data.batching() == "tokens")
-      check_token_budget(config.data.max_tokens(), config.model.context());
-    return;
-  }
-  std::string path = config.data.resolved_path();
-  FT_CONFIG_CHECK(std::filesystem::is_directory(path), "data.path '{}' is not a directory{}", path,
-                  config.data.path().empty()
-                      ? " (install Debian's dataset-" + config.data.dataset() + " package or set data.path)"
-                      : "");
+  read_field(config, section, key, key_value(*parsed.get("value")));
 }
 
 std::string to_toml(const Config& config) {
   std::string out;
   std::string section;
-  for (const auto& f : schema()) {
-    if (f.section != section) {
-      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", f.section);
-      section = f.section;
+  for (const Field& field : fields_of(config)) {
+    if (field.section != section) {
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", field.section);
+      section = field.section;
     }
-    out += fmt::format("{} = {}\n", f.key, f.write(config));
+    out += fmt::format("{} = {}\n", field.key, field.write(config));
   }
   return out;
 }
 
 namespace {
 
-// train.epochs and train.max_steps say how long the run is, not what each step computes.
-bool is_run_length(const Field& field) {
-  return field.section == "train" && (field.key == "epochs" || field.key == "max_steps");
-}
-
-// Keys that change how fast or how visibly a run trains, never what it computes beyond rounding: a
-// resume may change them (more workers on a bigger machine, another log cadence, the fused or
-// foreach optimizer kernels, eager or captured steps). [memory] too: checkpointed
-// blocks recompute the same values, and the warm-up puts back everything it touches. [dist] too: a
-// checkpoint records its world size and dist.zero, and load_checkpoint checks them itself.
-bool shapes_training(const Field& field) {
-  static const std::vector<std::string> neutral = {
-      "data.eval_batch_size",   "data.workers",         "data.prefetch",         "data.pin_memory",
-      "data.device_resident",   "train.threads",        "train.blas_threads",    "train.device",
-      "train.eval_every_steps", "train.eval_from_step", "train.target_accuracy", "train.stop_at_target",
-      "train.init_from",        "train.detect_anomaly", "train.cuda_graphs",     "optim.kernel"};
-  if (is_run_length(field)) return false;  // a resume may extend the run: run_length_change
-  if (field.section == "log" || field.section == "run" || field.section == "checkpoint" ||
-      field.section == "memory" || field.section == "dist")
-    return false;
-  return std::find(neutral.begin(), neutral.end(), field.section + "." + field.key) == neutral.end();
+// The keys that decide what a run computes, by name, with their values.
+std::map<std::string, std::string> training_keys(const Config& config) {
+  std::map<std::string, std::string> keys;
+  for (const Field& field : fields_of(config)) {
+    if (field.trait == KeyTrait::kShapesTraining) keys[field.name()] = field.write(config);
+  }
+  return keys;
 }
 
 }  // namespace
 
 std::string training_fingerprint(const Config& config) {
   std::string text;
-  for (const auto& f : schema()) {
-    if (shapes_training(f)) text += fmt::format("{}.{} = {}\n", f.section, f.key, f.write(config));
+  for (const Field& field : fields_of(config)) {
+    if (field.trait == KeyTrait::kShapesTraining) text += fmt::format("{} = {}\n", field.name(), field.write(config));
   }
   return sha256_hex(text);
 }
 
 std::vector<std::string> training_differences(const Config& a, const Config& b) {
-  std::vector<std::string> keys;
-  for (const auto& f : schema()) {
-    if (shapes_training(f) && f.write(a) != f.write(b)) {
-      keys.push_back(fmt::format("{}.{} ({} vs {})", f.section, f.key, f.write(a), f.write(b)));
-    }
+  const auto keys_a = training_keys(a), keys_b = training_keys(b);
+  std::vector<std::string> differences;
+  std::vector<std::string> names;
+  for (const Field& field : fields_of(a)) names.push_back(field.name());
+  for (const Field& field : fields_of(b)) {
+    if (std::find(names.begin(), names.end(), field.name()) == names.end()) names.push_back(field.name());
   }
-  return keys;
+  for (const auto& name : names) {
+    const auto in_a = keys_a.find(name), in_b = keys_b.find(name);
+    if (in_a == keys_a.end() && in_b == keys_b.end()) continue;
+    const std::string value_a = in_a == keys_a.end() ? "(none)" : in_a->second;
+    const std::string value_b = in_b == keys_b.end() ? "(none)" : in_b->second;
+    if (value_a != value_b) differences.push_back(fmt::format("{} ({} vs {})", name, value_a, value_b));
+  }
+  return differences;
 }
 
 RunLengthChange run_length_change(const Config& saved, const Config& now) {
@@ -392,31 +360,71 @@ RunLengthChange run_length_change(const Config& saved, const Config& now) {
   // `before` and `after` as written; compared as `from` and `to` (max_steps = 0 is no step limit).
   auto note = [&](const std::string& key, int64_t before, int64_t after, int64_t from, int64_t to) {
     if (from == to) return;
-    (to > from ? change.longer : change.shorter)
-        .push_back(fmt::format("train.{} {} -> {}", key, before, after));
+    (to > from ? change.longer : change.shorter).push_back(fmt::format("train.{} {} -> {}", key, before, after));
   };
   auto step_limit = [](const Config& c) {
-    return c.train.max_steps() > 0 ? c.train.max_steps() : std::numeric_limits<int64_t>::max();
+    return c.train.options.max_steps() > 0 ? c.train.options.max_steps() : std::numeric_limits<int64_t>::max();
   };
-  note("epochs", saved.train.epochs(), now.train.epochs(), saved.train.epochs(), now.train.epochs());
-  note("max_steps", saved.train.max_steps(), now.train.max_steps(), step_limit(saved), step_limit(now));
+  const TrainOptions& before = saved.train.options;
+  const TrainOptions& after = now.train.options;
+  note("epochs", before.epochs(), after.epochs(), before.epochs(), after.epochs());
+  note("max_steps", before.max_steps(), after.max_steps(), step_limit(saved), step_limit(now));
   return change;
 }
+
+namespace {
+
+std::string key_table(const std::vector<Field>& fields, const Config& config) {
+  std::string out = "| key | default | meaning |\n| --- | --- | --- |\n";
+  for (const Field& field : fields) out += fmt::format("| `{}` | `{}` | {} |\n", field.key, field.write(config), field.help);
+  return out;
+}
+
+}  // namespace
 
 std::string config_reference() {
   Config defaults;
   std::string out =
       "# Configuration reference\n\n"
       "Every key of a fasttrain TOML config, its default and its meaning. Override any key on the command\n"
-      "line with `--set section.key=value`. This file is generated by `fasttrain config --reference`;\n"
-      "a test keeps it in step with the code.\n";
-  std::string section;
-  for (const auto& f : schema()) {
-    if (f.section != section) {
-      out += fmt::format("\n## [{}]\n\n| key | default | meaning |\n| --- | --- | --- |\n", f.section);
-      section = f.section;
+      "line with `--set section.key=value`. The keys of [data], [model] and [task] that follow their name key\n"
+      "(data.dataset, model.name, task.name) are the named component's own: each registered one is listed\n"
+      "with its keys. This file is generated by `fasttrain config --reference`; a test keeps it in step with\n"
+      "the code.\n";
+  const std::vector<Field> fields = fields_of(defaults);
+  for (const std::string& section : sections()) {
+    std::vector<Field> own;
+    std::string selector;
+    for (const Part& part : parts()) {
+      if (part.section != section) continue;
+      if (!part.selector.empty()) {
+        selector = part.selector;
+        continue;
+      }
+      auto keys = struct_fields(section, *part.keys, part.object);
+      own.insert(own.end(), keys.begin(), keys.end());
     }
-    out += fmt::format("| `{}` | `{}` | {} |\n", f.key, f.write(defaults), f.help);
+    if (!selector.empty()) {
+      for (const Field& field : fields) {
+        if (field.section == section && field.key == selector) own.insert(own.begin(), field);
+      }
+    }
+    out += fmt::format("\n## [{}]\n\n{}", section, key_table(own, defaults));
+    if (selector.empty()) continue;
+    // Each registered component's own keys, at their defaults.
+    for (const Part& part : parts()) {
+      if (part.section != section || part.selector.empty()) continue;
+      for (const std::string& name : part.choices(defaults)) {
+        Config chosen;
+        part.select(chosen, name);
+        const AnyOptions& options = part.selection_options(chosen);
+        auto selection_options = part.selection_options;
+        auto keys = struct_fields(section, options.keys(),
+                                  [selection_options](Config& c) { return selection_options(c).data(); });
+        out += fmt::format("\n### {} = \"{}\"\n\n", selector, name);
+        out += keys.empty() ? std::string("No keys of its own.\n") : key_table(keys, chosen);
+      }
+    }
   }
   return out;
 }

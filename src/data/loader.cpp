@@ -64,12 +64,10 @@ DataLoader::DataLoader(ImageDataset dataset, TransformPipeline pipeline, LoaderO
 DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions options)
     : source_(std::move(source)), options_(std::move(options)) {
   FT_CHECK(source_ != nullptr, "DataLoader needs a batch source");
+  check_keys(options_, "data");
   FT_CONFIG_CHECK(options_.batch_size() > 0, "data.batch_size must be > 0, got {}", options_.batch_size());
-  FT_CONFIG_CHECK(options_.prefetch() >= 1, "data.prefetch must be >= 1 (batches kept ready), got {}",
-                  options_.prefetch());
-  FT_CONFIG_CHECK(options_.workers() >= -1,
-                  "data.workers must be -1 (auto), 0 (load in the training thread) or a thread count, got {}",
-                  options_.workers());
+  FT_CONFIG_CHECK(options_.workers() >= 0, "data.workers must be 0 (load in the training thread) or a thread "
+                  "count, got {}", options_.workers());
   FT_CHECK(source_->size() > 0, "DataLoader: the source is empty ({})", source_->describe());
   FT_CHECK(options_.world_size() >= 1 && options_.rank() >= 0 && options_.rank() < options_.world_size(),
            "DataLoader: rank {} is not in [0, world_size {})", options_.rank(), options_.world_size());
@@ -91,7 +89,7 @@ DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions 
 
   if (options_.device_resident()) resident_ = source_->make_resident(options_.device());
   // Resident batches are a few kernels queued from the caller's thread: no workers to feed it.
-  workers_ = resident_ ? 0 : options_.workers() == -1 ? auto_worker_count() : options_.workers();
+  workers_ = resident_ ? 0 : options_.workers();
   impl_ = std::make_unique<Impl>();
   impl_->threads.reserve(workers_);
   try {
@@ -318,8 +316,7 @@ std::optional<Batch> DataLoader::next() {
     // so the compute that follows on that stream sees the data.
     const bool non_blocking = options_.device().is_cuda() && options_.pin_memory();
     const auto begin = Clock::now();
-    batch.inputs = batch.inputs.to(options_.device(), non_blocking);
-    batch.targets = batch.targets.to(options_.device(), non_blocking);
+    batch = batch.map([&](const torch::Tensor& t) { return t.to(options_.device(), non_blocking); });
     copy_seconds_ += std::chrono::duration<double>(Clock::now() - begin).count();
   }
   return batch;

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <fnmatch.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstring>
@@ -137,6 +138,10 @@ TextWindowSource::TextWindowSource(TextCorpus corpus, int64_t context)
   windows_ = (corpus_.size() - 1) / context_;
 }
 
+DataShape TextWindowSource::shape() const {
+  return DataShape::tokens(context_, kByteVocabulary);
+}
+
 std::string TextWindowSource::describe() const {
   return fmt::format("{} windows of {} tokens over {} documents ({} bytes)", windows_, context_,
                      corpus_.documents(), corpus_.size());
@@ -191,6 +196,20 @@ TextDocumentSource::TextDocumentSource(TextCorpus corpus, TextDocumentOptions op
       pieces_.push_back({start, std::min(context, last - start)});
   }
   FT_CHECK(!pieces_.empty(), "the text corpus has no document with at least one target");
+}
+
+DataShape TextDocumentSource::shape() const {
+  return DataShape::tokens(options_.context(), kByteVocabulary);
+}
+
+Batch TextDocumentSource::largest_batch(int64_t batch_size) const {
+  const int64_t context = options_.context();
+  const int64_t sequences = options_.max_tokens() > 0 ? options_.max_tokens() / context : batch_size;
+  Batch batch;
+  batch.inputs = torch::zeros({sequences, context}, torch::kLong);  // [B, T]
+  batch.targets = torch::zeros({sequences * context}, torch::kLong);
+  batch.count = sequences * context;
+  return batch;
 }
 
 std::string TextDocumentSource::describe() const {

@@ -5,11 +5,11 @@
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
-#include "fasttrain/dist/flat_buffer.h"
+#include "fasttrain/detail/flat_buffer.h"
 #include "fasttrain/dist/fully_sharded.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
@@ -35,10 +35,7 @@ DataParallel::DataParallel(std::shared_ptr<ProcessGroup> group, std::shared_ptr<
                            DistOptions options)
     : group_(std::move(group)), model_(std::move(model)), options_(std::move(options)) {
   FT_CHECK(group_ != nullptr, "DataParallel needs a process group");
-  FT_CONFIG_CHECK(options_.zero() >= 0 && options_.zero() <= 3, "dist.zero must be 0, 1, 2 or 3, got {}",
-                  options_.zero());
-  FT_CONFIG_CHECK(options_.bucket_cap_mb() > 0, "dist.bucket_cap_mb must be > 0, got {}",
-                  options_.bucket_cap_mb());
+  check_keys(options_, "dist");
   for (const auto& parameter : model_->parameters()) {
     if (!parameter.requires_grad()) continue;
     parameters_.push_back(parameter);

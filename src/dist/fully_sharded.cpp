@@ -5,8 +5,8 @@
 
 #include <set>
 
-#include "fasttrain/dist/flat_buffer.h"
-#include "fasttrain/models/registry.h"
+#include "fasttrain/detail/flat_buffer.h"
+#include "fasttrain/models/model.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -47,14 +47,16 @@ struct FullySharded::Unit {
   bool reduced = false;  // in this backward: later gradients add to the shards'
 };
 
-FullySharded::FullySharded(ProcessGroup& group, torch::nn::Module& module)
-    : group_(group), module_(module), model_(dynamic_cast<Model*>(&module)) {
+FullySharded::FullySharded(ProcessGroup& group, torch::nn::Module& module) : group_(group), module_(module) {
+  for (const auto& child : module_.modules(/*include_self=*/true)) {
+    if (auto* stage = dynamic_cast<StageImpl*>(child.get())) stages_.push_back(stage);
+  }
   std::set<const void*> in_blocks;
-  if (model_) {
+  {
     std::map<const void*, std::string> names;  // module -> its path in the model
     for (const auto& item : module_.named_modules()) names[item.value().get()] = item.key();
-    for (const auto& stage : model_->stages()) {
-      for (const auto& [start, end] : checkpoint_blocks(*stage.ptr())) {
+    for (StageImpl* stage : stages_) {
+      for (const auto& [start, end] : checkpoint_blocks(*stage)) {
         std::vector<torch::Tensor> parameters;
         for (size_t index = start; index < end; ++index) {
           for (const auto& parameter : (*(stage->begin() + index)).ptr()->parameters()) {
@@ -67,7 +69,7 @@ FullySharded::FullySharded(ProcessGroup& group, torch::nn::Module& module)
           }
         }
         if (parameters.empty()) continue;  // pooling, activations: nothing to gather
-        const std::pair<const void*, size_t> block{stage.get(), start};
+        const std::pair<const void*, size_t> block{static_cast<const torch::nn::SequentialImpl*>(stage), start};
         block_units_[block] = unit_parameters_.size() + 1;
         unit_parameters_.emplace_back(names[(*(stage->begin() + start)).ptr().get()], std::move(parameters));
       }
@@ -79,11 +81,11 @@ FullySharded::FullySharded(ProcessGroup& group, torch::nn::Module& module)
       root.push_back(parameter);
   }
   unit_parameters_.insert(unit_parameters_.begin(), {"root", std::move(root)});
-  if (model_) model_->set_block_hooks(this);
+  for (StageImpl* stage : stages_) stage->set_block_hooks(this);
 }
 
 FullySharded::~FullySharded() {
-  if (model_) model_->set_block_hooks(nullptr);
+  for (StageImpl* stage : stages_) stage->set_block_hooks(nullptr);
 }
 
 std::vector<ParamGroup> FullySharded::shard(const std::vector<ParamGroup>& groups) {

@@ -18,7 +18,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
@@ -112,7 +112,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
       "dist.backend = \"{}\": this fasttrain is built against LibTorch without NCCL; use \"gloo\" "
       "(or \"auto\")",
       options.backend());
-  FT_CONFIG_CHECK(options.timeout_s() > 0, "dist.timeout_s must be > 0, got {}", options.timeout_s());
+  check_keys(options, "dist");
   std::shared_ptr<ProcessGroup> result(new ProcessGroup());
   result->impl_ = std::make_unique<Impl>();
   result->rank_ = env.rank;

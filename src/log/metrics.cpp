@@ -7,7 +7,20 @@
 
 namespace fasttrain {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(path, std::ios::app) {
+namespace {
+
+// The file's directory, made when missing (a run directory a program names before anything wrote it).
+const std::string& with_directory(const std::string& path) {
+  const auto directory = std::filesystem::path(path).parent_path();
+  std::error_code error;
+  if (!directory.empty()) std::filesystem::create_directories(directory, error);
+  FT_CHECK(!error, "cannot create the directory '{}' of '{}': {}", directory.string(), path, error.message());
+  return path;
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(with_directory(path), std::ios::app) {
   FT_CHECK(out_.good(), "cannot open metrics file '{}' for writing", path);
 }
 

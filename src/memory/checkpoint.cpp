@@ -10,7 +10,7 @@
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/rng.h"
-#include "fasttrain/util/tensor_guard.h"
+#include "fasttrain/detail/tensor_guard.h"
 
 namespace fasttrain {
 
@@ -143,21 +143,16 @@ torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& inpu
   return CheckpointFunction::apply(block, buffers, input, at::TensorList(stand_in));
 }
 
-CheckpointPolicy CheckpointPolicy::parse(const CheckpointOptions& options) {
-  const std::string& mode = options.mode();
-  CheckpointPolicy policy;
-  if (mode == "none") return policy;
-  if (mode == "blocks") {
-    policy.every = 1;
-    return policy;
-  }
-  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'",
-                  mode);
-  FT_CONFIG_CHECK(options.every() >= 1,
-                  "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}",
-                  options.every());
-  policy.every = options.every();
-  return policy;
+CheckpointPolicy CheckpointPolicy::every_k(int64_t k) {
+  FT_CONFIG_CHECK(k >= 1, "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}", k);
+  return {k};
+}
+
+CheckpointPolicy CheckpointPolicy::parse(const std::string& mode, int64_t every) {
+  if (mode == "none") return none();
+  if (mode == "blocks") return blocks();
+  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'", mode);
+  return every_k(every);
 }
 
 std::vector<std::pair<size_t, size_t>> checkpoint_blocks(torch::nn::SequentialImpl& sequential) {

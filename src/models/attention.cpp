@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 

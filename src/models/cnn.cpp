@@ -1,7 +1,7 @@
 // cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2 (or, with
 // pool_first, conv3x3 + maxpool2 [+ BatchNorm] + ReLU), then flatten, hidden Linear+ReLU layers and
-// the classifier. With widths {32, 64} and hidden {128}
-// this is the textbook MNIST network the benchmarks compare against.
+// the output layer. With widths {32, 64} and hidden {128} this is the textbook MNIST network the
+// benchmarks compare against.
 #include <torch/nn.h>
 
 #include "fasttrain/models/registry.h"
@@ -11,10 +11,10 @@ namespace fasttrain {
 
 namespace {
 
-class Cnn : public Model {
+class Cnn : public torch::nn::Module {
  public:
-  explicit Cnn(const ModelOptions& options) {
-    int64_t channels = options.in_channels(), height = options.height(), width = options.width();
+  Cnn(const CnnOptions& options, const DataShape& shape) {
+    int64_t channels = shape.input[0], height = shape.input[1], width = shape.input[2];
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
       features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, stage_width, 3)
@@ -29,29 +29,35 @@ class Cnn : public Model {
       width /= 2;
     }
     FT_CONFIG_CHECK(height > 0 && width > 0, "model.widths has {} pooling stages, too many for {}x{} inputs",
-                    options.widths().size(), options.height(), options.width());
-    int64_t features = channels * height * width;
-    classifier_ = classifier_head(features, options);
+                    options.widths().size(), shape.input[1], shape.input[2]);
+    const int64_t features = channels * height * width;
+    classifier_ = classifier_head(features, options.hidden(), options.dropout(), output_count(shape, "cnn"));
     register_module("features", features_);
     register_module("classifier", classifier_);
-    add_stage(features_);
-    add_stage(classifier_);
   }
 
-  torch::Tensor forward(torch::Tensor images) override {
-    auto maps = run_stage(features_, images);        // [B, widths.back(), H / 2^S, W / 2^S]
-    return run_stage(classifier_, maps.flatten(1));  // [B, classes]
+  torch::Tensor forward(torch::Tensor images) {
+    auto maps = features_->forward(images);           // [B, widths.back(), H / 2^S, W / 2^S]
+    return classifier_->forward(maps.flatten(1));     // [B, outputs]
   }
 
  private:
-  torch::nn::Sequential features_;
-  torch::nn::Sequential classifier_;
+  Stage features_;
+  Stage classifier_{nullptr};
 };
 
 }  // namespace
 
-std::shared_ptr<Model> make_cnn(const ModelOptions& options) {
-  return std::make_shared<Cnn>(options);
+// A model of images [C, H, W]: `model` names it in the error for other data.
+void check_image_inputs(const DataShape& shape, const std::string& model) {
+  FT_CONFIG_CHECK(shape.input.size() == 3 && torch::isFloatingType(shape.input_dtype),
+                  "model '{}' takes images [C, H, W]; the data gives {}", model, shape.describe());
+}
+
+Model make_cnn(const CnnOptions& options, const DataShape& shape) {
+  check_keys(options, "model");
+  check_image_inputs(shape, "cnn");
+  return Model(std::make_shared<Cnn>(options, shape));
 }
 
 }  // namespace fasttrain

@@ -11,7 +11,7 @@
 
 namespace fasttrain {
 
-std::string generate_text(Model& model, const std::string& prompt, const GenerateOptions& options) {
+std::string generate_text(const Model& model, const std::string& prompt, const GenerateOptions& options) {
   FT_CONFIG_CHECK(options.context() >= 1, "generate: context must be >= 1, got {}", options.context());
   FT_CONFIG_CHECK(options.max_new_tokens() >= 0, "generate: --tokens must be >= 0, got {}",
                   options.max_new_tokens());
@@ -19,10 +19,11 @@ std::string generate_text(Model& model, const std::string& prompt, const Generat
                   options.temperature());
   FT_CONFIG_CHECK(options.top_k() >= 0 && options.top_k() <= kByteVocabulary,
                   "generate: --top-k must be in [0, {}], got {}", kByteVocabulary, options.top_k());
-  const bool was_training = model.is_training();
-  model.eval();
+  torch::nn::Module& module = model.module();
+  const bool was_training = module.is_training();
+  module.eval();
   torch::NoGradGuard no_grad;
-  const torch::Device device = model.parameters().empty() ? torch::kCPU : model.parameters().front().device();
+  const torch::Device device = module.parameters().empty() ? torch::kCPU : module.parameters().front().device();
 
   std::vector<int64_t> tokens;
   if (prompt.empty()) tokens.push_back(kEndOfDocument);
@@ -36,8 +37,9 @@ std::string generate_text(Model& model, const std::string& prompt, const Generat
     torch::Tensor window =
         torch::tensor(std::vector<int64_t>(tokens.end() - length, tokens.end()), torch::kLong)
             .view({1, length});
-    torch::Tensor logits =
-        model.forward(window.to(device)).select(0, length - 1).to(torch::kCPU, torch::kFloat);
+    Batch batch;
+    batch.inputs = window.to(device);  // [1, T]
+    torch::Tensor logits = model.forward(batch).tensor().select(0, length - 1).to(torch::kCPU, torch::kFloat);
     const float* raw = logits.data_ptr<float>();  // [V]
 
     // ---- pick: the argmax, or a draw from the top-k softmax at the temperature ----
@@ -66,7 +68,7 @@ std::string generate_text(Model& model, const std::string& prompt, const Generat
     tokens.push_back(next);
     text.push_back(static_cast<char>(next));
   }
-  model.train(was_training);
+  module.train(was_training);
   return text;
 }
 

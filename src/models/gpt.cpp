@@ -53,17 +53,16 @@ class GptBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(GptBlock);
 
-class Gpt : public Model {
+class Gpt : public torch::nn::Module {
  public:
-  explicit Gpt(const ModelOptions& options) : context_(options.context()), vocab_(options.num_classes()) {
+  Gpt(const GptOptions& options, int64_t vocabulary) : context_(options.context()), vocab_(vocabulary) {
     const int64_t embed = options.embed();
     token_embedding_ = register_module("token_embedding", torch::nn::Embedding(vocab_, embed));
     position_embedding_ = register_module("position_embedding", torch::nn::Embedding(context_, embed));
     dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout()));
-    blocks_ = register_module("blocks", torch::nn::Sequential());
+    blocks_ = register_module("blocks", Stage());
     for (int64_t i = 0; i < options.layers(); ++i)
       blocks_->push_back(GptBlock(embed, options.heads(), options.dropout()));
-    add_stage(blocks_);
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
 
     // ---- GPT-2's initialisation: N(0, 0.02), biases 0, residual projections / sqrt(2 L) ----
@@ -88,13 +87,13 @@ class Gpt : public Model {
   // tokens [B, T] int64 in [0, vocab), T <= context -> logits [B * T, vocab]: row b * T + t predicts
   // token t + 1 of sequence b (flat, so the trainer's cross-entropy against targets [B * T] is the
   // next-token loss).
-  torch::Tensor forward(torch::Tensor tokens) override {
+  torch::Tensor forward(torch::Tensor tokens) {
     FT_CHECK(tokens.dim() == 2 && tokens.size(1) <= context_,
              "gpt takes tokens [B, T] with T <= model.context = {}, got {}", context_, tokens.sizes());
     const int64_t length = tokens.size(1);
     auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
     auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
-    x = final_norm_->forward(run_stage(blocks_, x));               // [B, T, C]
+    x = final_norm_->forward(blocks_->forward(x));                 // [B, T, C]
     auto logits = torch::matmul(x, token_embedding_->weight.t());  // [B, T, vocab], tied
     return logits.reshape({-1, vocab_});
   }
@@ -104,19 +103,20 @@ class Gpt : public Model {
   int64_t vocab_;
   torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
-  torch::nn::Sequential blocks_{nullptr};
+  Stage blocks_{nullptr};
   torch::nn::LayerNorm final_norm_{nullptr};
 };
 
 }  // namespace
 
-std::shared_ptr<Model> make_gpt(const ModelOptions& options) {
-  FT_CONFIG_CHECK(options.layers() >= 1, "model.layers must be >= 1, got {}", options.layers());
-  FT_CONFIG_CHECK(options.heads() >= 1 && options.embed() >= 1 && options.embed() % options.heads() == 0,
-                  "model.embed ({}) must be a positive multiple of model.heads ({})", options.embed(),
-                  options.heads());
-  FT_CONFIG_CHECK(options.context() >= 1, "model.context must be >= 1, got {}", options.context());
-  return std::make_shared<Gpt>(options);
+Model make_gpt(const GptOptions& options, const DataShape& shape) {
+  check_keys(options, "model");
+  FT_CONFIG_CHECK(shape.vocabulary > 0 && shape.input.size() == 1,
+                  "model 'gpt' takes token sequences [T] (data.dataset = \"text\"); the data gives {}",
+                  shape.describe());
+  FT_CONFIG_CHECK(options.embed() % options.heads() == 0, "model.embed ({}) must be a multiple of model.heads ({})",
+                  options.embed(), options.heads());
+  return Model(std::make_shared<Gpt>(options, shape.vocabulary));
 }
 
 }  // namespace fasttrain

@@ -2,109 +2,66 @@
 
 #include <torch/nn.h>
 
-#include <functional>
-#include <map>
-#include <sstream>
-
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
-std::shared_ptr<Model> make_mlp(const ModelOptions& options);
-std::shared_ptr<Model> make_cnn(const ModelOptions& options);
-std::shared_ptr<Model> make_resnet(const ModelOptions& options);
-std::shared_ptr<Model> make_gpt(const ModelOptions& options);
-
-namespace {
-
-using Factory = std::function<std::shared_ptr<Model>(const ModelOptions&)>;
-
-const std::map<std::string, Factory>& registry() {
-  static const std::map<std::string, Factory> factories = {
-      {"mlp", make_mlp},
-      {"cnn", make_cnn},
-      {"resnet", make_resnet},
-      {"gpt", make_gpt},
-  };
-  return factories;
-}
-
-void validate(const ModelOptions& options) {
-  auto check_sizes = [](const char* key, const std::vector<int64_t>& sizes, bool allow_empty) {
-    FT_CONFIG_CHECK(allow_empty || !sizes.empty(), "model.{} must list at least one size, got []", key);
+KeyRule<std::vector<int64_t>> positive_sizes(bool allow_empty) {
+  return KeyRule<std::vector<int64_t>>([allow_empty](const std::string& name, const std::vector<int64_t>& sizes) {
+    FT_CONFIG_CHECK(allow_empty || !sizes.empty(), "{} must list at least one size, got []", name);
     for (int64_t size : sizes) {
-      FT_CONFIG_CHECK(size > 0, "model.{} entries must be > 0, got [{}]", key, fmt::join(sizes, ", "));
+      FT_CONFIG_CHECK(size > 0, "{} entries must be > 0, got [{}]", name, fmt::join(sizes, ", "));
     }
-  };
-  check_sizes("widths", options.widths(), options.name() == "mlp");
-  check_sizes("hidden", options.hidden(), true);
-  FT_CONFIG_CHECK(options.blocks() >= 1, "model.blocks must be >= 1, got {}", options.blocks());
-  FT_CONFIG_CHECK(options.dropout() >= 0 && options.dropout() < 1, "model.dropout must be in [0, 1), got {}",
-                  options.dropout());
-  FT_CONFIG_CHECK(options.in_channels() > 0 && options.height() > 0 && options.width() > 0,
-                  "model input must have a positive shape, got [{}, {}, {}]", options.in_channels(),
-                  options.height(), options.width());
-  FT_CONFIG_CHECK(options.num_classes() > 1, "model needs at least 2 classes, got {}", options.num_classes());
+  });
 }
 
-}  // namespace
-
-const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = [] {
-    std::vector<std::string> result;
-    for (const auto& entry : registry()) result.push_back(entry.first);
-    return result;
+Registry<ModelRecipe>& model_registry() {
+  static Registry<ModelRecipe> registry = [] {
+    Registry<ModelRecipe> models("model.name");
+    models.add("cnn", "the classic conv net: conv stages, then fully connected layers",
+               model_recipe<CnnOptions>(make_cnn));
+    models.add("gpt", "a byte-level GPT-2-style transformer (data.dataset = \"text\")",
+               model_recipe<GptOptions>(make_gpt, [](const GptOptions& o) { return o.context(); }));
+    models.add("mlp", "fully connected layers over the flattened inputs", model_recipe<MlpOptions>(make_mlp));
+    models.add("resnet", "a small ResNet (basic blocks, global average pool)",
+               model_recipe<ResnetOptions>(make_resnet));
+    return models;
   }();
-  return names;
+  return registry;
 }
 
-std::shared_ptr<Model> make_model(const ModelOptions& options) {
-  auto found = registry().find(options.name());
-  FT_CONFIG_CHECK(found != registry().end(), "model.name '{}' is unknown; valid: {}", options.name(),
-                  fmt::join(model_names(), ", "));
-  validate(options);
-  return found->second(options);
+Model make_model(const std::string& name, const DataShape& shape, const AnyOptions* options) {
+  const ModelRecipe& recipe = model_registry().at(name);
+  Model model = recipe.build(options ? *options : recipe.options, shape);
+  return model.named(name);
 }
 
-torch::nn::Sequential classifier_head(int64_t features, const ModelOptions& options) {
-  torch::nn::Sequential head;
-  for (int64_t hidden : options.hidden()) {
-    if (options.dropout() > 0) head->push_back(torch::nn::Dropout(options.dropout()));
-    head->push_back(torch::nn::Linear(features, hidden));
+int64_t output_count(const DataShape& shape, const std::string& model) {
+  if (shape.classes > 0) {
+    FT_CONFIG_CHECK(shape.classes > 1, "model '{}' needs at least 2 classes, the data has {}", model,
+                    shape.classes);
+    return shape.classes;
+  }
+  FT_CONFIG_CHECK(torch::isFloatingType(shape.target_dtype),
+                  "model '{}' needs to know how many classes there are: the data's targets are class ids, but "
+                  "it does not say how many ({})",
+                  model, shape.describe());
+  int64_t values = 1;
+  for (int64_t size : shape.target) values *= size;
+  return values;
+}
+
+Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs) {
+  Stage head;
+  for (int64_t width : hidden) {
+    if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
+    head->push_back(torch::nn::Linear(features, width));
     head->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-    features = hidden;
+    features = width;
   }
-  if (options.dropout() > 0) head->push_back(torch::nn::Dropout(options.dropout()));
-  head->push_back(torch::nn::Linear(features, options.num_classes()));
+  if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
+  head->push_back(torch::nn::Linear(features, outputs));
   return head;
-}
-
-void to_channels_last(torch::nn::Module& module) {
-  torch::NoGradGuard no_grad;
-  auto convert = [](torch::Tensor& tensor) {
-    if (tensor.defined() && tensor.dim() == 4) {
-      tensor.set_data(tensor.data().contiguous(torch::MemoryFormat::ChannelsLast));
-    }
-  };
-  for (auto& parameter : module.parameters()) convert(parameter);
-  for (auto& buffer : module.buffers()) convert(buffer);
-}
-
-std::string Model::describe() const {
-  std::ostringstream out;
-  out << name() << " (" << parameter_count() << " parameters)\n";
-  for (const auto& child : named_children()) {
-    out << "  " << child.key() << ": ";
-    child.value()->pretty_print(out);
-    out << "\n";
-  }
-  return out.str();
-}
-
-int64_t Model::parameter_count() const {
-  int64_t count = 0;
-  for (const auto& parameter : parameters()) count += parameter.numel();
-  return count;
 }
 
 }  // namespace fasttrain

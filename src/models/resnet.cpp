@@ -45,11 +45,11 @@ class BasicBlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(BasicBlock);
 
-class ResNet : public Model {
+class ResNet : public torch::nn::Module {
  public:
-  explicit ResNet(const ModelOptions& options) {
+  ResNet(const ResnetOptions& options, const DataShape& shape) {
     const auto& widths = options.widths();
-    stem_->push_back(conv3x3(options.in_channels(), widths[0], 1));
+    stem_->push_back(conv3x3(shape.input[0], widths[0], 1));
     stem_->push_back(torch::nn::BatchNorm2d(widths[0]));
     stem_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
     int64_t channels = widths[0];
@@ -60,32 +60,32 @@ class ResNet : public Model {
         channels = widths[stage];
       }
     }
-    int64_t features = channels;
-    head_ = classifier_head(features, options);
+    head_ = classifier_head(channels, options.hidden(), options.dropout(), output_count(shape, "resnet"));
     register_module("stem", stem_);
     register_module("stages", stages_);
     register_module("head", head_);
-    add_stage(stem_);
-    add_stage(stages_);
-    add_stage(head_);
   }
 
-  torch::Tensor forward(torch::Tensor images) override {
-    auto maps = run_stage(stages_, run_stage(stem_, images));  // [B, widths.back(), H', W']
-    auto pooled = maps.mean({2, 3});                           // [B, widths.back()]
-    return run_stage(head_, pooled);                           // [B, classes]
+  torch::Tensor forward(torch::Tensor images) {
+    auto maps = stages_->forward(stem_->forward(images));  // [B, widths.back(), H', W']
+    auto pooled = maps.mean({2, 3});                       // [B, widths.back()]
+    return head_->forward(pooled);                         // [B, outputs]
   }
 
  private:
-  torch::nn::Sequential stem_;
-  torch::nn::Sequential stages_;
-  torch::nn::Sequential head_;
+  Stage stem_;
+  Stage stages_;
+  Stage head_{nullptr};
 };
 
 }  // namespace
 
-std::shared_ptr<Model> make_resnet(const ModelOptions& options) {
-  return std::make_shared<ResNet>(options);
+void check_image_inputs(const DataShape& shape, const std::string& model);
+
+Model make_resnet(const ResnetOptions& options, const DataShape& shape) {
+  check_keys(options, "model");
+  check_image_inputs(shape, "resnet");
+  return Model(std::make_shared<ResNet>(options, shape));
 }
 
 }  // namespace fasttrain

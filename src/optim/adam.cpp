@@ -6,7 +6,7 @@
 
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
@@ -17,7 +17,8 @@ enum : size_t { kExpAvg = 0, kExpAvgSq = 1 };
 class Adam : public Optimizer {
  public:
   Adam(std::vector<ParamGroup> groups, const OptimizerOptions& options, bool decoupled)
-      : Optimizer(std::move(groups), options, decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_"),
+      : Optimizer(std::move(groups), options, decoupled ? "aten::_fused_adamw_" : "aten::_fused_adam_",
+                  options.beta1()),
         decoupled_(decoupled) {}
 
   const std::vector<std::string>& state_fields() const override {
@@ -98,20 +99,21 @@ class Adam : public Optimizer {
   double eps_ = options().eps();
 };
 
-}  // namespace
-
-OptimizerKind adam_kind() {
-  return {"adam", "Adam; weight decay is L2, added to the gradient",
-          [](std::vector<ParamGroup> groups, const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
-            return std::make_unique<Adam>(std::move(groups), options, /*decoupled=*/false);
+OptimizerRecipe adam_recipe(bool decoupled) {
+  return {[](const OptimizerOptions& options) { return options.beta1(); },
+          [decoupled](std::vector<ParamGroup> groups, const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Adam>(std::move(groups), options, decoupled);
           }};
 }
 
-OptimizerKind adamw_kind() {
-  return {"adamw", "Adam with decoupled weight decay (p <- p (1 - lr wd) before the update)",
-          [](std::vector<ParamGroup> groups, const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
-            return std::make_unique<Adam>(std::move(groups), options, /*decoupled=*/true);
-          }};
+}  // namespace
+
+OptimizerRecipe adam_recipe() {
+  return adam_recipe(/*decoupled=*/false);
+}
+
+OptimizerRecipe adamw_recipe() {
+  return adam_recipe(/*decoupled=*/true);
 }
 
 }  // namespace fasttrain

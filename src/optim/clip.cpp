@@ -3,7 +3,7 @@
 #include <torch/torch.h>
 
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 

@@ -6,14 +6,12 @@
 #include <cmath>
 
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
 Ema::Ema(torch::nn::Module& model, EmaOptions options) : options_(std::move(options)) {
-  FT_CONFIG_CHECK(std::isfinite(options_.decay()) && options_.decay() >= 0 && options_.decay() <= 1,
-                  "ema.decay must be in [0, 1], got {}", options_.decay());
-  FT_CONFIG_CHECK(options_.every() >= 1, "ema.every must be >= 1, got {}", options_.every());
+  check_keys(options_, "ema");
   torch::NoGradGuard no_grad;
   for (const auto& p : model.parameters()) live_.push_back(p);
   parameter_count_ = live_.size();

@@ -6,46 +6,31 @@
 #include <cmath>
 
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
 // Defined with each kind (optim/adam.cpp, optim/sgd.cpp).
-OptimizerKind sgd_kind();
-OptimizerKind adam_kind();
-OptimizerKind adamw_kind();
-
-namespace {
-
-void check_non_negative(const char* key, double value) {
-  FT_CONFIG_CHECK(std::isfinite(value) && value >= 0, "optim.{} must be finite and >= 0, got {}", key, value);
-}
-
-void check_unit_interval(const char* key, double value) {
-  FT_CONFIG_CHECK(std::isfinite(value) && value >= 0 && value < 1, "optim.{} must be in [0, 1), got {}", key,
-                  value);
-}
-
-}  // namespace
+OptimizerRecipe sgd_recipe();
+OptimizerRecipe adam_recipe();
+OptimizerRecipe adamw_recipe();
 
 // ---- the registry ----
 
-const std::vector<OptimizerKind>& optimizer_kinds() {
-  static const std::vector<OptimizerKind> kinds = {sgd_kind(), adam_kind(), adamw_kind()};
-  return kinds;
+Registry<OptimizerRecipe>& optimizer_registry() {
+  static Registry<OptimizerRecipe> registry = [] {
+    Registry<OptimizerRecipe> optimizers("optim.name");
+    optimizers.add("sgd", "SGD with momentum (optim.momentum) and optional Nesterov (optim.nesterov)", sgd_recipe());
+    optimizers.add("adam", "Adam; weight decay is L2, added to the gradient", adam_recipe());
+    optimizers.add("adamw", "Adam with decoupled weight decay (p <- p (1 - lr wd) before the update)",
+                   adamw_recipe());
+    return optimizers;
+  }();
+  return registry;
 }
 
 std::vector<std::string> optimizer_names() {
-  std::vector<std::string> names;
-  for (const auto& kind : optimizer_kinds()) names.push_back(kind.name);
-  return names;
-}
-
-const OptimizerKind& optimizer_kind(const std::string& name) {
-  for (const auto& kind : optimizer_kinds()) {
-    if (kind.name == name) return kind;
-  }
-  FT_CONFIG_FAIL("unknown optim.name '{}'; valid: {}", name, fmt::join(optimizer_names(), ", "));
+  return optimizer_registry().names();
 }
 
 const std::vector<std::string>& optimizer_kernel_names() {
@@ -53,24 +38,16 @@ const std::vector<std::string>& optimizer_kernel_names() {
   return names;
 }
 
-void validate(const OptimizerOptions& o) {
-  optimizer_kind(o.name());
-  const auto& kernels = optimizer_kernel_names();
-  FT_CONFIG_CHECK(std::find(kernels.begin(), kernels.end(), o.kernel()) != kernels.end(),
-                  "optim.kernel '{}' is not allowed; valid: {}", o.kernel(), fmt::join(kernels, ", "));
-  check_non_negative("lr", o.lr());
-  check_non_negative("weight_decay", o.weight_decay());
-  check_non_negative("eps", o.eps());
-  check_unit_interval("momentum", o.momentum());
-  check_unit_interval("beta1", o.beta1());
-  check_unit_interval("beta2", o.beta2());
-  FT_CONFIG_CHECK(!o.nesterov() || o.name() != "sgd" || o.momentum() > 0,
-                  "optim.nesterov = true needs optim.momentum > 0, got momentum {}", o.momentum());
+std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options) {
+  check_keys(options, "optim");
+  const OptimizerRecipe& recipe = optimizer_registry().at(options.name());
+  std::unique_ptr<Optimizer> optimizer = recipe.make(std::move(groups), options);
+  optimizer->factory_ = recipe.make;
+  return optimizer;
 }
 
 std::unique_ptr<Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options) {
-  validate(options);
   // Decaying biases and norm scales toward 0 only hurts (they set offsets and scales, not
   // capacity), so every parameter with dim <= 1 trains without weight decay.
   ParamGroup decay{{}, {}, options.weight_decay()}, no_decay{{}, {}, 0.0};
@@ -87,17 +64,15 @@ std::unique_ptr<Optimizer> make_optimizer(
   std::vector<ParamGroup> groups;
   if (!decay.params.empty()) groups.push_back(std::move(decay));
   if (!no_decay.params.empty()) groups.push_back(std::move(no_decay));
-  return optimizer_kind(options.name()).make(std::move(groups), options);
+  return make_optimizer(std::move(groups), options);
 }
 
 // ---- Optimizer ----
 
-Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel)
-    : groups_(std::move(groups)),
-      options_(std::move(options)),
-      momentum_(options_.name() == "sgd" ? options_.momentum() : options_.beta1()),
-      fused_kernel_(fused_kernel) {
-  validate(options_);
+Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel,
+                     double momentum)
+    : groups_(std::move(groups)), options_(std::move(options)), momentum_(momentum), fused_kernel_(fused_kernel) {
+  check_keys(options_, "optim");
   FT_CHECK(!groups_.empty(), "optimizer '{}' got no parameter groups", name());
   for (const auto& group : groups_) {
     FT_CHECK(group.names.size() == group.params.size(), "a parameter group has {} names for {} parameters",
@@ -275,13 +250,11 @@ int64_t Optimizer::state_bytes() const {
 std::unique_ptr<Optimizer> Optimizer::rebuild(std::vector<ParamGroup> groups) const {
   FT_CHECK(groups.size() == groups_.size(), "rebuild: {} parameter groups for an optimizer of {}",
            groups.size(), groups_.size());
-  OptimizerOptions options = options_;
-  if (name() == "sgd") {
-    options.momentum(momentum_);
-  } else {
-    options.beta1(momentum_);
-  }
-  auto rebuilt = optimizer_kind(name()).make(std::move(groups), options);
+  FT_CHECK(factory_, "optimizer '{}' was not made by make_optimizer, so it cannot be rebuilt over other "
+           "parameters (ZeRO shards)", name());
+  auto rebuilt = factory_(std::move(groups), options_);
+  rebuilt->factory_ = factory_;
+  rebuilt->set_momentum(momentum_);
   for (size_t g = 0; g < groups_.size(); ++g) rebuilt->set_group_options(g, group_options(g));
   return rebuilt;
 }

@@ -181,84 +181,74 @@ void check_total_steps(const std::string& name, int64_t total_steps) {
                   total_steps);
 }
 
-void check_momenta(const ScheduleOptions& o) {
-  if (!o.cycle_momentum()) return;
-  FT_CONFIG_CHECK(finite(o.base_momentum()) && o.base_momentum() >= 0 && o.base_momentum() < 1,
-                  "schedule.base_momentum must be in [0, 1), got {}", o.base_momentum());
-  FT_CONFIG_CHECK(finite(o.max_momentum()) && o.max_momentum() >= o.base_momentum() && o.max_momentum() < 1,
-                  "schedule.max_momentum must be in [schedule.base_momentum = {}, 1), got {}",
-                  o.base_momentum(), o.max_momentum());
+std::unique_ptr<Schedule> make_constant(const ScheduleOptions&, double max_lr, int64_t) {
+  return std::make_unique<ConstantSchedule>(max_lr);
+}
+
+std::unique_ptr<Schedule> make_step(const ScheduleOptions& o, double max_lr, int64_t) {
+  return std::make_unique<StepSchedule>(max_lr, o.step_size(), o.gamma());
+}
+
+std::unique_ptr<Schedule> make_cosine(const ScheduleOptions& o, double max_lr, int64_t total_steps) {
+  check_total_steps("cosine", total_steps);
+  FT_CONFIG_CHECK(o.warmup_steps() < total_steps, "schedule.warmup_steps must be in [0, total_steps = {}), got {}",
+                  total_steps, o.warmup_steps());
+  FT_CONFIG_CHECK(o.min_lr() <= max_lr, "schedule.min_lr must be in [0, max lr = {}], got {}", max_lr, o.min_lr());
+  return std::make_unique<CosineSchedule>(max_lr, o.min_lr(), o.warmup_steps(), total_steps);
+}
+
+std::unique_ptr<Schedule> make_one_cycle(const ScheduleOptions& o, double max_lr, int64_t total_steps) {
+  check_total_steps("one-cycle", total_steps);
+  FT_CONFIG_CHECK(!o.three_phase() || o.pct_start() <= 0.5,
+                  "schedule.pct_start must be <= 0.5 with schedule.three_phase = true (warm-up and "
+                  "cool-down each take pct_start of the run), got {}",
+                  o.pct_start());
+  // OneCycleLR divides by the warm-up's length, pct_start * total_steps - 1 steps.
+  FT_CONFIG_CHECK(o.pct_start() * static_cast<double>(total_steps) - 1 != 0,
+                  "schedule.pct_start = {} with total_steps = {} gives a one-cycle warm-up of zero "
+                  "length (pct_start * total_steps must not be 1); choose another pct_start",
+                  o.pct_start(), total_steps);
+  return std::make_unique<OneCycleSchedule>(o, max_lr, total_steps);
+}
+
+std::unique_ptr<Schedule> make_cyclic(const ScheduleOptions& o, double max_lr, int64_t) {
+  FT_CONFIG_CHECK(o.base_lr() <= max_lr, "schedule.base_lr must be in [0, max lr = {}], got {}", max_lr,
+                  o.base_lr());
+  return std::make_unique<CyclicSchedule>(o, max_lr);
 }
 
 }  // namespace
 
-const std::vector<std::string>& schedule_names() {
-  static const std::vector<std::string> names = {"constant", "step", "cosine", "one-cycle", "cyclic"};
-  return names;
+Registry<ScheduleRecipe>& schedule_registry() {
+  static Registry<ScheduleRecipe> registry = [] {
+    Registry<ScheduleRecipe> schedules("schedule.name");
+    schedules.add("constant", "optim.lr throughout", make_constant);
+    schedules.add("step", "StepLR: optim.lr * gamma^floor(step / step_size)", make_step);
+    schedules.add("cosine", "linear warm-up, then cosine to min_lr", make_cosine);
+    schedules.add("one-cycle", "OneCycleLR: up to optim.lr over pct_start of the run, then down", make_one_cycle);
+    schedules.add("cyclic", "CyclicLR, triangular, between base_lr and optim.lr", make_cyclic);
+    return schedules;
+  }();
+  return registry;
+}
+
+std::vector<std::string> schedule_names() {
+  return schedule_registry().names();
 }
 
 std::unique_ptr<Schedule> make_schedule(const ScheduleOptions& o, double max_lr, double base_momentum,
                                         int64_t total_steps) {
-  const std::string& name = o.name();
-  const auto& names = schedule_names();
-  FT_CONFIG_CHECK(std::find(names.begin(), names.end(), name) != names.end(),
-                  "unknown schedule.name '{}'; valid: {}", name, fmt::join(names, ", "));
-  FT_CONFIG_CHECK(finite(max_lr) && max_lr >= 0,
-                  "schedule '{}' needs a finite max lr (optim.lr) >= 0, got {}", name, max_lr);
+  check_keys(o, "schedule");
+  const ScheduleRecipe& recipe = schedule_registry().at(o.name());
+  FT_CONFIG_CHECK(finite(max_lr) && max_lr >= 0, "schedule '{}' needs a finite max lr (optim.lr) >= 0, got {}",
+                  o.name(), max_lr);
   // The optimizer's own momentum: schedules that do not cycle momentum leave it as it is.
   FT_CONFIG_CHECK(finite(base_momentum) && base_momentum >= 0 && base_momentum < 1,
-                  "schedule '{}': the optimizer momentum must be in [0, 1), got {}", name, base_momentum);
-
-  if (name == "constant") return std::make_unique<ConstantSchedule>(max_lr);
-
-  if (name == "step") {
-    FT_CONFIG_CHECK(o.step_size() >= 1, "schedule.step_size must be >= 1, got {}", o.step_size());
-    FT_CONFIG_CHECK(finite(o.gamma()) && o.gamma() > 0, "schedule.gamma must be finite and > 0, got {}",
-                    o.gamma());
-    return std::make_unique<StepSchedule>(max_lr, o.step_size(), o.gamma());
-  }
-
-  if (name == "cosine") {
-    check_total_steps(name, total_steps);
-    FT_CONFIG_CHECK(o.warmup_steps() >= 0 && o.warmup_steps() < total_steps,
-                    "schedule.warmup_steps must be in [0, total_steps = {}), got {}", total_steps,
-                    o.warmup_steps());
-    FT_CONFIG_CHECK(finite(o.min_lr()) && o.min_lr() >= 0 && o.min_lr() <= max_lr,
-                    "schedule.min_lr must be in [0, max lr = {}], got {}", max_lr, o.min_lr());
-    return std::make_unique<CosineSchedule>(max_lr, o.min_lr(), o.warmup_steps(), total_steps);
-  }
-
-  if (name == "one-cycle") {
-    check_total_steps(name, total_steps);
-    FT_CONFIG_CHECK(finite(o.pct_start()) && o.pct_start() > 0 && o.pct_start() < 1,
-                    "schedule.pct_start must be in (0, 1), got {}", o.pct_start());
-    FT_CONFIG_CHECK(!o.three_phase() || o.pct_start() <= 0.5,
-                    "schedule.pct_start must be <= 0.5 with schedule.three_phase = true (warm-up and "
-                    "cool-down each take pct_start of the run), got {}",
-                    o.pct_start());
-    // OneCycleLR divides by the warm-up's length, pct_start * total_steps - 1 steps.
-    FT_CONFIG_CHECK(o.pct_start() * static_cast<double>(total_steps) - 1 != 0,
-                    "schedule.pct_start = {} with total_steps = {} gives a one-cycle warm-up of zero "
-                    "length (pct_start * total_steps must not be 1); choose another pct_start",
-                    o.pct_start(), total_steps);
-    FT_CONFIG_CHECK(finite(o.div_factor()) && o.div_factor() > 0, "schedule.div_factor must be > 0, got {}",
-                    o.div_factor());
-    FT_CONFIG_CHECK(finite(o.final_div_factor()) && o.final_div_factor() > 0,
-                    "schedule.final_div_factor must be > 0, got {}", o.final_div_factor());
-    FT_CONFIG_CHECK(o.anneal() == "cos" || o.anneal() == "linear",
-                    "schedule.anneal must be 'cos' or 'linear', got '{}'", o.anneal());
-    check_momenta(o);
-    return std::make_unique<OneCycleSchedule>(o, max_lr, total_steps);
-  }
-
-  // cyclic
-  FT_CONFIG_CHECK(finite(o.base_lr()) && o.base_lr() >= 0 && o.base_lr() <= max_lr,
-                  "schedule.base_lr must be in [0, max lr = {}], got {}", max_lr, o.base_lr());
-  FT_CONFIG_CHECK(o.step_size_up() >= 1, "schedule.step_size_up must be >= 1, got {}", o.step_size_up());
-  FT_CONFIG_CHECK(o.step_size_down() >= 0, "schedule.step_size_down must be >= 0 (0 = step_size_up), got {}",
-                  o.step_size_down());
-  check_momenta(o);
-  return std::make_unique<CyclicSchedule>(o, max_lr);
+                  "schedule '{}': the optimizer momentum must be in [0, 1), got {}", o.name(), base_momentum);
+  FT_CONFIG_CHECK(o.max_momentum() >= o.base_momentum(),
+                  "schedule.max_momentum ({}) must be >= schedule.base_momentum ({})", o.max_momentum(),
+                  o.base_momentum());
+  return recipe(o, max_lr, total_steps);
 }
 
 LrTable::LrTable(const Schedule& schedule, int64_t total_steps, torch::Device device) {

@@ -6,7 +6,7 @@
 
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
@@ -17,7 +17,11 @@ enum : size_t { kMomentumBuffer = 0 };
 class Sgd : public Optimizer {
  public:
   Sgd(std::vector<ParamGroup> groups, const OptimizerOptions& options)
-      : Optimizer(std::move(groups), options, "aten::_fused_sgd_"), keeps_buffers_(options.momentum() > 0) {}
+      : Optimizer(std::move(groups), options, "aten::_fused_sgd_", options.momentum()),
+        keeps_buffers_(options.momentum() > 0) {
+    FT_CONFIG_CHECK(!options.nesterov() || options.momentum() > 0,
+                    "optim.nesterov = true needs optim.momentum > 0, got momentum {}", options.momentum());
+  }
 
   // Without momentum there is nothing to keep (LibTorch's SGD keeps no state then either).
   const std::vector<std::string>& state_fields() const override {
@@ -102,8 +106,8 @@ class Sgd : public Optimizer {
 
 }  // namespace
 
-OptimizerKind sgd_kind() {
-  return {"sgd", "SGD with momentum (optim.momentum) and optional Nesterov (optim.nesterov)",
+OptimizerRecipe sgd_recipe() {
+  return {[](const OptimizerOptions& options) { return options.momentum(); },
           [](std::vector<ParamGroup> groups, const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
             return std::make_unique<Sgd>(std::move(groups), options);
           }};

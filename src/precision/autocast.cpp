@@ -1,8 +1,6 @@
 #include "fasttrain/precision/autocast.h"
 
-#include "fasttrain/config/auto.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/hardware.h"
 
 namespace fasttrain {
 
@@ -19,7 +17,6 @@ bool autocast_supports(c10::DeviceType type, torch::ScalarType dtype) {
 }  // namespace
 
 torch::ScalarType parse_precision(const std::string& name, const torch::Device& device) {
-  if (name == "auto") return parse_precision(auto_precision(detect_hardware(device)).value, device);
   torch::ScalarType dtype;
   if (name == "fp32") {
     dtype = torch::kFloat;
@@ -30,7 +27,15 @@ torch::ScalarType parse_precision(const std::string& name, const torch::Device& 
   } else {
     throw ConfigError(fmt::format("train.precision must be one of auto, fp32, bf16, fp16; got '{}'", name));
   }
-  if (dtype == torch::kFloat) return dtype;
+  check_precision(dtype, device);
+  return dtype;
+}
+
+void check_precision(torch::ScalarType dtype, const torch::Device& device) {
+  if (dtype == torch::kFloat) return;
+  FT_CONFIG_CHECK(dtype == torch::kBFloat16 || dtype == torch::kHalf,
+                  "train.precision: autocast runs in bf16 or fp16, not {}", c10::toString(dtype));
+  const std::string name = precision_name(dtype);
   FT_CONFIG_CHECK(
       device.is_cpu() || device.is_cuda(),
       "train.precision = '{}' needs autocast, which fasttrain supports on cpu and cuda, not on {}; "
@@ -39,7 +44,6 @@ torch::ScalarType parse_precision(const std::string& name, const torch::Device& 
   FT_CONFIG_CHECK(
       !(device.is_cpu() && dtype == torch::kHalf),
       "train.precision = 'fp16' is not supported on cpu (CPU autocast runs in bfloat16); use bf16");
-  return dtype;
 }
 
 std::string precision_name(torch::ScalarType dtype) {

@@ -7,8 +7,8 @@
 #include <string>
 
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
-#include "fasttrain/util/json.h"
+#include "fasttrain/detail/compat.h"
+#include "fasttrain/detail/json.h"
 
 namespace fasttrain {
 

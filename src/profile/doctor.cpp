@@ -8,11 +8,11 @@
 #include <limits>
 #include <numeric>
 
-#include "fasttrain/config/auto.h"
+#include "fasttrain/run/auto.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/profile/profiler.h"
-#include "fasttrain/train/batch_finder.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/run/batch_finder.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
@@ -56,11 +56,27 @@ int64_t conv_biases_before_batchnorm(torch::nn::Module& model) {
   return count;
 }
 
-bool has_convolutions(torch::nn::Module& model) {
-  for (const auto& parameter : model.parameters()) {
-    if (parameter.dim() == 4) return true;
+// Matrix and conv sizes that are not multiples of 8, the data's own input and output counts left out
+// (they are the data's, not the model's to choose).
+std::vector<std::string> odd_layer_sizes(const Model& model, const DataShape& shape) {
+  int64_t inputs = 1;
+  for (int64_t size : shape.input) inputs *= size;
+  const int64_t input_channels = shape.input.empty() ? 0 : shape.input[0];
+  int64_t outputs = shape.classes;
+  if (outputs == 0) {
+    outputs = 1;
+    for (int64_t size : shape.target) outputs *= size;
   }
-  return false;
+  std::vector<std::string> odd;
+  for (const auto& item : model.module().named_parameters()) {
+    const torch::Tensor& weight = item.value();
+    if (weight.dim() < 2) continue;
+    const int64_t out = weight.size(0), in = weight.size(1);
+    const bool odd_out = out % 8 != 0 && out != outputs && out != shape.vocabulary;
+    const bool odd_in = in % 8 != 0 && in != inputs && in != input_channels && in != shape.vocabulary;
+    if (odd_out || odd_in) odd.push_back(fmt::format("{} [{}]", item.key(), fmt::join(weight.sizes(), ", ")));
+  }
+  return odd;
 }
 
 // A speed comparison that cleared `threshold`: the change is worth it, by this much.
@@ -190,9 +206,9 @@ std::vector<Finding> channels_last(const DoctorContext& c) {
 // ---- debugging aids left on ----
 
 std::vector<Finding> anomaly_detection(const DoctorContext& c) {
-  if (!c.config.train.detect_anomaly() && !c.anomaly_mode) return {};
+  if (!c.config.train.options.detect_anomaly() && !c.anomaly_mode) return {};
   Config off = c.config;
-  off.train.detect_anomaly(false);
+  off.train.options.detect_anomaly(false);
   // Reported whatever it measures: no threshold to confirm.
   const Comparison result = c.compare("anomaly_off", off, std::numeric_limits<double>::infinity());
   return {
@@ -248,8 +264,9 @@ std::vector<Finding> conv_bias_before_batchnorm(const DoctorContext& c) {
   return {
       Finding("conv_bias_before_batchnorm", Severity::kLow)
           .title(
-              "Drop the conv biases before BatchNorm (model.bias_before_norm = false): BatchNorm subtracts "
-              "the mean, so the bias does nothing but cost an add and its gradient")
+              "Drop the conv biases before BatchNorm (bias(false) on those convolutions; the cnn's "
+              "model.bias_before_norm = false): BatchNorm subtracts the mean, so the bias does nothing but "
+              "cost an add and its gradient")
           .evidence(fmt::format("{} convolution(s) with a bias feed a BatchNorm", c.conv_biases_before_bn))
           .estimated_gain("a bias add and its gradient per conv")};
 }
@@ -278,10 +295,7 @@ std::vector<Finding> tensor_core_sizes(const DoctorContext& c) {
   std::vector<std::string> odd;
   const int64_t batch = c.config.data.batch_size();
   if (batch % 8 != 0) odd.push_back(fmt::format("data.batch_size {}", batch));
-  for (int64_t width : c.config.model.widths())
-    if (width % 8 != 0) odd.push_back(fmt::format("model.widths {}", width));
-  for (int64_t hidden : c.config.model.hidden())
-    if (hidden % 8 != 0) odd.push_back(fmt::format("model.hidden {}", hidden));
+  odd.insert(odd.end(), c.odd_layer_sizes.begin(), c.odd_layer_sizes.end());
   if (odd.empty()) return {};
   return {Finding("tensor_core_sizes", Severity::kLow)
               .title("Use multiples of 8 for sizes that become matrix dimensions (tensor cores)")
@@ -291,7 +305,7 @@ std::vector<Finding> tensor_core_sizes(const DoctorContext& c) {
 
 std::vector<Finding> variable_shapes(const DoctorContext& c) {
   const int64_t batch = c.config.data.batch_size();
-  if (!c.cuda || c.config.data.drop_last() || c.train_size % batch == 0 || c.config.memory.warmup())
+  if (!c.cuda || c.config.data.loader.drop_last() || c.train_size % batch == 0 || c.config.memory.warmup())
     return {};
   return {
       Finding("variable_shapes", Severity::kLow)
@@ -305,27 +319,29 @@ std::vector<Finding> variable_shapes(const DoctorContext& c) {
 
 // The run as configured, measured: its recorded profile, the facts the rules read, and the timed
 // comparisons (written into `report`'s measurements).
-DoctorContext measure(const Config& requested, const std::string& out_dir, const DoctorOptions& options,
-                      const std::vector<std::shared_ptr<Callback>>& callbacks, DoctorReport& report) {
+DoctorContext measure(RunBuilder& builder, const Config& requested, const std::string& out_dir,
+                      const DoctorOptions& options, const std::vector<std::shared_ptr<Callback>>& callbacks,
+                      DoctorReport& report) {
   DoctorContext c;
   c.profiler_was_on = at::hasGlobalCallbacks() || at::hasThreadLocalCallbacks();
   c.anomaly_mode = torch::autograd::AnomalyMode::is_enabled();
-  // "auto" precision and threads as this machine resolves them: what the run would do here.
-  c.hardware = detect_hardware(parse_device(requested.train.device()));
-  c.config = with_room_to_profile(resolve_auto(resolve_batch_size(requested, options.reporter()), c.hardware).config);
-  const ProfileOptions profile_options =
-      ProfileOptions().steps(options.steps()).warmup_steps(options.warmup_steps());
-  Experiment experiment = Experiment::build(c.config);
-  c.cuda = experiment.device.is_cuda();
-  c.conv_biases_before_bn = conv_biases_before_batchnorm(*experiment.model);
-  c.conv_net = has_convolutions(*experiment.model);
-  c.train_size = experiment.train_loader->samples_per_epoch();
-  c.workers = experiment.train_loader->workers();
-  c.threads = experiment.threads;
+  const ProfileOptions profile_options = ProfileOptions().measure(
+      MeasureOptions().steps(options.measure().steps()).warmup_steps(options.measure().warmup_steps()));
+  // "auto" resolved as the run on this machine resolves it: what the run would do here.
+  Run run = build_run(builder, with_room_to_profile(resolve_batch_size(builder, requested, options.measure().reporter())));
+  c.config = run.config;
+  c.hardware = run.hardware;
+  c.cuda = run.device.is_cuda();
+  c.conv_biases_before_bn = conv_biases_before_batchnorm(run.model.module());
+  c.conv_net = run.model.has_convolutions();
+  c.odd_layer_sizes = odd_layer_sizes(run.model, run.shape);
+  c.train_size = run.train_loader->samples_per_epoch();
+  c.workers = run.train_loader->workers();
+  c.threads = run.threads;
   c.cores = physical_cores();
-  c.blas = experiment.blas;
-  c.base = profile_experiment(experiment, out_dir + "/doctor/as-configured", profile_options, callbacks);
-  c.alloc_retries = c.cuda ? memory_stats(experiment.device).alloc_retries : 0;
+  c.blas = run.blas;
+  c.base = profile_built_run(run, out_dir + "/doctor/as-configured", profile_options, callbacks);
+  c.alloc_retries = c.cuda ? memory_stats(run.device).alloc_retries : 0;
   report.measurements["as_configured"] = c.base.to_json();
 
   // Speeds are compared between unrecorded runs (the profiler's per-operator cost is no part of a
@@ -333,10 +349,12 @@ DoctorContext measure(const Config& requested, const std::string& out_dir, const
   // contend, so the run as configured is timed twice before the first comparison, and a change that
   // clears its threshold is timed again with the configured run once more: it counts only if the
   // means still clear it. One lucky run on a busy machine is no finding.
-  const ProfileOptions timed_options =
-      ProfileOptions(profile_options).record(false).min_seconds(options.min_seconds());
-  auto timed = [&report, out_dir, timed_options](const std::string& name, const Config& run) {
-    const ProfileResult result = profile_run(run, out_dir + "/doctor/" + name, timed_options);
+  const ProfileOptions timed_options = ProfileOptions(profile_options)
+                                           .record(false)
+                                           .measure(MeasureOptions(profile_options.measure())
+                                                        .min_seconds(options.measure().min_seconds()));
+  auto timed = [&builder, &report, out_dir, timed_options](const std::string& name, const Config& config) {
+    const ProfileResult result = profile_run(builder, config, out_dir + "/doctor/" + name, timed_options);
     report.measurements[name] = result.to_json();
     return result.samples_per_s;
   };
@@ -376,49 +394,40 @@ const char* severity_name(Severity severity) {
   return "unknown";
 }
 
-const std::vector<DoctorRule>& doctor_rules() {
-  static const std::vector<DoctorRule> rules = {
-      {"data_bound", "the step waits for batches >= 10% of its time", data_bound},
-      {"too_many_workers", "loader workers + compute threads > cores while the step never waits",
-       too_many_workers},
-      {"small_batch", "4x the batch gives >= 1.5x samples/s", small_batch},
-      {"emulated_bf16", "bf16 on a CPU without native bfloat16 (always flagged; fp32 measured beside it)",
-       emulated_bf16},
-      {"mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively",
-       mixed_precision},
-      {"thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
-       thread_contention},
-      {"channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last},
-      {"anomaly_detection", "autograd anomaly detection is on (always flagged, its cost measured)",
-       anomaly_detection},
-      {"profiler_on", "RecordFunction callbacks were active before the doctor ran", profiler_on},
-      {"host_sync", ">= 0.5 device-to-host reads per step in the profile", host_sync},
-      {"allocator_churn", "CUDA: the caching allocator retried allocations", allocator_churn},
-      {"conv_bias_before_batchnorm", "convolutions with a bias feed a BatchNorm", conv_bias_before_batchnorm},
-      {"constant_lr", "schedule.name = \"constant\"", constant_lr},
-      {"cudnn_benchmark", "CUDA: a conv net with cudnn_benchmark off", cudnn_benchmark},
-      {"tensor_core_sizes", "CUDA: batch, widths or hidden sizes that are not multiples of 8",
-       tensor_core_sizes},
-      {"variable_shapes", "CUDA: a short last batch without memory.warmup", variable_shapes},
-  };
+Registry<DoctorRule>& doctor_rules() {
+  static Registry<DoctorRule> rules = [] {
+    Registry<DoctorRule> r("doctor rule");
+    r.add("data_bound", "the step waits for batches >= 10% of its time", data_bound);
+    r.add("too_many_workers", "loader workers + compute threads > cores while the step never waits", too_many_workers);
+    r.add("small_batch", "4x the batch gives >= 1.5x samples/s", small_batch);
+    r.add("emulated_bf16", "bf16 on a CPU without native bfloat16 (always flagged; fp32 measured beside it)",
+          emulated_bf16);
+    r.add("mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively", mixed_precision);
+    r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
+          thread_contention);
+    r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
+    r.add("anomaly_detection", "autograd anomaly detection is on (always flagged, its cost measured)",
+          anomaly_detection);
+    r.add("profiler_on", "RecordFunction callbacks were active before the doctor ran", profiler_on);
+    r.add("host_sync", ">= 0.5 device-to-host reads per step in the profile", host_sync);
+    r.add("allocator_churn", "CUDA: the caching allocator retried allocations", allocator_churn);
+    r.add("conv_bias_before_batchnorm", "convolutions with a bias feed a BatchNorm", conv_bias_before_batchnorm);
+    r.add("constant_lr", "schedule.name = \"constant\"", constant_lr);
+    r.add("cudnn_benchmark", "CUDA: a conv net with cudnn_benchmark off", cudnn_benchmark);
+    r.add("tensor_core_sizes", "CUDA: a batch or layer sizes that are not multiples of 8", tensor_core_sizes);
+    r.add("variable_shapes", "CUDA: a short last batch without memory.warmup", variable_shapes);
+    return r;
+  }();
   return rules;
 }
 
-const DoctorRule& doctor_rule(const std::string& name) {
-  for (const auto& rule : doctor_rules()) {
-    if (rule.name == name) return rule;
-  }
-  std::vector<std::string> names;
-  for (const auto& rule : doctor_rules()) names.push_back(rule.name);
-  FT_FAIL("unknown doctor rule '{}'; valid: {}", name, fmt::join(names, ", "));
-}
-
-DoctorReport diagnose(const Config& requested, const std::string& out_dir, const DoctorOptions& options,
-                      const std::vector<std::shared_ptr<Callback>>& callbacks) {
+DoctorReport diagnose(RunBuilder& builder, const Config& requested, const std::string& out_dir,
+                      const DoctorOptions& options, const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  check_measure_options(options.measure(), "doctor");
   DoctorReport report;
-  const DoctorContext context = measure(requested, out_dir, options, callbacks, report);
-  for (const auto& rule : doctor_rules()) {
-    for (Finding& finding : rule.check(context)) report.findings.push_back(std::move(finding));
+  const DoctorContext context = measure(builder, requested, out_dir, options, callbacks, report);
+  for (const auto& name : doctor_rules().names()) {
+    for (Finding& finding : doctor_rules().at(name)(context)) report.findings.push_back(std::move(finding));
   }
   // The costly first, then by the gain each estimated.
   std::stable_sort(report.findings.begin(), report.findings.end(), [](const Finding& a, const Finding& b) {

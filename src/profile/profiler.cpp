@@ -9,10 +9,10 @@
 
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/memory/stats.h"
-#include "fasttrain/profile/trace_recorder.h"
-#include "fasttrain/state/file_io.h"
-#include "fasttrain/train/batch_finder.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/detail/trace_recorder.h"
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/run/batch_finder.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 
@@ -31,7 +31,7 @@ class ProfileWindow : public Callback {
       : options_(options), trace_path_(std::move(trace_path)), device_(device) {}
 
   void on_fit_start(Trainer& trainer, int64_t) override {
-    if (options_.warmup_steps() == 0) start(trainer);
+    if (options_.measure().warmup_steps() == 0) start(trainer);
   }
   void on_micro_batch(Trainer&) override { sample_device_memory(); }
   void on_step(Trainer& trainer) override {
@@ -40,11 +40,11 @@ class ProfileWindow : public Callback {
       sample_device_memory();
       const double timed_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - clock_start_).count();
-      if (steps_ >= options_.steps() && timed_s >= options_.min_seconds()) {
+      if (steps_ >= options_.measure().steps() && timed_s >= options_.measure().min_seconds()) {
         stop(trainer);
         trainer.request_stop();
       }
-    } else if (!finished_ && trainer.step() == options_.warmup_steps()) {
+    } else if (!finished_ && trainer.step() == options_.measure().warmup_steps()) {
       start(trainer);
     }
   }
@@ -177,47 +177,42 @@ std::vector<OperatorStat> operator_stats(const nlohmann::json& trace) {
 }
 
 Config with_room_to_profile(Config config) {
-  config.train.max_steps(0).epochs(std::max<int64_t>(config.train.epochs(), 1000));
+  config.train.options.max_steps(0).epochs(std::max<int64_t>(config.train.options.epochs(), 1000));
   return config;
 }
 
-ProfileResult profile_run(const Config& requested, const std::string& out_dir, const ProfileOptions& options,
-                          const std::vector<std::shared_ptr<Callback>>& callbacks) {
-  Config config = resolve_batch_size(requested, options.reporter());
-  Experiment experiment = Experiment::build(config, options.reporter().get());
-  return profile_experiment(experiment, out_dir, options, callbacks);
+ProfileResult profile_run(RunBuilder& builder, const Config& requested, const std::string& out_dir,
+                          const ProfileOptions& options, const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  const std::shared_ptr<Reporter>& reporter = options.measure().reporter();
+  Run run = build_run(builder, resolve_batch_size(builder, requested, reporter), reporter.get());
+  return profile_built_run(run, out_dir, options, callbacks);
 }
 
-ProfileResult profile_experiment(Experiment& experiment, const std::string& out_dir,
-                                 const ProfileOptions& options,
-                                 const std::vector<std::shared_ptr<Callback>>& callbacks) {
-  FT_CONFIG_CHECK(options.steps() >= 1, "profile --steps must be >= 1, got {}", options.steps());
-  FT_CONFIG_CHECK(options.warmup_steps() >= 0, "profile --warmup-steps must be >= 0, got {}",
-                  options.warmup_steps());
-  FT_CONFIG_CHECK(options.min_seconds() >= 0, "profile min_seconds must be >= 0, got {}",
-                  options.min_seconds());
-  Config& config = experiment.config;
-  config.train.eval_every_steps(0).stop_at_target(false);
+ProfileResult profile_built_run(Run& run, const std::string& out_dir, const ProfileOptions& options,
+                                const std::vector<std::shared_ptr<Callback>>& callbacks) {
+  const MeasureOptions& measure = options.measure();
+  check_measure_options(measure, "profile");
+  Config& config = run.config;
+  config.train.options.eval_every_steps(0).stop_at_target(false);
   // A recorded profile shows operators, which a replayed CUDA graph hides: "auto" records eager steps.
   if (options.record() && config.train.cuda_graphs() == "auto") config.train.cuda_graphs("false");
-  const int64_t planned = planned_steps(config.train, experiment.train_loader->batches_per_epoch());
+  const int64_t planned = planned_steps(config.train.options, run.train_loader->batches_per_epoch());
   FT_CONFIG_CHECK(
-      options.warmup_steps() + options.steps() <= planned,
+      measure.warmup_steps() + measure.steps() <= planned,
       "profile: {} warm-up + {} recorded steps exceed the run's {} steps (train.epochs / train.max_steps)",
-      options.warmup_steps(), options.steps(), planned);
+      measure.warmup_steps(), measure.steps(), planned);
   fs::create_directories(out_dir);
 
   ProfileResult result;
   result.trace_path = out_dir + "/trace.json";
   result.memory_timeline_path = out_dir + "/memory_timeline.csv";
-  auto trainer = experiment.make_trainer();
-  if (config.memory.warmup()) trainer->warm_up(experiment.largest_batch());
-  auto window = std::make_shared<ProfileWindow>(options, result.trace_path, experiment.device);
+  auto trainer = run.make_trainer();
+  if (config.memory.warmup()) trainer->warm_up(run.largest_batch());
+  auto window = std::make_shared<ProfileWindow>(options, result.trace_path, run.device);
   trainer->add_callback(window);
   for (const auto& callback : callbacks) trainer->add_callback(callback);
-  trainer->fit(*experiment.train_loader, nullptr);
-  FT_CHECK(window->finished(), "profile: the run ended before the {} recorded steps were done",
-           options.steps());
+  trainer->fit(*run.train_loader, nullptr);
+  FT_CHECK(window->finished(), "profile: the run ended before the {} recorded steps were done", measure.steps());
 
   // ---- what was recorded ----
   result.steps = window->steps();

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "fasttrain/log/metrics.h"
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/json.h"
+#include "fasttrain/detail/json.h"
 
 namespace fasttrain {
 namespace {
@@ -36,7 +36,7 @@ constexpr const char* kNoMemoryTimeline =
     "memory_timeline.csv is absent: <code>fasttrain profile CONFIG --run-dir RUN_DIR</code> records the "
     "allocator's timeline.";
 constexpr const char* kNoDoctor =
-    "doctor.json is absent: <code>fasttrain doctor RUN_DIR</code> writes the findings.";
+    "doctor.json is absent: <code>fasttrain doctor CONFIG --run-dir RUN_DIR</code> writes the findings.";
 constexpr const char* kNoConfig =
     "config.toml is absent: <code>fasttrain train</code> saves the effective config in the run directory.";
 constexpr const char* kNoTrainRecords =
@@ -179,8 +179,19 @@ std::optional<double> number_field(const json& record, const char* key, const st
 struct Metrics {
   Series train_loss{"train loss", {}}, lr{"learning rate", {}};
   // Keyed by the record's "ema" flag: evaluations of the EMA weights are their own series.
-  std::map<bool, Series> test_loss, test_accuracy;
+  std::map<bool, Series> test_loss;
+  // Every other test_<metric> of the eval records (accuracy, rmse, bits_per_byte, ...), in the order first
+  // seen, each keyed by the "ema" flag.
+  std::vector<std::pair<std::string, std::map<bool, Series>>> test_metrics;
   int64_t train_records = 0, eval_records = 0;
+
+  std::map<bool, Series>& metric(const std::string& name) {
+    for (auto& [known, series] : test_metrics) {
+      if (known == name) return series;
+    }
+    test_metrics.emplace_back(name, std::map<bool, Series>());
+    return test_metrics.back().second;
+  }
 };
 
 Metrics read_metrics(const fs::path& path) {
@@ -222,10 +233,15 @@ Metrics read_metrics(const fs::path& path) {
         series.name = "test loss" + suffix;
         add_step_point(series, *step, *loss);
       }
-      if (auto accuracy = number_field(record, "test_accuracy", where)) {
-        Series& series = metrics.test_accuracy[ema];
-        series.name = "test accuracy" + suffix;
-        add_step_point(series, *step, *accuracy);
+      for (const auto& item : record.items()) {
+        const std::string& key = item.key();
+        if (key.rfind("test_", 0) != 0 || key == "test_loss") continue;
+        const std::string name = key.substr(5);
+        if (auto value = number_field(record, key.c_str(), where)) {
+          Series& series = metrics.metric(name)[ema];
+          series.name = "test " + name + suffix;
+          add_step_point(series, *step, *value);
+        }
       }
     }
     // Other kinds (checkpoint, and whatever later versions add) are not charted.
@@ -693,9 +709,14 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   };
   Chart loss{"loss", "Loss", "step", "loss", "number", {metrics.train_loss}, kNoTrainRecords};
   for (const auto& series : eval_series(metrics.test_loss)) loss.series.push_back(series);
-  Chart accuracy{"accuracy",      "Test accuracy", "step",
-                 "test accuracy", "percent",       eval_series(metrics.test_accuracy),
-                 kNoEvalRecords};
+  // One chart per test metric (their scales differ); a placeholder that says why when there is none.
+  std::vector<Chart> metric_charts;
+  for (const auto& [name, by_ema] : metrics.test_metrics) {
+    const bool percent = ends_with(name, "accuracy");
+    metric_charts.push_back(Chart{name, "Test " + name, "step", "test " + name, percent ? "percent" : "number",
+                                  eval_series(by_ema), kNoEvalRecords});
+  }
+  if (metric_charts.empty()) metric_charts.push_back(Chart{"metrics", "Test metrics", "step", "", "number", {}, kNoEvalRecords});
   Chart lr{"lr", "Learning rate", "step", "learning rate", "number", {metrics.lr}, kNoTrainRecords};
   Chart memory{
       "memory", "Allocated memory", "time (s)", "allocated", "bytes", {}, "memory_timeline.csv has no rows."};
@@ -709,7 +730,11 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   }
 
   json data = {{"title", title}, {"run_dir", run_dir}, {"charts", json::array()}};
-  for (const Chart* chart : {&loss, &accuracy, &lr, &memory}) {
+  std::vector<const Chart*> charts = {&loss};
+  for (const Chart& chart : metric_charts) charts.push_back(&chart);
+  charts.push_back(&lr);
+  charts.push_back(&memory);
+  for (const Chart* chart : charts) {
     if (chart->points() > 0) data["charts"].push_back(chart_json(*chart, options.max_points()));
   }
   if (summary) data["summary"] = *summary;
@@ -721,8 +746,9 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   html += "<header>\n<h1>" + escape_html(title) + "</h1>\n<p class=\"subtitle\">run directory <code>" +
           escape_html(run_dir) + "</code></p>\n</header>\n";
   html += summary_section(summary);
-  html += "<section id=\"curves\">\n<h2>Training curves</h2>\n<div class=\"charts\">\n" + chart_html(loss) +
-          chart_html(accuracy) + chart_html(lr) + "</div>\n</section>\n";
+  html += "<section id=\"curves\">\n<h2>Training curves</h2>\n<div class=\"charts\">\n" + chart_html(loss);
+  for (const Chart& chart : metric_charts) html += chart_html(chart);
+  html += chart_html(lr) + "</div>\n</section>\n";
   html += step_time_section(summary, summary_path);
   html += memory_section(memory, timeline_present, summary);
   html += doctor_section(dir / "doctor.json");

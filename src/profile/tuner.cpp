@@ -4,10 +4,10 @@
 
 #include <functional>
 
-#include "fasttrain/config/auto.h"
+#include "fasttrain/run/auto.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/profile/profiler.h"
-#include "fasttrain/train/batch_finder.h"
+#include "fasttrain/run/batch_finder.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
@@ -27,14 +27,16 @@ struct Candidate {
 // sides, so one lucky pair of runs is no gain).
 class Tuner {
  public:
-  Tuner(Config start, const std::string& run_dir, const TuneOptions& options)
-      : best_(std::move(start)),
+  Tuner(RunBuilder& builder, Config start, const std::string& run_dir, const TuneOptions& options)
+      : builder_(builder),
+        best_(std::move(start)),
         run_dir_(run_dir),
         min_gain_(options.min_gain()),
         profile_(ProfileOptions()
-                     .steps(options.steps())
-                     .warmup_steps(options.warmup_steps())
-                     .min_seconds(options.min_seconds())
+                     .measure(MeasureOptions()
+                                  .steps(options.measure().steps())
+                                  .warmup_steps(options.measure().warmup_steps())
+                                  .min_seconds(options.measure().min_seconds()))
                      .record(false)) {
     best_speed_ = measure(best_, "baseline");
     result_.baseline_samples_per_s = best_speed_;
@@ -69,7 +71,7 @@ class Tuner {
 
  private:
   double measure(Config config, const std::string& name) {
-    return profile_run(with_room_to_profile(std::move(config)), run_dir_ + "/tune/" + name, profile_)
+    return profile_run(builder_, with_room_to_profile(std::move(config)), run_dir_ + "/tune/" + name, profile_)
         .samples_per_s;
   }
 
@@ -96,6 +98,7 @@ class Tuner {
     return trial;
   }
 
+  RunBuilder& builder_;
   Config best_;
   double best_speed_ = 0;
   bool kept_any_ = false;
@@ -160,14 +163,22 @@ std::vector<Candidate> batch_candidates() {
 
 }  // namespace
 
-TuneResult tune(const Config& requested, const std::string& run_dir, const TuneOptions& options) {
+TuneResult tune(RunBuilder& builder, const Config& requested, const std::string& run_dir, const TuneOptions& options) {
+  check_measure_options(options.measure(), "tune");
   FT_CONFIG_CHECK(options.min_gain() >= 1, "tune --min-gain must be >= 1, got {}", options.min_gain());
-  const torch::Device device = parse_device(requested.train.device());
-  const Hardware hardware = detect_hardware(device);
+  // "auto" precision and threads start as this machine resolves them for this run; the trials go from there.
+  Config start;
+  bool conv_net = false;
+  Hardware hardware;
+  {
+    const Run run = build_run(builder, resolve_batch_size(builder, requested, options.measure().reporter()));
+    start = run.config;
+    conv_net = run.model.has_convolutions();
+    hardware = run.hardware;
+  }
+  const torch::Device device = hardware.device;
   const BlasLibrary blas = blas_library();
-  // "auto" precision and threads start as this machine resolves them; the trials go from there.
-  Tuner tuner(resolve_auto(resolve_batch_size(requested, options.reporter()), hardware).config, run_dir,
-              options);
+  Tuner tuner(builder, start, run_dir, options);
 
   if (tuner.best().train.precision() == "bf16" && !hardware.native_bf16()) {
     // Emulated bf16 (a CPU without AVX512-BF16 / AMX) is never proposed, and fp32 is tried before anything
@@ -183,7 +194,7 @@ TuneResult tune(const Config& requested, const std::string& run_dir, const TuneO
   tuner.try_candidates(workers);
   if (tuner.best().train.precision() == "fp32" && hardware.native_bf16())
     tuner.try_candidates(bf16_candidates(tuner.threads_in_effect()));
-  if (tuner.best().model.name() != "mlp" && tuner.best().model.name() != "gpt")  // conv nets
+  if (conv_net)
     tuner.try_candidates({{"train.channels_last = true", [](Config& c) { c.train.channels_last(true); }}});
   if (device.is_cuda())
     tuner.try_candidates(

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "fasttrain/state/file_io.h"
-#include "fasttrain/state/sha256.h"
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/detail/sha256.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {

@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/util/check.h"
 
 // The format is little-endian; tensors are copied byte for byte.

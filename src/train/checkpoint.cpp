@@ -17,15 +17,16 @@
 #include <chrono>
 #include <filesystem>
 
+#include "fasttrain/detail/loss_tracker.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
-#include "fasttrain/util/json.h"
+#include "fasttrain/detail/compat.h"
+#include "fasttrain/detail/json.h"
 #include "fasttrain/util/rng.h"
 
 namespace fasttrain {
@@ -109,6 +110,24 @@ SavedRunState read_run_state(const std::string& dir, const CheckpointManifest& m
   return saved;
 }
 
+// Metrics as a JSON array of [name, value] pairs: the task's order is kept.
+nlohmann::json metrics_json(const Metrics& metrics) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [name, value] : metrics.items()) list.push_back({name, value});
+  return list;
+}
+
+Metrics metrics_from_json(const nlohmann::json& json, const std::string& what) {
+  FT_CHECK(json.is_array(), "{}: metrics must be a list of [name, value] pairs", what);
+  Metrics metrics;
+  for (const auto& pair : json) {
+    FT_CHECK(pair.is_array() && pair.size() == 2 && pair[0].is_string() && pair[1].is_number(),
+             "{}: a metric must be a [name, value] pair, got {}", what, pair.dump());
+    metrics.set(pair[0].get<std::string>(), pair[1].get<double>());
+  }
+  return metrics;
+}
+
 }  // namespace
 
 nlohmann::json TrainProgress::to_json() const {
@@ -119,9 +138,10 @@ nlohmann::json TrainProgress::to_json() const {
       {"samples_seen", samples_seen},
       {"elapsed_s", elapsed_s},
       {"eval_s", eval_s},
-      {"test_accuracy", test_accuracy},
-      {"best_test_accuracy", best_test_accuracy},
+      {"metrics", metrics_json(metrics)},
+      {"best_metrics", metrics_json(best)},
       {"time_to_target_s", time_to_target_s ? nlohmann::json(*time_to_target_s) : nlohmann::json(nullptr)},
+      {"step_at_target", step_at_target ? nlohmann::json(*step_at_target) : nlohmann::json(nullptr)},
       {"target_stop", target_stop}};
 }
 
@@ -134,8 +154,15 @@ TrainProgress TrainProgress::from_json(const nlohmann::json& json) {
   p.samples_seen = json_field<int64_t>(json, "samples_seen", what);
   p.elapsed_s = json_field<double>(json, "elapsed_s", what);
   p.eval_s = json_field<double>(json, "eval_s", what);
-  p.test_accuracy = json_field<double>(json, "test_accuracy", what);
-  p.best_test_accuracy = json_field<double>(json, "best_test_accuracy", what);
+  if (json.contains("metrics")) {
+    p.metrics = metrics_from_json(json_field<nlohmann::json>(json, "metrics", what), what);
+    p.best = metrics_from_json(json_field<nlohmann::json>(json, "best_metrics", what), what);
+  } else {  // written before tasks: the accuracy of a classifier
+    p.metrics.set("accuracy", json_field<double>(json, "test_accuracy", what));
+    p.best.set("accuracy", json_field<double>(json, "best_test_accuracy", what));
+  }
+  if (json.contains("step_at_target") && !json.at("step_at_target").is_null())
+    p.step_at_target = json_field<int64_t>(json, "step_at_target", what);
   if (!json_field<nlohmann::json>(json, "time_to_target_s", what).is_null()) {
     p.time_to_target_s = json_field<double>(json, "time_to_target_s", what);
   }
@@ -147,9 +174,7 @@ TrainProgress TrainProgress::from_json(const nlohmann::json& json) {
 }
 
 void Trainer::enable_checkpoints(RunCheckpointOptions options) {
-  FT_CONFIG_CHECK(options.keep() >= 2, "checkpoint.keep must be >= 2, got {}", options.keep());
-  FT_CONFIG_CHECK(options.every_steps() >= 0, "checkpoint.every_steps must be >= 0, got {}",
-                  options.every_steps());
+  check_keys(options, "checkpoint");
   checkpoints_ = std::move(options);
 }
 
@@ -196,11 +221,11 @@ std::string Trainer::save_checkpoint() {
 }
 
 std::string Trainer::commit_replicated_state(CheckpointWriter& writer) {
-  save_safetensors(writer.file("model.safetensors"), module_state(*model_));
-  if (ema_) save_safetensors(writer.file("ema.safetensors"), named(state_names(*model_), ema_->shadow()));
+  save_safetensors(writer.file("model.safetensors"), module_state(model_.module()));
+  if (ema_) save_safetensors(writer.file("ema.safetensors"), named(state_names(model_.module()), ema_->shadow()));
   if (progress_.window_done > 0) {
     NamedTensors window{{"loss", window_loss_}};
-    for (const auto& item : model_->named_parameters()) {
+    for (const auto& item : model_.module().named_parameters()) {
       if (item.value().grad().defined()) window.emplace_back("grad." + item.key(), item.value().grad());
     }
     save_safetensors(writer.file("window.safetensors"), window);
@@ -279,13 +304,13 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   std::vector<torch::Tensor> ema_shadow;
   if (ema_) {
     SafetensorsFile ema_file = load_safetensors(dir + "/ema.safetensors");
-    for (const auto& name : state_names(*model_)) ema_shadow.push_back(ema_file.at(name));
+    for (const auto& name : state_names(model_.module())) ema_shadow.push_back(ema_file.at(name));
   }
 
   {
     std::optional<DataParallel::WholeParameters> whole;  // ZeRO-3: the loaded weights become the shards
     if (parallel_) whole.emplace(*parallel_, /*write_back=*/true);
-    load_module_safetensors(*model_, dir + "/model.safetensors");
+    load_module_safetensors(model_.module(), dir + "/model.safetensors");
   }
   load_optimizer_state(*optimizer_, optimizer_file);
   if (ema_)
@@ -297,7 +322,7 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   step_ = saved.step;
   device_step_.fill_(saved.step);
   progress_ = saved.progress;
-  losses_.reset();
+  losses_->reset();
   last_checkpoint_step_ = saved.step;
   last_checkpoint_ = dir;
 }
@@ -308,7 +333,7 @@ void Trainer::restore_window(const std::optional<SafetensorsFile>& window_file) 
   window_loss_.zero_();
   if (!window_file) return;
   window_loss_.copy_(window_file->at("loss"));
-  for (const auto& item : model_->named_parameters()) {
+  for (const auto& item : model_.module().named_parameters()) {
     const std::string key = "grad." + item.key();
     if (!window_file->contains(key)) continue;
     const torch::Tensor& saved = window_file->at(key);

@@ -6,7 +6,7 @@
 // pool, where they stay: each replay's first backward writes them and the rest of the window adds to
 // them, so they are never set to None again. The captured step is Trainer::backward_micro_batch for
 // each micro-batch of the window from static input buffers, then Trainer::optimizer_step at the LR
-// that the schedule's device table holds for the device's step counter.
+// that the schedule's device table holds for the device's step counter (StepFunctions).
 #ifdef FASTTRAIN_CUDA
 
 #include <ATen/cuda/CUDAEvent.h>
@@ -16,16 +16,15 @@
 #include <torch/torch.h>
 
 #include "fasttrain/train/step_engine.h"
-#include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
 class CudaGraphEngine : public StepEngine {
  public:
-  CudaGraphEngine(Trainer& trainer, int warmup_steps) : trainer_(trainer), warmup_steps_(warmup_steps) {
-    FT_CHECK(trainer.device().is_cuda(), "the CUDA-graph step needs a model on a CUDA device, not {}",
-             trainer.device().str());
+  CudaGraphEngine(StepFunctions& step, int warmup_steps) : step_(step), warmup_steps_(warmup_steps) {
+    FT_CHECK(step.device().is_cuda(), "the CUDA-graph step needs a model on a CUDA device, not {}",
+             step.device().str());
   }
   const char* name() const override { return "cuda_graph"; }
   bool stops_inside_windows() const override { return false; }
@@ -41,19 +40,19 @@ class CudaGraphEngine : public StepEngine {
     FT_CHECK(size == window_size_ && index < size,
              "a captured step takes windows of {} micro-batches, got {} of {}", window_size_, index, size);
     Batch& staged = static_window_[static_cast<size_t>(index)];
-    FT_CHECK(
-        batch.inputs.sizes() == staged.inputs.sizes() && batch.targets.sizes() == staged.targets.sizes(),
-        "a captured step takes batches of inputs {} and targets {}, got {} and {}: set train.cuda_graphs = "
-        "false for batches that change shape",
-        staged.inputs.sizes(), staged.targets.sizes(), batch.inputs.sizes(), batch.targets.sizes());
-    staged.inputs.copy_(batch.inputs, /*non_blocking=*/true);
-    staged.targets.copy_(batch.targets, /*non_blocking=*/true);
+    try {
+      staged.copy_from(batch, /*non_blocking=*/true);
+    } catch (const Error& error) {
+      FT_FAIL("a captured step takes batches of one shape: {}; set train.cuda_graphs = false for batches that "
+              "change shape",
+              error.what());
+    }
   }
 
   void step() override {
     if (graph_) {
       graph_->replay();
-      trainer_.count_replayed_step();
+      step_.count_replayed_step();
       return;
     }
     if (warmed_up_ < warmup_steps_) {
@@ -69,9 +68,9 @@ class CudaGraphEngine : public StepEngine {
   // The window's micro-batches through the trainer's step, as the eager engine runs them.
   void eager_step() {
     for (size_t i = 0; i < window_.size(); ++i) {
-      trainer_.backward_micro_batch(window_[i], window_size_, i + 1 == window_.size());
+      step_.backward_micro_batch(window_[i], window_size_, i + 1 == window_.size());
     }
-    trainer_.optimizer_step(trainer_.scheduled_lr(trainer_.step()));
+    step_.optimizer_step(step_.next_lr(), /*keep_gradients=*/false);
     window_.clear();
   }
 
@@ -96,24 +95,23 @@ class CudaGraphEngine : public StepEngine {
     static_window_ = std::move(window_);
     window_.clear();
     for (auto& batch : static_window_) {
-      batch.inputs = batch.inputs.clone(at::MemoryFormat::Preserve);
-      batch.targets = batch.targets.clone();
+      batch = batch.map([](const torch::Tensor& t) { return t.clone(at::MemoryFormat::Preserve); });
     }
-    trainer_.optimizer().zero_grad();  // gradients are allocated inside the graph's pool
+    step_.drop_gradients();  // gradients are allocated inside the graph's pool
     graph_ = std::make_unique<at::cuda::CUDAGraph>();
     on_side_stream([&] {
       // Thread-local capture: the loader's worker threads may allocate pinned memory meanwhile, which
       // a global capture would count as an unsafe call and fail (seen on an H100: text windows).
       graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       for (size_t i = 0; i < static_window_.size(); ++i) {
-        trainer_.backward_micro_batch(static_window_[i], window_size_, i + 1 == static_window_.size());
+        step_.backward_micro_batch(static_window_[i], window_size_, i + 1 == static_window_.size());
       }
-      trainer_.optimizer_step(trainer_.lr_table_->at(trainer_.device_step_), /*keep_gradients=*/true);
+      step_.optimizer_step(step_.next_lr_on_device(), /*keep_gradients=*/true);
       graph_->capture_end();
     });
   }
 
-  Trainer& trainer_;
+  StepFunctions& step_;
   int warmup_steps_;
   int warmed_up_ = 0;
   int64_t window_size_ = 0;
@@ -122,9 +120,9 @@ class CudaGraphEngine : public StepEngine {
   std::unique_ptr<at::cuda::CUDAGraph> graph_;
 };
 
-std::unique_ptr<StepEngine> make_cuda_graph_engine(Trainer& trainer, int warmup_steps) {
+std::unique_ptr<StepEngine> make_cuda_graph_engine(StepFunctions& step, int warmup_steps) {
   FT_CHECK(warmup_steps >= 1, "the CUDA-graph step needs at least one warm-up step, got {}", warmup_steps);
-  return std::make_unique<CudaGraphEngine>(trainer, warmup_steps);
+  return std::make_unique<CudaGraphEngine>(step, warmup_steps);
 }
 
 }  // namespace fasttrain

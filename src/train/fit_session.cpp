@@ -4,7 +4,9 @@
 
 #include <algorithm>
 
+#include "fasttrain/detail/loss_tracker.h"
 #include "fasttrain/memory/stats.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
@@ -76,9 +78,9 @@ void FitSession::log_interval() {
   StepRecord record;
   record.step = trainer_.step_;
   record.epoch = at_.epoch;
-  record.loss = trainer_.mean_over_ranks(trainer_.losses_.take_sum()) / interval_steps_;
-  record.lr = trainer_.schedule_ ? trainer_.schedule_->lr(trainer_.step_ - 1) : 0.0;
-  record.grad_norm = trainer_.last_grad_norm_.defined() ? trainer_.last_grad_norm_.item<double>() : 0.0;
+  record.loss = trainer_.mean_over_ranks(trainer_.losses_->take_sum()) / interval_steps_;
+  record.lr = trainer_.schedule_->lr(trainer_.step_ - 1);
+  if (trainer_.last_grad_norm_.defined()) record.grad_norm = trainer_.last_grad_norm_.item<double>();
   const double interval_s = std::max(now - interval_start_, 1e-9);
   record.samples_per_s = interval_samples_ * trainer_.world_size() / interval_s;  // every rank's
   record.data_wait_fraction = (train_.wait_seconds() - interval_wait_start_) / interval_s;
@@ -117,13 +119,27 @@ void FitSession::evaluate() {
   const double eval_s = record.elapsed_s - eval_start;
   at_.eval_s += eval_s;
   interval_start_ += eval_s;  // the interval's rates are of training time
-  summary_.last_eval = record.result;
-  at_.test_accuracy = record.result.accuracy;
-  at_.best_test_accuracy = std::max(at_.best_test_accuracy, record.result.accuracy);
-  const double target = trainer_.options_.target_accuracy();
-  if (target > 0 && !at_.time_to_target_s && record.result.accuracy >= target) {
+  record_metrics(record.result.metrics);
+  const std::optional<Target>& target = trainer_.target_;
+  if (!target || at_.time_to_target_s) return;
+  const std::optional<double> value = record.result.metrics.get(target->metric);
+  FT_CHECK(value.has_value(), "train.target is {}, but task '{}' reports no metric '{}'; it reports: {}",
+           target->describe(), trainer_.task_->name(), target->metric,
+           fmt::join(record.result.metrics.names(), ", "));
+  if (target->reached(*value)) {
     at_.time_to_target_s = record.elapsed_s;
+    at_.step_at_target = trainer_.step_;
     at_.target_stop = trainer_.options_.stop_at_target();
+  }
+}
+
+void FitSession::record_metrics(const Metrics& metrics) {
+  at_.metrics = metrics;
+  for (const auto& [name, value] : metrics.items()) {
+    const std::optional<double> best = at_.best.get(name);
+    const bool better = trainer_.task_->higher_is_better(name) ? value > best.value_or(value - 1)
+                                                               : value < best.value_or(value + 1);
+    if (!best || better) at_.best.set(name, value);
   }
 }
 
@@ -159,9 +175,11 @@ void FitSession::final_checkpoint() {
 
 FitSummary FitSession::finish() {
   at_.elapsed_s = elapsed();
-  summary_.test_accuracy = at_.test_accuracy;
-  summary_.best_test_accuracy = at_.best_test_accuracy;
+  summary_.test = at_.metrics;
+  summary_.best_test = at_.best;
+  summary_.target = trainer_.target_;
   summary_.time_to_target_s = at_.time_to_target_s;
+  summary_.step_at_target = at_.step_at_target;
   summary_.wall_s = at_.elapsed_s;
   summary_.steps = trainer_.step_;
   summary_.skipped_steps = trainer_.scaler_.skipped_steps();

@@ -5,7 +5,7 @@
 //   - the metrics interval: the loss (summed on the device by the trainer's LossTracker until a log
 //     step reads it), samples and time of each log.every_steps steps, for on_log;
 //   - the evaluation schedule: every eval_every_steps from eval_from_step, at epoch ends, at the end;
-//     the target accuracy and stop_at_target;
+//     the best metrics, the target (a metric reaching a value) and stop_at_target;
 //   - the checkpoint policy: every checkpoint.every_steps, on a stop, at the end;
 //   - the stop agreement: one process stops where asked; ranks agree at each step's end (one tiny
 //     all-reduce), so that they stop together.
@@ -45,6 +45,8 @@ class FitSession {
   FitSummary finish();
 
  private:
+  // The last evaluation's metrics, and each one's best so far (Task::higher_is_better).
+  void record_metrics(const Metrics& metrics);
   double elapsed() const;  // the run's wall time, earlier sessions included
   double seconds_since_start() const;
   // This session's training time by phase: the trainer's forward / backward / optimizer, the

@@ -4,21 +4,27 @@
 #include <filesystem>
 #include <sstream>
 
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 
 namespace fasttrain {
 
 RunLogger::RunLogger(const std::string& run_dir, std::shared_ptr<Reporter> reporter)
-    : metrics_(run_dir + "/metrics.jsonl"), events_(run_dir), reporter_(std::move(reporter)) {}
+    : metrics_path_(run_dir + "/metrics.jsonl"),
+      metrics_(metrics_path_),
+      events_(run_dir),
+      reporter_(std::move(reporter)) {}
 
 void RunLogger::on_fit_start(Trainer& trainer, int64_t total_steps) {
+  // A new run must not mix its records with an earlier run's (a resume continues them).
+  FT_CHECK(trainer.step() > 0 || std::filesystem::file_size(metrics_path_) == 0,
+           "{} holds an earlier run's records: continue that run (load_checkpoint), clear the directory "
+           "first (fasttrain::clear_run_dir, what `fasttrain train --fresh` does), or choose another one",
+           metrics_path_);
   Reporter& reporter = reporter_or_quiet(reporter_);
   // How the steps run, said once on a GPU: captured, or why train.cuda_graphs = "auto" could not.
   if (trainer.device().is_cuda()) {
-    const std::string& reason = trainer.engine_reason();
-    reporter.note(fmt::format("steps: {}{}; optimizer {}, {}", trainer.engine_name(),
-                              reason.empty() ? "" : " (train.cuda_graphs: " + reason + ")",
-                              trainer.optimizer().name(), trainer.optimizer().describe_kernel()));
+    reporter.note(fmt::format("steps: {}; optimizer {}, {}", trainer.engine_name(), trainer.optimizer().name(),
+                              trainer.optimizer().describe_kernel()));
   }
   reporter.training_started(total_steps);
   if (trainer.step() > 0) events_.purge_from(trainer.step() + 1);  // resumed: hide the repeated steps
@@ -30,14 +36,14 @@ void RunLogger::on_log(Trainer&, const StepRecord& r) {
                   {"epoch", r.epoch},
                   {"loss", r.loss},
                   {"lr", r.lr},
-                  {"grad_norm", r.grad_norm},
+                  {"grad_norm", r.grad_norm ? nlohmann::json(*r.grad_norm) : nlohmann::json(nullptr)},
                   {"samples_per_s", r.samples_per_s},
                   {"data_wait_fraction", r.data_wait_fraction},
                   {"phases_s", r.phases.to_json()},
                   {"elapsed_s", r.elapsed_s}});
   events_.add_scalar("train/loss", r.loss, r.step);
   events_.add_scalar("train/lr", r.lr, r.step);
-  events_.add_scalar("train/grad_norm", r.grad_norm, r.step);
+  if (r.grad_norm) events_.add_scalar("train/grad_norm", *r.grad_norm, r.step);
   events_.add_scalar("train/samples_per_s", r.samples_per_s, r.step);
   events_.add_scalar("train/data_wait_fraction", r.data_wait_fraction, r.step);
   reporter_or_quiet(reporter_).training_progress(
@@ -45,26 +51,19 @@ void RunLogger::on_log(Trainer&, const StepRecord& r) {
 }
 
 void RunLogger::on_evaluate(Trainer&, const EvalRecord& r) {
-  nlohmann::json record{{"kind", "eval"},
-                        {"step", r.step},
-                        {"epoch", r.epoch},
-                        {"test_loss", r.result.loss},
-                        {"test_accuracy", r.result.accuracy},
-                        {"ema", r.ema},
-                        {"elapsed_s", r.elapsed_s}};
-  if (r.result.bits_per_byte) {
-    record["test_bits_per_byte"] = *r.result.bits_per_byte;
-    events_.add_scalar("test/bits_per_byte", *r.result.bits_per_byte, r.step);
+  nlohmann::json record{{"kind", "eval"}, {"step", r.step}, {"epoch", r.epoch}};
+  std::vector<std::string> shown;
+  for (const auto& [name, value] : r.result.metrics.items()) {
+    record["test_" + name] = value;
+    events_.add_scalar("test/" + name, value, r.step);
+    shown.push_back(fmt::format("{} {:.4f}", name, value));
   }
+  record["ema"] = r.ema;
+  record["elapsed_s"] = r.elapsed_s;
   metrics_.write(record);
-  events_.add_scalar("test/accuracy", r.result.accuracy, r.step);
-  events_.add_scalar("test/loss", r.result.loss, r.step);
   events_.flush();
-  const std::string bits_per_byte =
-      r.result.bits_per_byte ? fmt::format(" ({:.3f} bits per byte)", *r.result.bits_per_byte) : "";
-  reporter_or_quiet(reporter_).note(
-      fmt::format("step {} epoch {}: test accuracy {:.4f}{} loss {:.4f}{} at {:.1f}s", r.step, r.epoch,
-                  r.result.accuracy, r.ema ? " (EMA)" : "", r.result.loss, bits_per_byte, r.elapsed_s));
+  reporter_or_quiet(reporter_).note(fmt::format("step {} epoch {}: test {}{} at {:.1f}s", r.step, r.epoch,
+                                                fmt::join(shown, ", "), r.ema ? " (EMA)" : "", r.elapsed_s));
 }
 
 void RunLogger::on_checkpoint(Trainer& trainer, const std::string& dir) {

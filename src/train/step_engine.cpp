@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -14,16 +13,16 @@ namespace {
 // Each micro-batch's forward and backward as it arrives, then the update.
 class EagerEngine : public StepEngine {
  public:
-  explicit EagerEngine(Trainer& trainer) : trainer_(trainer) {}
+  explicit EagerEngine(StepFunctions& step) : step_(step) {}
   const char* name() const override { return "eager"; }
   void add_micro_batch(const Batch& batch, int64_t index, int64_t size) override {
-    trainer_.backward_micro_batch(batch, size, /*ends_window=*/index + 1 == size);
+    step_.backward_micro_batch(batch, size, /*ends_window=*/index + 1 == size);
   }
-  void step() override { trainer_.optimizer_step(trainer_.scheduled_lr(trainer_.step())); }
+  void step() override { step_.optimizer_step(step_.next_lr(), /*keep_gradients=*/false); }
   bool stops_inside_windows() const override { return true; }
 
  private:
-  Trainer& trainer_;
+  StepFunctions& step_;
 };
 
 }  // namespace
@@ -44,29 +43,31 @@ std::optional<std::string> capture_blocker(const CaptureFacts& facts) {
   return std::nullopt;
 }
 
-void check_cuda_graphs(const std::string& cuda_graphs) {
-  static const std::vector<std::string> values = {"auto", "true", "false"};
-  FT_CONFIG_CHECK(std::find(values.begin(), values.end(), cuda_graphs) != values.end(),
-                  "train.cuda_graphs '{}' is not allowed; valid: auto, true, false", cuda_graphs);
+CaptureFacts capture_facts(const torch::Device& device, bool distributed, const DataLoader& train,
+                           int64_t accumulation, const Schedule* schedule, const Optimizer& optimizer,
+                           std::optional<int64_t> ema_every, bool detect_anomaly) {
+  CaptureFacts facts;
+  facts.cuda_device = device.is_cuda();
+#ifdef FASTTRAIN_CUDA
+  facts.cuda_build = true;
+#endif
+  facts.distributed = distributed;
+  facts.fixed_shapes = train.fixed_batch_shape();
+  facts.whole_windows = train.batches_per_epoch() % accumulation == 0;
+  facts.momentum_cycles = schedule && schedule->momentum(0).has_value();
+  facts.fused_optimizer = optimizer.fused();
+  facts.ema_every_step = !ema_every || *ema_every == 1;
+  facts.detect_anomaly = detect_anomaly;
+  return facts;
 }
 
-EngineChoice choose_engine(const std::string& cuda_graphs, const CaptureFacts& facts) {
-  check_cuda_graphs(cuda_graphs);
-  if (cuda_graphs == "false") return {};
-  const auto blocker = capture_blocker(facts);
-  FT_CONFIG_CHECK(cuda_graphs != "true" || !blocker,
-                  "train.cuda_graphs = true, but the step cannot be captured: {}", blocker.value_or(""));
-  if (blocker) return {false, *blocker};
-  return {true, ""};
-}
-
-std::unique_ptr<StepEngine> make_eager_engine(Trainer& trainer) {
-  return std::make_unique<EagerEngine>(trainer);
+std::unique_ptr<StepEngine> make_eager_engine(StepFunctions& step) {
+  return std::make_unique<EagerEngine>(step);
 }
 
 #ifndef FASTTRAIN_CUDA
-std::unique_ptr<StepEngine> make_cuda_graph_engine(Trainer& trainer, int warmup_steps) {
-  (void)trainer, (void)warmup_steps;
+std::unique_ptr<StepEngine> make_cuda_graph_engine(StepFunctions& step, int warmup_steps) {
+  (void)step, (void)warmup_steps;
   FT_FAIL("the CUDA-graph step needs a fasttrain built against a LibTorch with CUDA");
 }
 #endif

@@ -5,15 +5,18 @@
 #include <chrono>
 #include <cmath>
 
+#include "fasttrain/detail/loss_tracker.h"
+#include "fasttrain/detail/tensor_guard.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/clip.h"
 #include "fasttrain/precision/autocast.h"
+#include "fasttrain/state/optimizer_state.h"
+#include "fasttrain/state/checkpoint_dir.h"
+#include "fasttrain/state/safetensors.h"
 #include "fasttrain/train/guards.h"
-#include "fasttrain/train/loss.h"
 #include "fasttrain/train/signals.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/rng.h"
-#include "fasttrain/util/tensor_guard.h"
 #include "fit_session.h"
 
 namespace fasttrain {
@@ -27,19 +30,20 @@ int64_t ceil_div(int64_t a, int64_t b) {
 }  // namespace
 
 nlohmann::json FitSummary::to_json() const {
-  return {
-      {"test_accuracy", test_accuracy},
-      {"best_test_accuracy", best_test_accuracy},
+  auto optional = [](const auto& value) { return value ? nlohmann::json(*value) : nlohmann::json(nullptr); };
+  nlohmann::json json;
+  for (const auto& [name, value] : test.items()) json["test_" + name] = value;
+  for (const auto& [name, value] : best_test.items()) json["best_test_" + name] = value;
+  json.update({
       {"wall_s", wall_s},
-      {"time_to_target_s", time_to_target_s ? nlohmann::json(*time_to_target_s) : nlohmann::json(nullptr)},
+      {"target", target ? nlohmann::json(target->describe()) : nlohmann::json(nullptr)},
+      {"time_to_target_s", optional(time_to_target_s)},
+      {"step_at_target", optional(step_at_target)},
       {"train_samples_per_s", train_samples_per_s},
       {"steps", steps},
       {"skipped_steps", skipped_steps},
       {"data_wait_fraction", data_wait_fraction},
       {"padding_fraction", padding_fraction},
-      {"test_loss", last_eval ? nlohmann::json(last_eval->loss) : nlohmann::json(nullptr)},
-      {"test_bits_per_byte", last_eval && last_eval->bits_per_byte ? nlohmann::json(*last_eval->bits_per_byte)
-                                                                   : nlohmann::json(nullptr)},
       {"peak_memory_bytes", peak_memory_bytes},
       {"peak_resident_bytes", peak_resident_bytes},
       {"step_phases_s", step_phases.to_json()},
@@ -48,7 +52,23 @@ nlohmann::json FitSummary::to_json() const {
       {"checkpoint", checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(checkpoint)},
       {"step_engine", step_engine},
       {"dist", dist},
-  };
+  });
+  return json;
+}
+
+std::string FitSummary::describe() const {
+  std::vector<std::string> metrics;
+  for (const auto& [name, value] : test.items()) metrics.push_back(fmt::format("{} {:.4g}", name, value));
+  const std::string last =
+      metrics.empty() ? "no evaluation" : fmt::format("test {}", fmt::join(metrics, ", "));
+  std::string reached;
+  if (target) {
+    reached = time_to_target_s ? fmt::format("reached {} at step {} ({:.2f} s); ", target->describe(),
+                                             step_at_target.value_or(steps), *time_to_target_s)
+                               : fmt::format("did not reach {}; ", target->describe());
+  }
+  return fmt::format("{}{} after {} steps in {:.2f} s ({:.0f} samples/s)", reached, last, steps, wall_s,
+                     train_samples_per_s);
 }
 
 int64_t planned_steps(const TrainOptions& options, int64_t batches_per_epoch) {
@@ -56,22 +76,37 @@ int64_t planned_steps(const TrainOptions& options, int64_t batches_per_epoch) {
   return options.epochs() * ceil_div(batches_per_epoch, options.accumulation());
 }
 
-Trainer::Trainer(std::shared_ptr<Model> model, std::unique_ptr<Optimizer> optimizer,
-                 std::unique_ptr<Schedule> schedule, TrainOptions options, torch::Device device)
+namespace {
+
+torch::Device device_of(const Model& model) {
+  FT_CHECK(model, "the Trainer needs a model");
+  const auto parameters = model.module().parameters();
+  FT_CHECK(!parameters.empty(), "the model ({}) has no parameters to train", model.module().name());
+  return parameters.front().device();
+}
+
+}  // namespace
+
+Trainer::Trainer(Model model, std::shared_ptr<Task> task, std::unique_ptr<Optimizer> optimizer,
+                 std::unique_ptr<Schedule> schedule, TrainOptions options)
     : model_(std::move(model)),
+      task_(std::move(task)),
       optimizer_(std::move(optimizer)),
       schedule_(std::move(schedule)),
       options_(std::move(options)),
-      device_(device),
-      precision_(parse_precision(options_.precision(), device)),
-      scaler_(GradScalerOptions().enabled(precision_ == torch::kHalf)),
-      parameters_(model_->parameters()),
+      device_(device_of(model_)),
+      scaler_(GradScalerOptions().enabled(options_.precision() == torch::kHalf)),
+      parameters_(model_.module().parameters()),
       clip_parameters_(parameters_),
-      losses_(device) {
-  FT_CONFIG_CHECK(options_.accumulation() >= 1, "train.accumulation must be >= 1, got {}",
-                  options_.accumulation());
-  FT_CONFIG_CHECK(options_.clip_norm() >= 0, "train.clip_norm must be >= 0, got {}", options_.clip_norm());
-  check_cuda_graphs(options_.cuda_graphs());
+      losses_(std::make_unique<LossTracker>(device_)) {
+  check_keys(options_, "train");
+  FT_CHECK(task_, "the Trainer needs a task: what the loss of a batch is (task/tasks.h has the built-in ones)");
+  FT_CHECK(optimizer_, "the Trainer needs an optimizer (make_optimizer)");
+  check_precision(options_.precision(), device_);
+  target_ = options_.resolved_target();
+  if (!schedule_) {
+    schedule_ = make_schedule(ScheduleOptions("constant"), optimizer_->options().lr(), optimizer_->momentum(), 1);
+  }
   const auto on_device = torch::TensorOptions().device(device_);
   device_step_ = torch::zeros({}, on_device.dtype(torch::kLong));
   window_loss_ = torch::zeros({}, on_device.dtype(torch::kFloat));
@@ -91,7 +126,7 @@ void check_ema_with_zero3(bool both) {
 
 void Trainer::enable_ema(const EmaOptions& options) {
   check_ema_with_zero3(parallel_ && parallel_->zero() == 3);
-  ema_ = std::make_unique<Ema>(*model_, options);
+  ema_ = std::make_unique<Ema>(model_.module(), options);
 }
 
 void Trainer::enable_data_parallel(std::shared_ptr<ProcessGroup> group, const DistOptions& options) {
@@ -99,7 +134,7 @@ void Trainer::enable_data_parallel(std::shared_ptr<ProcessGroup> group, const Di
   FT_CHECK(step_ == 0 && optimizer_->state_bytes() == 0,
            "enable_data_parallel must come before any optimizer step or checkpoint load");
   check_ema_with_zero3(ema_ && options.zero() == 3);
-  parallel_ = std::make_unique<DataParallel>(std::move(group), model_, options);
+  parallel_ = std::make_unique<DataParallel>(std::move(group), model_.module_ptr(), options);
   optimizer_ = parallel_->shard_optimizer(std::move(optimizer_));
   clip_parameters_ = optimizer_->parameters();
   scaler_.set_found_inf_reducer(parallel_->found_inf_reducer());
@@ -109,9 +144,9 @@ void Trainer::add_callback(std::shared_ptr<Callback> callback) {
   callbacks_.push_back(std::move(callback));
 }
 
-void Trainer::set_log_every(int64_t steps) {
-  FT_CONFIG_CHECK(steps >= 1, "log.every_steps must be >= 1, got {}", steps);
-  log_every_ = steps;
+void Trainer::set_logging(const LogOptions& options) {
+  check_keys(options, "log");
+  log_every_ = options.every_steps();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -119,9 +154,13 @@ void Trainer::set_log_every(int64_t steps) {
 // ---------------------------------------------------------------------------------------------
 
 torch::Tensor Trainer::loss_of(const Batch& batch) {
-  AutocastGuard autocast(device_, precision_);  // a no-op for fp32
-  auto logits = model_->forward(batch.inputs);  // [B, classes], in the autocast dtype
-  return cross_entropy(logits, batch.targets, options_.label_smoothing(), batch.padded);  // no host reads
+  AutocastGuard autocast(device_, options_.precision());  // a no-op for fp32
+  const ModelOutput output = model_.forward(batch);       // in the autocast dtype
+  torch::Tensor loss = task_->loss(output, batch);        // no host reads
+  FT_CHECK(loss.dim() == 0 && torch::isFloatingType(loss.scalar_type()),
+           "task '{}' returned a loss of shape {} and type {}: a loss is one floating-point value (0-dim)",
+           task_->name(), loss.sizes(), c10::toString(loss.scalar_type()));
+  return loss;
 }
 
 torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window) {
@@ -131,7 +170,7 @@ torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_s
   {
     PhaseScope forward(phases_, Phase::kForward);
     if (parallel_) parallel_->before_forward(ends_window);
-    loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim fp32
+    loss = loss_of(batch) / static_cast<double>(window_size);  // 0-dim
   }
   PhaseScope backward(phases_, Phase::kBackward);
   if (parallel_) {
@@ -146,8 +185,7 @@ torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_s
 
 void Trainer::optimizer_step(const torch::Tensor& lr, bool keep_gradients) {
   PhaseScope scope(phases_, Phase::kOptimizer);
-  if (auto momentum = schedule_ ? schedule_->momentum(step_) : std::nullopt)
-    optimizer_->set_momentum(*momentum);
+  if (auto momentum = schedule_->momentum(step_)) optimizer_->set_momentum(*momentum);
 
   // ---- unscale, clip, step (skipped on inf/NaN gradients), update the scale ----
   if (options_.clip_norm() > 0) {
@@ -163,7 +201,7 @@ void Trainer::optimizer_step(const torch::Tensor& lr, bool keep_gradients) {
   // ---- EMA of the weights, the step's loss and count ----
   if (ema_) ema_->update();
   device_step_.add_(1);
-  losses_.add(window_loss_, device_step_);
+  losses_->add(window_loss_, device_step_);
   window_loss_.zero_();
   ++step_;
 }
@@ -175,18 +213,22 @@ torch::Tensor Trainer::train_step(const std::vector<Batch>& micro_batches, const
   for (size_t i = 0; i < micro_batches.size(); ++i) {
     loss += backward_micro_batch(micro_batches[i], window, i + 1 == micro_batches.size());
   }
-  optimizer_step(lr);
+  optimizer_step(lr, /*keep_gradients=*/false);
   return loss;
 }
 
 void Trainer::plan_steps(int64_t total_steps) {
-  FT_CHECK(schedule_, "the trainer has no schedule to plan the LR of its steps");
   lr_table_ = std::make_unique<LrTable>(*schedule_, total_steps, device_);
 }
 
-torch::Tensor Trainer::scheduled_lr(int64_t step) const {
-  FT_CHECK(lr_table_, "scheduled_lr before plan_steps (fit() plans its steps)");
-  return lr_table_->at(step);
+torch::Tensor Trainer::next_lr() const {
+  FT_CHECK(lr_table_, "the LR table is planned by fit()");
+  return lr_table_->at(step_);
+}
+
+torch::Tensor Trainer::next_lr_on_device() const {
+  FT_CHECK(lr_table_, "the LR table is planned by fit()");
+  return lr_table_->at(device_step_);
 }
 
 void Trainer::count_replayed_step() {
@@ -199,9 +241,9 @@ void Trainer::warm_up(const Batch& batch) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
   }
-  RngStateGuard keep_random_streams;                      // dropout draws
-  TensorValuesGuard keep_buffers(model_->buffers());      // BatchNorm statistics
-  backward_micro_batch(batch, 1, /*ends_window=*/false);  // nothing communicated
+  RngStateGuard keep_random_streams;                        // dropout draws
+  TensorValuesGuard keep_buffers(model_.module().buffers());  // BatchNorm statistics
+  backward_micro_batch(batch, 1, /*ends_window=*/false);    // nothing communicated
   window_loss_.zero_();
   // The model's gradients, not the optimizer's: under ZeRO the optimizer steps other tensors.
   for (const auto& parameter : parameters_) parameter.mutable_grad() = torch::Tensor();
@@ -215,7 +257,7 @@ double Trainer::mean_over_ranks(double value) {
 }
 
 torch::OrderedDict<std::string, torch::Tensor> Trainer::optimizer_parameters() const {
-  return parallel_ ? parallel_->optimizer_parameters() : model_->named_parameters();
+  return parallel_ ? parallel_->optimizer_parameters() : model_.module().named_parameters();
 }
 
 bool Trainer::stop_requested() const {
@@ -224,7 +266,7 @@ bool Trainer::stop_requested() const {
 
 void Trainer::check_losses_finite() {
   if (scaler_.enabled()) return;  // fp16: the scaler skips overflowing steps
-  losses_.check_finite(fmt::format(
+  losses_->check_finite(fmt::format(
       "lower optim.lr, set train.clip_norm, or check the data (no checkpoint of this state was written{})",
       last_checkpoint_.empty() ? "" : "; the last one is " + last_checkpoint_));
 }
@@ -234,38 +276,109 @@ void Trainer::check_losses_finite() {
 // ---------------------------------------------------------------------------------------------
 
 EvalResult Trainer::evaluate(DataLoader& loader) {
-  EvalGuard eval(*model_);
+  EvalGuard eval(model_.module());
   torch::NoGradGuard no_grad;
   std::optional<Ema::SwapGuard> ema_weights;
   if (ema_) ema_weights.emplace(*ema_);
 
-  // Sums stay on the device; one synchronisation at the end.
-  auto options = torch::TensorOptions().device(device_);
-  torch::Tensor loss_sum = torch::zeros({}, options.dtype(torch::kDouble));
-  torch::Tensor correct = torch::zeros({}, options.dtype(torch::kLong));
+  // The task's sums stay on the device; one synchronisation at the end.
+  const int64_t sums = static_cast<int64_t>(task_->sum_names().size());
+  torch::Tensor totals = torch::zeros({sums}, torch::TensorOptions().device(device_).dtype(torch::kDouble));
   double samples = 0;
   loader.start_epoch(0);
-  AutocastGuard autocast(device_, precision_);
+  AutocastGuard autocast(device_, options_.precision());
   while (auto batch = loader.next()) {
-    auto logits = model_->forward(batch->inputs).to(torch::kFloat);  // [B, classes]
-    loss_sum += torch::nn::functional::cross_entropy(
-        logits, batch->targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
-    correct += logits.argmax(1).eq(batch->targets).sum();
-    samples += static_cast<double>(batch->count);  // padding targets add 0 to loss_sum and correct
+    const torch::Tensor batch_sums = task_->evaluation_sums(model_.forward(*batch), *batch);
+    FT_CHECK(batch_sums.dim() == 1 && batch_sums.size(0) == sums,
+             "task '{}' returned evaluation sums of shape {}, but names {} of them ({})", task_->name(),
+             batch_sums.sizes(), sums, fmt::join(task_->sum_names(), ", "));
+    totals += batch_sums;
+    samples += static_cast<double>(batch->count);
   }
-  // [loss sum, correct, samples]: summed over the ranks' shards of the evaluation set.
-  torch::Tensor totals =
-      torch::stack({loss_sum, correct.to(torch::kDouble), torch::full({}, samples, loss_sum.options())})
-          .cpu();
-  if (parallel_) parallel_->all_reduce_sum(totals);
-  const auto total_samples = static_cast<int64_t>(totals[2].item<double>());
-  FT_CHECK(total_samples > 0, "evaluation set is empty");
+  // [the task's sums..., samples]: summed over the ranks' shards of the evaluation set.
+  torch::Tensor all = torch::cat({totals.cpu(), torch::full({1}, samples, torch::kDouble)});
+  if (parallel_) parallel_->all_reduce_sum(all);
+  const std::vector<double> values(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
   EvalResult result;
-  result.loss = totals[0].item<double>() / total_samples;
-  result.accuracy = totals[1].item<double>() / total_samples;
-  result.samples = total_samples;
-  if (const double bytes = loader.source().bytes_per_target(); bytes > 0)
-    result.bits_per_byte = result.loss / std::log(2.0) / bytes;
+  result.samples = static_cast<int64_t>(values.back());
+  FT_CHECK(result.samples > 0, "the evaluation set is empty");
+  result.metrics = task_->metrics(std::vector<double>(values.begin(), values.end() - 1));
+  return result;
+}
+
+// ---- find-lr: steps at rising LRs, then everything put back ----
+
+struct Trainer::Snapshot {
+  explicit Snapshot(Trainer& trainer)
+      : step(trainer.step_), progress(trainer.progress_), scaler(trainer.scaler_.state()) {
+    torch::NoGradGuard no_grad;
+    for (const auto& tensor : trainer.model_.module().parameters()) weights.push_back(tensor.detach().clone());
+    for (const auto& tensor : trainer.model_.module().buffers()) weights.push_back(tensor.detach().clone());
+    optimizer = optimizer_state(*trainer.optimizer_);
+    for (auto& [name, tensor] : optimizer.tensors) tensor = tensor.clone();
+    if (trainer.ema_) {
+      for (const auto& tensor : trainer.ema_->shadow()) ema.push_back(tensor.clone());
+      ema_calls = trainer.ema_->calls();
+      ema_updates = trainer.ema_->updates();
+    }
+    for (const auto& device : generator_devices()) random.emplace_back(device, generator_state(device));
+  }
+
+  void restore(Trainer& trainer) const {
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> live = trainer.model_.module().parameters();
+    for (const auto& buffer : trainer.model_.module().buffers()) live.push_back(buffer);
+    for (size_t i = 0; i < live.size(); ++i) live[i].copy_(weights[i]);
+    trainer.optimizer_->zero_grad();
+    load_optimizer_state(*trainer.optimizer_, SafetensorsFile(optimizer.tensors, optimizer.metadata,
+                                                              "the optimizer before find-lr"));
+    if (trainer.ema_) trainer.ema_->load_state(ema, ema_calls, ema_updates);
+    if (trainer.scaler_.enabled()) trainer.scaler_.load_state(scaler);
+    for (const auto& [device, state] : random) set_generator_state(device, state);
+    trainer.step_ = step;
+    trainer.device_step_.fill_(step);
+    trainer.progress_ = progress;
+    trainer.window_loss_.zero_();
+    trainer.losses_->reset();
+    trainer.last_grad_norm_ = torch::Tensor();
+  }
+
+  int64_t step;
+  TrainProgress progress;
+  GradScalerState scaler;
+  std::vector<torch::Tensor> weights;  // parameters, then buffers
+  OptimizerStateTensors optimizer;
+  std::vector<torch::Tensor> ema;
+  int64_t ema_calls = 0, ema_updates = 0;
+  std::vector<std::pair<torch::Device, torch::Tensor>> random;
+};
+
+LrFinderResult Trainer::find_lr(DataLoader& loader, const LrFinderOptions& options) {
+  const Snapshot before(*this);
+  int64_t epoch = 0;
+  auto step_at = [&](double lr) {
+    std::vector<Batch> window;
+    while (static_cast<int64_t>(window.size()) < options_.accumulation()) {
+      auto batch = loader.next();
+      if (!batch) {
+        loader.start_epoch(++epoch);
+        continue;
+      }
+      window.push_back(std::move(*batch));
+    }
+    const torch::Tensor lr_tensor =
+        torch::full({}, lr, torch::TensorOptions().device(device_).dtype(torch::kDouble));
+    return train_step(window, lr_tensor).item<double>();
+  };
+  LrFinderResult result;
+  try {
+    loader.start_epoch(epoch);
+    result = fasttrain::find_lr(options, step_at);
+  } catch (...) {
+    before.restore(*this);
+    throw;
+  }
+  before.restore(*this);
   return result;
 }
 
@@ -298,10 +411,18 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   const int64_t batches_per_epoch = train.batches_per_epoch();
   FT_CHECK(batches_per_epoch > 0, "the training loader yields no batches: lower data.batch_size");
   const int64_t total_steps = planned_steps(options_, batches_per_epoch);
+  if (checkpoints_ && step_ == 0) {
+    const auto earlier = list_checkpoints(checkpoints_->root());
+    FT_CHECK(earlier.empty(),
+             "{} holds an earlier run's checkpoints (up to step {}): continue that run (load_checkpoint), clear "
+             "the run directory first (fasttrain::clear_run_dir, what `fasttrain train --fresh` does), or "
+             "choose another",
+             checkpoints_->root(), earlier.empty() ? 0 : earlier.back().step);
+  }
   plan_steps(total_steps);
   choose_engine(train);
   device_step_.fill_(step_);
-  losses_.reset();
+  losses_->reset();
   TrainProgress& at = progress_;
   for (auto& callback : callbacks_) callback->on_fit_start(*this, total_steps);
   FitSession session(*this, train, test, total_steps);
@@ -345,26 +466,16 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
 // The engine
 // ---------------------------------------------------------------------------------------------
 
-CaptureFacts Trainer::capture_facts(const DataLoader& loader) const {
-  CaptureFacts facts;
-  facts.cuda_device = device_.is_cuda();
-#ifdef FASTTRAIN_CUDA
-  facts.cuda_build = true;
-#endif
-  facts.distributed = parallel_ != nullptr;
-  facts.fixed_shapes = loader.fixed_batch_shape();
-  facts.whole_windows = loader.batches_per_epoch() % options_.accumulation() == 0;
-  facts.momentum_cycles = schedule_ && schedule_->momentum(0).has_value();
-  facts.fused_optimizer = optimizer_->fused();
-  facts.ema_every_step = !ema_ || ema_->options().every() == 1;
-  facts.detect_anomaly = options_.detect_anomaly();
-  return facts;
-}
-
 void Trainer::choose_engine(const DataLoader& loader) {
-  const EngineChoice choice = fasttrain::choose_engine(options_.cuda_graphs(), capture_facts(loader));
-  engine_reason_ = choice.reason;
-  engine_ = choice.capture ? make_cuda_graph_engine(*this) : make_eager_engine(*this);
+  if (!options_.cuda_graphs()) {
+    engine_ = make_eager_engine(*this);
+    return;
+  }
+  const auto blocker = capture_blocker(capture_facts(
+      device_, parallel_ != nullptr, loader, options_.accumulation(), schedule_.get(), *optimizer_,
+      ema_ ? std::optional<int64_t>(ema_->options().every()) : std::nullopt, options_.detect_anomaly()));
+  FT_CONFIG_CHECK(!blocker, "train.cuda_graphs = true, but the step cannot be captured: {}", blocker.value_or(""));
+  engine_ = make_cuda_graph_engine(*this);
 }
 
 }  // namespace fasttrain

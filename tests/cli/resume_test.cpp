@@ -10,7 +10,7 @@
 #include "fasttrain/log/tensorboard.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/safetensors.h"
 #include "support.h"
 

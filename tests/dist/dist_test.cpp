@@ -15,7 +15,7 @@
 #include "fasttrain/dist/launcher.h"
 #include "fasttrain/dist/process_group.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/safetensors.h"
 #include "support.h"
 

@@ -10,7 +10,7 @@
 #include "fasttrain/models/registry.h"
 #include "fasttrain/train/loss.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 #include "support.h"
 
 namespace fasttrain {

@@ -11,7 +11,7 @@
 
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 namespace {

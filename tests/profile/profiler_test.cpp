@@ -7,9 +7,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "fasttrain/train/run.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 #include "support.h"
 
 namespace fasttrain {

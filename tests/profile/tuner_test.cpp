@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "fasttrain/config/auto.h"
+#include "fasttrain/run/auto.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "support.h"

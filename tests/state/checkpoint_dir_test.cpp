@@ -13,9 +13,9 @@
 #include <random>
 #include <thread>
 
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/safetensors.h"
-#include "fasttrain/state/sha256.h"
+#include "fasttrain/detail/sha256.h"
 #include "state/state_test_util.h"
 
 namespace fasttrain {

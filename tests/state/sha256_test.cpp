@@ -1,6 +1,6 @@
 // SHA-256: the FIPS 180-4 example vectors, chunking that must not matter, and agreement with
 // coreutils' sha256sum on lengths around the padding boundaries.
-#include "fasttrain/state/sha256.h"
+#include "fasttrain/detail/sha256.h"
 
 #include <gtest/gtest.h>
 

@@ -11,7 +11,7 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/train/trainer.h"
 #include "support.h"

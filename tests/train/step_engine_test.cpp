@@ -7,7 +7,7 @@
 #include <torch/torch.h>
 
 #include "fasttrain/optim/schedule.h"
-#include "fasttrain/train/loss_tracker.h"
+#include "fasttrain/detail/loss_tracker.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
 #include "support.h"

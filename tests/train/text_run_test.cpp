@@ -11,8 +11,8 @@
 #include <sstream>
 #include <vector>
 
-#include "fasttrain/state/file_io.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/train/run_logger.h"
 #include "fasttrain/util/check.h"
 #include "support.h"

@@ -7,7 +7,7 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/train/loss.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/check.h"
 #include "memory/peak_cpu_memory.h"
 #include "support.h"

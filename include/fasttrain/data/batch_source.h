@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,16 +25,32 @@
 
 namespace fasttrain {
 
+// One batch: named tensors, each with the samples along its first dimension (or, for text targets,
+// flattened [B * T]). `inputs` and `targets` are what the built-in models and tasks read; a source adds
+// any others it has (a mask, a second input, per-sample weights) to `fields`, and the loader pins,
+// copies and prefetches them alike.
 struct Batch {
-  torch::Tensor inputs;   // images [B, C, H, W] float32, or tokens [B, T] int64
-  torch::Tensor targets;  // [B] int64 labels, or [B * T] next tokens (kIgnoreTarget on padding)
-  int64_t epoch = 0;      // set by the loader
-  int64_t index = 0;      // batch index within the epoch, set by the loader
-  // What the run counts as samples (samples/s, samples seen): images, or target tokens that are
+  torch::Tensor inputs;   // images [B, C, H, W] float32, tokens [B, T] int64, features [B, F] float32
+  torch::Tensor targets;  // [B] int64 labels, [B * T] next tokens (kIgnoreTarget on padding), [B, K] values
+  std::map<std::string, torch::Tensor> fields;
+  int64_t epoch = 0;  // set by the loader
+  int64_t index = 0;  // batch index within the epoch, set by the loader
+  // What the run counts as samples (samples/s, samples seen): images, rows, or target tokens that are
   // not padding. Known when the batch is built: counting it never reads the device.
   int64_t count = 0;
-  // Some targets are padding (kIgnoreTarget): the loss averages over the others only.
+  // Some targets are padding (kIgnoreTarget): a loss averages over the others only.
   bool padded = false;
+
+  // "inputs", "targets" or a field; an Error naming the batch's tensors when there is none.
+  const torch::Tensor& at(const std::string& name) const;
+  bool has(const std::string& name) const;
+  // "inputs", "targets" (when defined), then the fields in name order.
+  std::vector<std::string> names() const;
+  // The same batch with every tensor through `fn` (a copy to a device, a clone).
+  Batch map(const std::function<torch::Tensor(const torch::Tensor&)>& fn) const;
+  // Copies `other`'s tensors into this batch's, name by name (a captured step's input buffers); the
+  // names and shapes must match (an Error names the first that does not).
+  void copy_from(const Batch& other, bool non_blocking);
 };
 
 // The target value a loss ignores (padding), as torch's cross_entropy's default ignore_index.
@@ -77,6 +94,26 @@ class ResidentBatches {
   virtual int64_t bytes() const = 0;
 };
 
+// What one sample of a source is. The built-in models take their input size and output count from it;
+// task.name = "auto" takes `task`.
+struct DataShape {
+  std::vector<int64_t> input;                     // one sample's inputs: [C, H, W], [T] tokens, [F] features
+  torch::ScalarType input_dtype = torch::kFloat;  // kLong: token ids in [0, vocabulary)
+  int64_t vocabulary = 0;
+  std::vector<int64_t> target;                     // one sample's targets: [] a class, [T] tokens, [K] values
+  torch::ScalarType target_dtype = torch::kLong;   // kLong: class ids in [0, classes); kFloat: values
+  int64_t classes = 0;                             // 0: not class ids, or not known
+  double bytes_per_target = 0;  // text: raw bytes per target (bits per byte); 0: not text
+  std::string task;             // the task the samples are for: "classification", "language_modeling", ...
+  // "inputs [1, 28, 28] Float, targets [] Long in 10 classes"
+  std::string describe() const;
+
+  // Images [C, H, W] with a class label each; token sequences of up to `context` over `vocabulary`
+  // tokens, each predicting the next (byte-level text: vocabulary 256, one byte per target).
+  static DataShape images(int64_t channels, int64_t height, int64_t width, int64_t classes);
+  static DataShape tokens(int64_t context, int64_t vocabulary);
+};
+
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
@@ -97,9 +134,13 @@ class BatchSource {
   virtual int64_t resident_bytes() const { return 0; }
   // A copy of the samples on `device` that builds the same batches there (data.device_resident).
   virtual std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const;
-  // Bytes of raw text per target (1 for byte-level text), or 0 when targets are not text: then
-  // evaluation reports no bits per byte.
-  virtual double bytes_per_target() const { return 0; }
+  // What one sample is (input and target shapes and types, classes, the task it is for): what a model
+  // is built for and a task checks. The default builds sample 0 and reads its shapes: integer targets
+  // are taken for classification (classes unknown, 0), float targets for regression.
+  virtual DataShape shape() const;
+  // A batch of the largest shape this source builds at `batch_size` (what memory.warmup runs): the
+  // default builds samples 0 .. batch_size - 1, which suits sources of one sample shape.
+  virtual Batch largest_batch(int64_t batch_size) const;
   // One line for logs: what the samples are.
   virtual std::string describe() const = 0;
 };
@@ -114,6 +155,7 @@ class ImageBatchSource : public BatchSource {
 
   int64_t size() const override { return dataset_.size(); }
   Batch build(const BatchRequest& request) const override;
+  DataShape shape() const override;
   int64_t resident_bytes() const override;
   std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const override;
   std::string describe() const override;

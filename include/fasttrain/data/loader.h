@@ -26,23 +26,32 @@
 
 #include "fasttrain/data/batch_source.h"
 #include "fasttrain/util/arg.h"
+#include "fasttrain/util/key.h"
 
 namespace fasttrain {
 
+// Workers that keep the trainer fed without taking cores from compute, when `processes_sharing`
+// processes (the ranks of a job on this machine) share the hardware threads: data.workers = "auto".
+int auto_worker_count(int processes_sharing = 1);
+
+// The loader's options; prefetch, shuffle, drop_last and pin_memory are also keys of [data].
 struct LoaderOptions {
-  explicit LoaderOptions(int64_t batch_size) : batch_size_(batch_size) {}
+  FT_KEYS(LoaderOptions);
+  explicit LoaderOptions(int64_t batch_size = 1) : batch_size_(batch_size) {}
   FT_ARG(int64_t, batch_size);
-  // Worker threads; -1 = auto (see auto_worker_count), 0 = build batches in the caller's thread.
-  FT_ARG(int, workers) = -1;
-  // Batches ahead of the trainer, ready or being built (bounded queue); give at least `workers`
-  // so that every worker has a batch to build.
-  FT_ARG(int, prefetch) = 4;
-  FT_ARG(bool, shuffle) = true;
-  FT_ARG(bool, drop_last) = true;
+  // Worker threads building batches ahead of the trainer; 0 = build them in the caller's thread.
+  FT_ARG(int, workers) = auto_worker_count();
+  FT_KEY(int, prefetch,
+         "Batches kept ready ahead of the step (bounded queue); give at least the workers, so that each has a "
+         "batch to build",
+         at_least(1), KeyTrait::kNeutral) = 4;
+  FT_KEY(bool, shuffle, "Shuffle the training set each epoch (order keyed on seed and epoch)") = true;
+  FT_KEY(bool, drop_last, "Drop the last incomplete training batch of each epoch") = true;
+  FT_KEY(bool, pin_memory, "On CUDA, build batches in pinned memory and copy them non_blocking",
+         KeyTrait::kNeutral) = true;
   FT_ARG(uint64_t, seed) = 0;
   // Where batches are delivered; on CUDA they are staged in pinned memory when pin_memory is set.
   FT_ARG(torch::Device, device) = torch::kCPU;
-  FT_ARG(bool, pin_memory) = true;
   // Data parallel sharding, as PyTorch's DistributedSampler: the epoch's order (the same on every
   // rank) is dealt out so that rank r takes its samples r, r + world_size, r + 2 world_size, ...
   // With even_shards (training: ranks must step together) the order is first padded by repeating
@@ -59,10 +68,6 @@ struct LoaderOptions {
   // whose kernels run faster on it (mkldnn on CPU, tensor cores on GPU).
   FT_ARG(bool, channels_last) = false;
 };
-
-// Workers for `auto`: enough to keep the trainer fed without taking cores from compute, when
-// `processes_sharing` processes (the ranks of a job on this machine) share the hardware threads.
-int auto_worker_count(int processes_sharing = 1);
 
 class DataLoader {
  public:
@@ -82,6 +87,9 @@ class DataLoader {
   std::optional<Batch> next();
 
   int64_t batches_per_epoch() const;
+  // Whether the source groups its samples into batches itself (batch_plan: token buckets), so that
+  // batch_size does not decide them.
+  bool source_batched() const { return planned_batches_ >= 0; }
   // Whether every batch of an epoch has the same shape: a fixed-shape source, and no last short
   // batch (drop_last, or an epoch that divides into whole batches).
   bool fixed_batch_shape() const;

@@ -68,7 +68,7 @@ class TextWindowSource : public BatchSource {
 
   int64_t size() const override { return windows_; }
   Batch build(const BatchRequest& request) const override;
-  double bytes_per_target() const override { return 1.0; }
+  DataShape shape() const override;
   std::string describe() const override;
 
  private:
@@ -106,7 +106,10 @@ class TextDocumentSource : public BatchSource {
   Batch build(const BatchRequest& request) const override;
   std::optional<EpochPlan> batch_plan(int64_t epoch, bool shuffle, uint64_t seed) const override;
   bool fixed_shape() const override { return false; }  // padded to each batch's longest piece
-  double bytes_per_target() const override { return 1.0; }
+  DataShape shape() const override;
+  // The most tokens at the longest sequences (attention's [B, H, T, T] scores are largest there):
+  // max_tokens / context full-length sequences, or batch_size of them without bucketing.
+  Batch largest_batch(int64_t batch_size) const override;
   std::string describe() const override;
 
   // Targets of piece i (its tokens - 1).

@@ -2,9 +2,9 @@
 // Fully sharded training (dist.zero = 3, as DeepSpeed's stage 3 and PyTorch's FSDP): between uses a
 // rank holds only its 1/N of each block's parameters, gradients and optimizer state.
 //
-// The model is cut into units: one per block of its stages (Model::stages(), the blocks
-// activation checkpointing uses: a GPT's transformer blocks, a ResNet's residual blocks), and the
-// root, every parameter outside them (a GPT's embeddings and final norm). For each unit and each
+// The model is cut into units: one per block of its Stages (models/model.h: the blocks activation
+// checkpointing uses: a GPT's transformer blocks, a ResNet's residual blocks), and the root, every
+// parameter outside them (a GPT's embeddings and final norm). A module without Stages is all root. For each unit and each
 // optimizer group the parameters are laid out in one flat buffer padded to a multiple of the world
 // size; rank r keeps the r-th contiguous part of it (its shard), and the optimizer steps the shards.
 //
@@ -39,11 +39,11 @@
 
 namespace fasttrain {
 
-class Model;
+class StageImpl;
 
 class FullySharded : public BlockHooks {
  public:
-  // Installs itself as `module`'s block hooks when it is a Model (a plain module is all root).
+  // Installs itself as the block hooks of `module`'s Stages (a module without Stages is all root).
   FullySharded(ProcessGroup& group, torch::nn::Module& module);
   ~FullySharded() override;
   FullySharded(const FullySharded&) = delete;
@@ -85,7 +85,7 @@ class FullySharded : public BlockHooks {
 
   ProcessGroup& group_;
   torch::nn::Module& module_;
-  Model* model_ = nullptr;                                        // for the hooks; null: all root
+  std::vector<StageImpl*> stages_;                                // the module's Stages: the hooks' owners
   std::vector<Unit> units_;                                       // the root first, then forward order
   std::map<std::pair<const void*, size_t>, size_t> block_units_;  // (stage, first child) -> unit
   std::vector<std::pair<std::string, std::vector<torch::Tensor>>> unit_parameters_;  // before shard()

@@ -37,23 +37,25 @@ struct DistOptions {
   FT_KEY(std::string, backend,
          "Collectives of a distributed run (torchrun, srun or fasttrain launch): auto (gloo on CPU), gloo or "
          "nccl (a LibTorch built with NCCL)",
-         one_of({"auto", "gloo", "nccl"})) = "auto";
+         one_of({"auto", "gloo", "nccl"}), KeyTrait::kNeutral) = "auto";
   FT_KEY(
       double, timeout_s,
       "Longest wait of the rendezvous or any collective: a rank that died or hangs fails the others after it",
-      above(0)) = 300;
+      above(0), KeyTrait::kNeutral) = 300;
   FT_KEY(double, bucket_cap_mb,
-         "DDP gradient buckets, MiB: each is all-reduced as soon as backward has filled it", above(0)) = 25;
+         "DDP gradient buckets, MiB: each is all-reduced as soon as backward has filled it", above(0),
+         KeyTrait::kNeutral) = 25;
   FT_KEY(int, zero,
          "0 = DDP; 1 = ZeRO-1 (optimizer state sharded across ranks); 2 = ZeRO-2 (and gradients, "
          "reduce-scattered); 3 = fully sharded (and each block's parameters, gathered for its forward and "
          "backward)",
-         [](const std::string& key, const int& value) {
+         KeyRule<int>([](const std::string& key, const int& value) {
            FT_CONFIG_CHECK(value >= 0 && value <= 3, "{} must be 0, 1, 2 or 3, got {}", key, value);
-         }) = 0;
+         }),
+         KeyTrait::kNeutral) = 0;
   FT_KEY(bool, broadcast_buffers,
-         "Before each forward, rank 0's buffers (BatchNorm statistics) replace the other ranks' (as DDP)") =
-      true;
+         "Before each forward, rank 0's buffers (BatchNorm statistics) replace the other ranks' (as DDP)",
+         KeyTrait::kNeutral) = true;
 };
 
 // Where this process sits in the job, read from the environment.

@@ -11,10 +11,8 @@
 //
 //   torch::Tensor y = fasttrain::checkpoint([&](const torch::Tensor& x) { return block->forward(x); }, x,
 //                                           block->parameters());
-//   // A Sequential, every child checkpointed ("blocks") or every k-th one ("every_k"):
-//   fasttrain::CheckpointPolicy policy =
-//       fasttrain::CheckpointPolicy::parse(fasttrain::CheckpointOptions().mode("every_k").every(2));
-//   torch::Tensor out = fasttrain::checkpoint_sequential(*layers, x, policy);
+//   // A Sequential, every block checkpointed ("blocks") or every k-th one ("every_k"):
+//   torch::Tensor out = fasttrain::checkpoint_sequential(*layers, x, fasttrain::CheckpointPolicy::every_k(2));
 //
 // Limits, as in PyTorch's reentrant variant: use loss.backward(), not torch::autograd::grad (the
 // recompute accumulates into .grad); the block must not modify its input in place (an in-place ReLU
@@ -46,18 +44,16 @@ torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& inpu
                          const std::vector<torch::Tensor>& parameters = {},
                          const std::vector<torch::Tensor>& buffers = {});
 
-// memory.checkpoint: "none" | "blocks" (every block of a Sequential, see checkpoint_sequential) |
-// "every_k" (blocks 0, k, 2k, ... with k = memory.checkpoint_every; k = 1 is "blocks").
-struct CheckpointOptions {
-  FT_ARG(std::string, mode) = "none";
-  FT_ARG(int64_t, every) = 2;
-};
-
+// Which blocks are checkpointed: none, every block, or blocks 0, k, 2k, ... of each Sequential.
 struct CheckpointPolicy {
   int64_t every = 0;  // 0: none; 1: every block; k: blocks 0, k, 2k, ...
 
-  // Invalid modes or every < 1 are a ConfigError naming memory.checkpoint / memory.checkpoint_every.
-  static CheckpointPolicy parse(const CheckpointOptions& options);
+  static CheckpointPolicy none() { return {}; }
+  static CheckpointPolicy blocks() { return {1}; }
+  static CheckpointPolicy every_k(int64_t k);  // k >= 1
+  // memory.checkpoint ("none" | "blocks" | "every_k") with memory.checkpoint_every = `every`; a bad mode
+  // or every < 1 is a ConfigError naming the key.
+  static CheckpointPolicy parse(const std::string& mode, int64_t every);
   bool enabled() const { return every > 0; }
   bool applies(int64_t index) const { return every > 0 && index % every == 0; }
 };

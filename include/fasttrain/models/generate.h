@@ -1,7 +1,7 @@
 #pragma once
 // Sampling text from a trained gpt model, one byte at a time.
 //
-//   std::string text = fasttrain::generate_text(*model, "def main(", fasttrain::GenerateOptions(128));
+//   std::string text = fasttrain::generate_text(model, "def main(", fasttrain::GenerateOptions(128));
 //
 // Each step runs the model on the last `context` tokens (no key-value cache: at byte-level contexts
 // of a few hundred tokens a full forward is cheap) and draws the next byte from the softmax of its
@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <string>
 
-#include "fasttrain/models/registry.h"
+#include "fasttrain/models/model.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
@@ -33,6 +33,6 @@ struct GenerateOptions {
 // The generated continuation of `prompt` (not including it). The model is run in eval mode under
 // no-grad on its own device; an empty prompt starts from the end-of-document token, as a new
 // document does. Bad options are a ConfigError naming them.
-std::string generate_text(Model& model, const std::string& prompt, const GenerateOptions& options);
+std::string generate_text(const Model& model, const std::string& prompt, const GenerateOptions& options);
 
 }  // namespace fasttrain

@@ -1,108 +1,122 @@
 #pragma once
-// Models built by name from config: "mlp", "cnn" (the classic conv net), "resnet" (small, with
-// bias-free convs before BatchNorm), "gpt" (a byte-level transformer: tokens [B, T] in, next-token
-// logits [B * T, num_classes] out). Input sizes come from the dataset, the rest from [model].
+// Models by name (model.name): each registered model declares its own [model] keys (an FT_KEY options
+// struct) and is built for the data it trains on (DataShape: input size, classes, vocabulary).
+// Built in: mlp, cnn (the classic conv net), resnet (small, bias-free convs before BatchNorm), gpt (a
+// byte-level transformer: tokens [B, T] in, next-token logits [B * T, vocabulary] out). A program
+// registers its own in one line, and `[model] name = "mine"` then builds it:
 //
-//   auto model = fasttrain::make_model(fasttrain::ModelOptions("cnn").widths({32, 64}).hidden({128}));
-//   torch::Tensor logits = model->forward(images);   // [B, C, H, W] -> [B, num_classes]
-//   std::cout << model->describe();                  // layers and parameter count
-#include <torch/nn/module.h>
+//   fasttrain::model_registry().add("mine", "my autoencoder",
+//       fasttrain::model_recipe<MyOptions>([](const MyOptions& o, const fasttrain::DataShape& shape) {
+//         return fasttrain::Model(MyAutoencoder(shape.input, o.latent()));
+//       }));
+//
+//   fasttrain::Model cnn = fasttrain::make_cnn(fasttrain::CnnOptions().widths({32, 64}),
+//                                              fasttrain::DataShape::images(1, 28, 28, 10));
 #include <torch/nn/modules/container/sequential.h>
-#include <torch/types.h>
 
 #include <cstdint>
-#include <memory>
+#include <functional>
 #include <string>
 #include <vector>
 
-#include "fasttrain/memory/checkpoint.h"
-#include "fasttrain/util/arg.h"
+#include "fasttrain/data/batch_source.h"
+#include "fasttrain/models/model.h"
 #include "fasttrain/util/key.h"
+#include "fasttrain/util/registry.h"
 
 namespace fasttrain {
 
-// The registered models' names (an unknown model.name lists them).
-const std::vector<std::string>& model_names();
-
-// [model]
-struct ModelOptions {
-  FT_KEYS(ModelOptions);
-  explicit ModelOptions(std::string name) : name_(std::move(name)) {}
-  FT_KEY(std::string, name,
-         "Model: mlp, cnn, resnet (images), or gpt (byte-level text: data.dataset = \"text\")",
-         one_of(model_names()));
-  // Set from the dataset.
-  FT_ARG(int64_t, in_channels) = 1;
-  FT_ARG(int64_t, height) = 28;
-  FT_ARG(int64_t, width) = 28;
-  FT_ARG(int64_t, num_classes) = 10;
-  FT_KEY(std::vector<int64_t>, widths,
-         "cnn: channels of each 3x3 conv stage (each followed by a 2x2 max-pool); resnet: channels of each "
-         "stage (the first is also the stem; later stages halve the resolution)") = std::vector<int64_t>{32,
-                                                                                                         64};
-  FT_KEY(std::vector<int64_t>, hidden,
-         "Hidden fully connected layers before the classifier") = std::vector<int64_t>{128};
-  FT_KEY(bool, batchnorm,
-         "cnn: BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it)") = false;
-  FT_KEY(bool, bias_before_norm,
-         "cnn: keep the conv bias before BatchNorm (as PyTorch's Conv2d(bias=True) has it, to load its "
-         "weights); wasted work otherwise") = false;
-  FT_KEY(bool, pool_first,
-         "cnn: max-pool right after each conv, before BatchNorm and ReLU (they commute with it; 4x less "
-         "normalisation work)") = false;
-  FT_KEY(int64_t, blocks, "resnet: residual blocks per stage", at_least(1)) = 1;
-  FT_KEY(double, dropout,
-         "Dropout before each fully connected layer (gpt: on the embeddings and each residual branch)",
-         in_unit_interval()) = 0.0;
-  // ---- gpt ----
-  FT_KEY(int64_t, layers, "gpt: transformer blocks", at_least(1)) = 4;
-  FT_KEY(int64_t, heads, "gpt: attention heads", at_least(1)) = 4;
-  FT_KEY(int64_t, embed, "gpt: embedding width (a multiple of heads)", at_least(1)) = 128;
-  FT_KEY(int64_t, context, "gpt: longest sequence (positions embedded)", at_least(1)) = 128;
+// A registered model: its keys with their defaults, how it is built for data of a shape, and the
+// longest sequence it takes (sequence models: what the data cuts; null for the others).
+struct ModelRecipe {
+  AnyOptions options;
+  std::function<Model(const AnyOptions& options, const DataShape& shape)> build;
+  std::function<int64_t(const AnyOptions& options)> sequence_length;
 };
 
-// A classifier: images in, logits out.
-class Model : public torch::nn::Module {
- public:
-  virtual torch::Tensor forward(torch::Tensor images) = 0;  // [B, C, H, W] -> [B, num_classes]
-  // One line per layer and the parameter count.
-  std::string describe() const;
-  int64_t parameter_count() const;
-  // memory.checkpoint: the blocks of each stage (checkpoint_blocks: a conv or linear layer with the
-  // norm, activation and pooling after it; a residual block) that training forwards recompute in
-  // backward instead of keeping their activations. Gradients and BatchNorm statistics are unchanged.
-  void set_checkpointing(const CheckpointPolicy& policy) { checkpointing_ = policy; }
-  const CheckpointPolicy& checkpointing() const { return checkpointing_; }
-  // The Sequentials the forward runs block by block (run_stage), in forward order; parameters
-  // outside them (a GPT's embeddings) belong to no block.
-  const std::vector<torch::nn::Sequential>& stages() const { return stages_; }
-  // Run around every block of every stage (dist.zero = 3); null for none. Not owned.
-  void set_block_hooks(BlockHooks* hooks) { block_hooks_ = hooks; }
+// The registry behind model.name, with the built-in models.
+Registry<ModelRecipe>& model_registry();
 
- protected:
-  // Each model lists its stages once, in its constructor.
-  void add_stage(const torch::nn::Sequential& stage) { stages_.push_back(stage); }
-  // `stage`'s forward under the checkpointing policy, between the block hooks.
-  torch::Tensor run_stage(torch::nn::Sequential& stage, const torch::Tensor& input) {
-    return checkpoint_sequential(*stage, input, checkpointing_, block_hooks_);
+// A recipe from a typed builder; the options' rules are checked (as "model.<key>") before it runs.
+template <typename Options>
+ModelRecipe model_recipe(std::function<Model(const Options&, const DataShape&)> build,
+                         std::function<int64_t(const Options&)> sequence_length = nullptr) {
+  ModelRecipe recipe;
+  recipe.options = AnyOptions::of(Options());
+  recipe.build = [build](const AnyOptions& options, const DataShape& shape) {
+    options.check("model");
+    return build(options.as<Options>(), shape);
+  };
+  if (sequence_length) {
+    recipe.sequence_length = [sequence_length](const AnyOptions& options) {
+      return sequence_length(options.as<Options>());
+    };
   }
+  return recipe;
+}
 
- private:
-  CheckpointPolicy checkpointing_;
-  std::vector<torch::nn::Sequential> stages_;
-  BlockHooks* block_hooks_ = nullptr;
+// Sizes such as model.widths: each > 0, and at least one unless `allow_empty`.
+KeyRule<std::vector<int64_t>> positive_sizes(bool allow_empty);
+
+// ---- the built-in models' keys ----
+struct MlpOptions {
+  FT_KEYS(MlpOptions);
+  FT_KEY(std::vector<int64_t>, hidden, "Hidden fully connected layers before the output layer",
+         positive_sizes(true)) = std::vector<int64_t>{128};
+  FT_KEY(double, dropout, "Dropout before each fully connected layer", below_one()) = 0.0;
 };
 
-// The fully connected head every model ends with: for each of options.hidden() [Dropout +] Linear +
-// ReLU, then [Dropout +] the Linear classifier, from `features` inputs to options.num_classes().
-torch::nn::Sequential classifier_head(int64_t features, const ModelOptions& options);
+struct CnnOptions {
+  FT_KEYS(CnnOptions);
+  FT_KEY(std::vector<int64_t>, widths, "Channels of each 3x3 conv stage (each followed by a 2x2 max-pool)",
+         positive_sizes(false)) = std::vector<int64_t>{32, 64};
+  FT_KEY(std::vector<int64_t>, hidden, "Hidden fully connected layers before the output layer",
+         positive_sizes(true)) = std::vector<int64_t>{128};
+  FT_KEY(bool, batchnorm, "BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it)") =
+      false;
+  FT_KEY(bool, bias_before_norm,
+         "Keep the conv bias before BatchNorm (as PyTorch's Conv2d(bias=True) has it, to load its weights); "
+         "wasted work otherwise") = false;
+  FT_KEY(bool, pool_first,
+         "Max-pool right after each conv, before BatchNorm and ReLU (they commute with it; 4x less "
+         "normalisation work)") = false;
+  FT_KEY(double, dropout, "Dropout before each fully connected layer", below_one()) = 0.0;
+};
 
-// Converts every 4-d parameter and buffer (conv kernels) of `module` to channels_last (NHWC) in
-// place, keeping the Parameter objects (optimizers made later or earlier still see them).
-void to_channels_last(torch::nn::Module& module);
+struct ResnetOptions {
+  FT_KEYS(ResnetOptions);
+  FT_KEY(std::vector<int64_t>, widths,
+         "Channels of each stage (the first is also the stem's; later stages halve the resolution)",
+         positive_sizes(false)) = std::vector<int64_t>{32, 64};
+  FT_KEY(int64_t, blocks, "Residual blocks per stage", at_least(1)) = 1;
+  FT_KEY(std::vector<int64_t>, hidden, "Hidden fully connected layers before the output layer",
+         positive_sizes(true)) = std::vector<int64_t>{128};
+  FT_KEY(double, dropout, "Dropout before each fully connected layer", below_one()) = 0.0;
+};
 
-// Builds the model named by options.name(); an unknown name or bad size is a ConfigError naming
-// model.<key>, the value and what is allowed.
-std::shared_ptr<Model> make_model(const ModelOptions& options);
+struct GptOptions {
+  FT_KEYS(GptOptions);
+  FT_KEY(int64_t, layers, "Transformer blocks", at_least(1)) = 4;
+  FT_KEY(int64_t, heads, "Attention heads", at_least(1)) = 4;
+  FT_KEY(int64_t, embed, "Embedding width (a multiple of heads)", at_least(1)) = 128;
+  FT_KEY(int64_t, context, "Longest sequence (positions embedded; what the data cuts)", at_least(1)) = 128;
+  FT_KEY(double, dropout, "Dropout on the embeddings and each residual branch", below_one()) = 0.0;
+};
+
+Model make_mlp(const MlpOptions& options, const DataShape& shape);
+Model make_cnn(const CnnOptions& options, const DataShape& shape);
+Model make_resnet(const ResnetOptions& options, const DataShape& shape);
+Model make_gpt(const GptOptions& options, const DataShape& shape);
+
+// The registered model `name` with `options` (its keys; null: its defaults) for data of `shape`.
+Model make_model(const std::string& name, const DataShape& shape, const AnyOptions* options = nullptr);
+
+// What a classifier or regressor head ends in: the classes, or the values of one sample's target.
+// A ConfigError naming `model` when the data says neither.
+int64_t output_count(const DataShape& shape, const std::string& model);
+
+// The fully connected head the image models end with: for each of `hidden`, [Dropout +] Linear + ReLU,
+// then [Dropout +] the output Linear, from `features` inputs to `outputs`.
+Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs);
 
 }  // namespace fasttrain

@@ -1,5 +1,6 @@
 #pragma once
-// Optimizers built by name from a registry ("sgd", "adam", "adamw"), stepping on the device: the
+// Optimizers built by name from a registry ("sgd", "adam", "adamw", and any a program registers),
+// stepping on the device: the
 // learning rate is a 0-dim tensor, the step counts live on the parameters' device, and a
 // GradScaler's found-inf flag skips the update inside the kernels, so a step reads nothing back to
 // the host and can be captured in a CUDA graph.
@@ -31,10 +32,11 @@
 
 #include "fasttrain/util/arg.h"
 #include "fasttrain/util/key.h"
+#include "fasttrain/util/registry.h"
 
 namespace fasttrain {
 
-// The registered optimizers' names: "sgd", "adam", "adamw".
+// The registered optimizers' names: "sgd", "adam", "adamw", then any a program added.
 std::vector<std::string> optimizer_names();
 // The kernels optim.kernel accepts.
 const std::vector<std::string>& optimizer_kernel_names();
@@ -42,21 +44,21 @@ const std::vector<std::string>& optimizer_kernel_names();
 // [optim]
 struct OptimizerOptions {
   FT_KEYS(OptimizerOptions);
-  explicit OptimizerOptions(std::string name) : name_(std::move(name)) {}
-  FT_KEY(std::string, name, "Optimizer: sgd, adam or adamw", one_of(optimizer_names()));
+  explicit OptimizerOptions(std::string name = "adam") : name_(std::move(name)) {}
+  FT_KEY(std::string, name, "Optimizer: sgd, adam, adamw, or one a program registered", one_of(optimizer_names));
   FT_KEY(double, lr, "Learning rate (the peak of one-cycle and cyclic schedules)", above(0)) = 1e-3;
-  FT_KEY(double, momentum, "sgd momentum", in_unit_interval()) = 0.9;
+  FT_KEY(double, momentum, "sgd momentum", below_one()) = 0.9;
   FT_KEY(bool, nesterov, "sgd Nesterov momentum") = false;
   FT_KEY(double, weight_decay, "Weight decay (decoupled for adamw); never applied to biases and norm weights",
          at_least(0)) = 0.0;
-  FT_KEY(double, beta1, "adam/adamw beta1", in_unit_interval()) = 0.9;
-  FT_KEY(double, beta2, "adam/adamw beta2", in_unit_interval()) = 0.999;
+  FT_KEY(double, beta1, "adam/adamw beta1", below_one()) = 0.9;
+  FT_KEY(double, beta2, "adam/adamw beta2", below_one()) = 0.999;
   FT_KEY(double, eps, "adam/adamw epsilon", above(0)) = 1e-8;
   FT_KEY(std::string, kernel,
          "How the optimizer steps on the device: fused (ATen's fused multi-tensor kernel, one launch per "
          "group; CUDA, and CPU from LibTorch 2.4), foreach (multi-tensor ops; every LibTorch) or auto (fused "
          "where the device has it)",
-         one_of(optimizer_kernel_names())) = "auto";
+         one_of(optimizer_kernel_names()), KeyTrait::kNeutral) = "auto";
 };
 
 // Parameters stepped alike; `names` name them in checkpoints (the model's names, or ZeRO's parts).
@@ -119,12 +121,14 @@ class Optimizer {
   int64_t state_bytes() const;
 
   // An optimizer of the same kind and options over `groups` (ZeRO: this rank's parts), state empty.
+  // Needs an optimizer made by make_optimizer (it knows the kind's factory).
   std::unique_ptr<Optimizer> rebuild(std::vector<ParamGroup> groups) const;
 
  protected:
   // `fused_kernel`: the ATen kernel update_fused calls ("aten::_fused_adamw_"), whose presence for
-  // the parameters' device decides optim.kernel = "auto".
-  Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel);
+  // the parameters' device decides optim.kernel = "auto". `momentum`: the option momentum-cycling
+  // schedules move (SGD's momentum, Adam's beta1: the kind's OptimizerRecipe::momentum).
+  Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel, double momentum);
   // The update of group `group`'s parameters at `with_grad` (indices into the group; their state
   // exists), through the fused kernel or the foreach ops.
   virtual void update_fused(size_t group, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
@@ -151,9 +155,12 @@ class Optimizer {
   void ensure_state(size_t group, const std::vector<size_t>& with_grad);
   void size_state();
 
+  friend std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup>, const OptimizerOptions&);
+
   std::vector<ParamGroup> groups_;
   OptimizerOptions options_;
   double momentum_;
+  std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>, const OptimizerOptions&)> factory_;
   bool fused_ = false;
   std::string fused_kernel_;
   std::vector<std::vector<std::vector<torch::Tensor>>> state_;  // [group][field][parameter]
@@ -163,22 +170,18 @@ class Optimizer {
 };
 
 // ---- the registry: optimizers by name ----
-struct OptimizerKind {
-  std::string name;
-  std::string description;  // one line for `fasttrain config --reference` and errors
+struct OptimizerRecipe {
+  // The option that momentum-cycling schedules move and start from (SGD's momentum, Adam's beta1).
+  std::function<double(const OptimizerOptions&)> momentum;
   std::function<std::unique_ptr<Optimizer>(std::vector<ParamGroup>, const OptimizerOptions&)> make;
 };
-// The registered kinds, in the order they are listed.
-const std::vector<OptimizerKind>& optimizer_kinds();
-// The kind called `name`; a ConfigError listing the valid names when there is none.
-const OptimizerKind& optimizer_kind(const std::string& name);
+// The registry behind optim.name, with the built-in optimizers (adding one: optim/adam.cpp, sgd.cpp show
+// how; a program calls optimizer_registry().add(...)).
+Registry<OptimizerRecipe>& optimizer_registry();
 
-// Validates `options`: throws ConfigError naming optim.<key> and the value for an unknown name or
-// kernel (the message lists the valid ones), a non-finite or negative lr / weight_decay / eps,
-// momentum or betas outside [0, 1), or sgd nesterov without momentum. make_optimizer calls it.
-void validate(const OptimizerOptions& options);
-
-// The optimizer `options.name()` names over the model's trainable parameters, grouped as above.
+// The optimizer `options.name()` names over `groups`; its options checked (check_keys: "optim.<key>").
+std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> groups, const OptimizerOptions& options);
+// ... over the model's trainable parameters, grouped as above (weight decay on dim >= 2 only).
 std::unique_ptr<Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options);
 

@@ -24,6 +24,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,17 +32,19 @@
 
 #include "fasttrain/util/arg.h"
 #include "fasttrain/util/key.h"
+#include "fasttrain/util/registry.h"
 
 namespace fasttrain {
 
-const std::vector<std::string>& schedule_names();
+// The registered schedules' names (constant, step, cosine, one-cycle, cyclic, then any a program added).
+std::vector<std::string> schedule_names();
 
 // [schedule]
 struct ScheduleOptions {
   FT_KEYS(ScheduleOptions);
-  explicit ScheduleOptions(std::string name) : name_(std::move(name)) {}
-  FT_KEY(std::string, name, "Schedule: constant, step, cosine, one-cycle or cyclic",
-         one_of(schedule_names()));
+  explicit ScheduleOptions(std::string name = "constant") : name_(std::move(name)) {}
+  FT_KEY(std::string, name, "Schedule: constant, step, cosine, one-cycle, cyclic, or one a program registered",
+         one_of(schedule_names));
   // ---- step ----
   FT_KEY(int64_t, step_size, "step: optimizer steps between decays", at_least(1)) = 1000;
   FT_KEY(double, gamma, "step: decay factor", above(0)) = 0.1;
@@ -50,14 +53,14 @@ struct ScheduleOptions {
   FT_KEY(double, min_lr, "cosine: final learning rate", at_least(0)) = 0.0;
   // ---- one-cycle ----
   FT_KEY(double, pct_start, "one-cycle: fraction of the steps spent rising to optim.lr",
-         in_unit_interval()) = 0.3;
+         in_open_unit_interval()) = 0.3;
   FT_KEY(double, div_factor, "one-cycle: initial lr = optim.lr / div_factor", above(0)) = 25.0;
   FT_KEY(double, final_div_factor, "one-cycle: final lr = initial lr / final_div_factor", above(0)) = 1e4;
   FT_KEY(std::string, anneal, "one-cycle: annealing shape, cos or linear", one_of({"cos", "linear"})) = "cos";
   FT_KEY(bool, cycle_momentum,
          "one-cycle and cyclic: cycle momentum (sgd) or beta1 (adam) inversely to the lr") = true;
-  FT_KEY(double, base_momentum, "Lowest momentum of the cycle", in_unit_interval()) = 0.85;
-  FT_KEY(double, max_momentum, "Highest momentum of the cycle", in_unit_interval()) = 0.95;
+  FT_KEY(double, base_momentum, "Lowest momentum of the cycle", below_one()) = 0.85;
+  FT_KEY(double, max_momentum, "Highest momentum of the cycle (>= base_momentum)", below_one()) = 0.95;
   FT_KEY(bool, three_phase, "one-cycle: fastai-style third phase that annihilates the lr") = false;
   // ---- cyclic (triangular; the highest lr is the optimizer's) ----
   FT_KEY(double, base_lr, "cyclic: lowest lr (the highest is optim.lr)", above(0)) = 1e-4;
@@ -77,6 +80,12 @@ class Schedule {
     return std::nullopt;
   }
 };
+
+// A registered schedule: built from its options, the peak LR and the run's optimizer steps.
+using ScheduleRecipe =
+    std::function<std::unique_ptr<Schedule>(const ScheduleOptions& options, double max_lr, int64_t total_steps)>;
+// The registry behind schedule.name, with the built-in schedules.
+Registry<ScheduleRecipe>& schedule_registry();
 
 // `max_lr` is the optimizer's configured lr; `total_steps` the optimizer steps of the whole run
 // (used by cosine and one-cycle only). `base_momentum` is the optimizer's configured momentum (SGD

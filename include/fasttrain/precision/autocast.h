@@ -4,8 +4,7 @@
 // torch.autocast does. Parameters stay fp32; autocast casts them per op and caches the casts of
 // weights until the outermost guard exits, so a weight used twice in a forward is cast once.
 //
-//   torch::ScalarType dtype = fasttrain::parse_precision(options.precision(), device);  // "bf16" ->
-//   kBFloat16
+//   torch::ScalarType dtype = fasttrain::parse_precision("bf16", device);   // kBFloat16
 //   {
 //     fasttrain::AutocastGuard autocast(device, dtype);   // no-op for fp32
 //     loss = loss_fn(model->forward(x), y);               // matmuls in bf16, the loss in fp32
@@ -19,15 +18,16 @@
 #include <optional>
 #include <string>
 
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
-// "fp32" -> kFloat (no autocast), "bf16" -> kBFloat16, "fp16" -> kHalf, "auto" -> what
-// auto_precision (config/auto.h) chooses for `device`'s hardware. Anything else, or a dtype
+// "fp32" -> kFloat (no autocast), "bf16" -> kBFloat16, "fp16" -> kHalf. Anything else, or a dtype
 // the device's autocast lacks (fp16 on CPU), is a ConfigError naming train.precision, the value
-// and what is allowed.
+// and what is allowed. ("auto" is the run layer's to resolve: run/auto.h.)
 torch::ScalarType parse_precision(const std::string& name, const torch::Device& device);
+// The same rule for a dtype: kFloat, or one `device`'s autocast runs.
+void check_precision(torch::ScalarType dtype, const torch::Device& device);
 
 // "fp32" | "bf16" | "fp16" for the dtypes parse_precision returns.
 std::string precision_name(torch::ScalarType dtype);

@@ -3,7 +3,8 @@
 // techniques of the playbook it needs, each with the measurement behind it and the gain estimated
 // from it.
 //
-//   fasttrain::DoctorReport report = fasttrain::diagnose(config, "runs/default");
+//   fasttrain::RunBuilder builder;   // or a program's own: its model and data (run/run.h)
+//   fasttrain::DoctorReport report = fasttrain::diagnose(builder, config, "runs/default");
 //   std::cout << report.text();          // findings, most valuable first; "nothing to fix" when none
 //   report.to_json();                    // what doctor.json holds (fasttrain report draws it)
 //
@@ -14,7 +15,9 @@
 // cores; channels_last; anomaly detection off). A change that clears its threshold is timed again
 // with the config as given once more, and counts only if the means still clear it. What is read from the
 // config and the model: workers vs cores, conv bias before BatchNorm, the schedule, and on CUDA
-// cudnn_benchmark, channels_last, tensor-core-friendly sizes, variable shapes without warm-up.
+// cudnn_benchmark, channels_last, tensor-core-friendly sizes, variable shapes without warm-up. The
+// changes are config keys of the playbook, so a program's own model and data (its RunBuilder) are
+// diagnosed as the built-in ones are.
 // Every rule, its threshold and what it measures is listed in docs/TECHNIQUES.md ("Doctor"). Each
 // rule is a registered unit (doctor_rules()) that reads a DoctorContext.
 #include <functional>
@@ -25,20 +28,20 @@
 
 #include "fasttrain/config/config.h"
 #include "fasttrain/profile/profiler.h"
+#include "fasttrain/run/measure.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/arg.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
+#include "fasttrain/util/registry.h"
 
 namespace fasttrain {
 
 struct DoctorOptions {
-  FT_ARG(int64_t, steps) = 20;  // recorded steps per measurement
-  FT_ARG(int64_t, warmup_steps) = 5;
-  // Each timed comparison run lasts at least `steps` and at least this long (short runs are noise).
-  FT_ARG(double, min_seconds) = 2.0;
-  // Hears the batch search of data.batch_size = "auto" (null: nothing said).
-  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
+  // Steps recorded per measurement; each timed comparison lasts at least `steps` and at least
+  // `min_seconds` (short runs are noise); the reporter hears the batch search of data.batch_size = "auto".
+  FT_ARG(MeasureOptions, measure) = MeasureOptions().min_seconds(2.0);
 };
 
 // How much a finding matters, in ranking order.
@@ -74,6 +77,9 @@ struct DoctorContext {
   BlasLibrary blas;
   bool conv_net = false;              // the model has 4-d (conv) weights
   int64_t conv_biases_before_bn = 0;  // conv biases that a BatchNorm makes redundant
+  // The model's matrix and conv sizes that are not multiples of 8 ("fc.weight [100, 256]": its 100
+  // outputs), the data's own input and output counts left out.
+  std::vector<std::string> odd_layer_sizes;
   int64_t train_size = 0;             // samples per epoch
   int64_t alloc_retries = 0;          // CUDA: caching-allocator retries during the profile
   bool anomaly_mode = false;          // autograd anomaly detection was on before the doctor ran
@@ -82,17 +88,11 @@ struct DoctorContext {
   std::function<Comparison(const std::string& name, const Config& changed, double threshold)> compare;
 };
 
-// A rule: its name, what it checks (one line, for docs and `fasttrain doctor --rules`), and the check,
-// which returns its findings (none, usually).
-struct DoctorRule {
-  std::string name;
-  std::string checks;
-  std::function<std::vector<Finding>(const DoctorContext&)> check;
-};
+// A rule, registered under its name with what it checks (one line, for docs) as its help: the check
+// returns its findings (none, usually). A program adds its own to doctor_rules().
+using DoctorRule = std::function<std::vector<Finding>(const DoctorContext&)>;
 // Every rule, in the order they run.
-const std::vector<DoctorRule>& doctor_rules();
-// The rule called `name`; an Error listing the valid names when there is none.
-const DoctorRule& doctor_rule(const std::string& name);
+Registry<DoctorRule>& doctor_rules();
 
 struct DoctorReport {
   std::vector<Finding> findings;  // ranked: severity, then estimated gain
@@ -101,9 +101,10 @@ struct DoctorReport {
   nlohmann::json to_json() const;  // {"findings": [...], "measurements": {...}}
 };
 
-// Diagnoses `config`; profile files of the measurements go under `out_dir`/doctor. `callbacks`
-// join the main measurement's fit (tests plant a per-step synchronisation this way).
-DoctorReport diagnose(const Config& config, const std::string& out_dir,
+// Diagnoses the run of `config` that `builder` makes; profile files of the measurements go under
+// `out_dir`/doctor. `callbacks` join the main measurement's fit (tests plant a per-step
+// synchronisation this way).
+DoctorReport diagnose(RunBuilder& builder, const Config& config, const std::string& out_dir,
                       const DoctorOptions& options = DoctorOptions(),
                       const std::vector<std::shared_ptr<Callback>>& callbacks = {});
 

@@ -1,8 +1,9 @@
 #pragma once
 // `fasttrain profile`: a few training steps of a config under LibTorch's profiler.
 //
-//   fasttrain::ProfileResult result =
-//       fasttrain::profile_run(config, "runs/default", fasttrain::ProfileOptions().steps(20));
+//   fasttrain::RunBuilder builder;   // or a program's own: its model and data (run/run.h)
+//   fasttrain::ProfileResult result = fasttrain::profile_run(
+//       builder, config, "runs/default", fasttrain::ProfileOptions().measure(fasttrain::MeasureOptions().steps(20)));
 //   std::cout << result.table();   // phases per step, the operators that took the most time
 //
 // The run is built as `fasttrain train` builds it; `warmup_steps` run first (optimizer state,
@@ -24,22 +25,18 @@
 
 #include "fasttrain/config/config.h"
 #include "fasttrain/log/reporter.h"
-#include "fasttrain/profile/phases.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/run/measure.h"
+#include "fasttrain/run/run.h"
+#include "fasttrain/train/phases.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
 struct ProfileOptions {
-  FT_ARG(int64_t, steps) = 20;
-  FT_ARG(int64_t, warmup_steps) = 5;
-  // Keep timing past `steps` until at least this many seconds are timed (0 = exactly `steps`): the
-  // default config's 20 steps last 0.1 s, and runs that short vary 2x here from one to the next.
-  FT_ARG(double, min_seconds) = 0.0;
+  // Steps recorded, warm-up steps before them, the least time timed, who hears what was built.
+  FT_ARG(MeasureOptions, measure);
   // Operators listed in the table (by total self time).
   FT_ARG(int64_t, top_operators) = 15;
-  // Hears what was built (device, data, model); null: nothing said.
-  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
   // Record the trace and the memory timeline. Off: only time the steps, what the tuner compares
   // (recording costs every operator and allocation something, which distorts models of many small
   // ops: the gpt measured 3.6k tokens/s recorded against 15k unrecorded).
@@ -73,13 +70,12 @@ struct ProfileResult {
 };
 
 // `callbacks` join the profiled fit (the doctor's tests plant problems through them).
-ProfileResult profile_run(const Config& config, const std::string& out_dir,
+ProfileResult profile_run(RunBuilder& builder, const Config& config, const std::string& out_dir,
                           const ProfileOptions& options = ProfileOptions(),
                           const std::vector<std::shared_ptr<Callback>>& callbacks = {});
-// The same on an Experiment already built (its config's batch size resolved).
-ProfileResult profile_experiment(Experiment& experiment, const std::string& out_dir,
-                                 const ProfileOptions& options = ProfileOptions(),
-                                 const std::vector<std::shared_ptr<Callback>>& callbacks = {});
+// The same on a run already built (its config's batch size resolved).
+ProfileResult profile_built_run(Run& run, const std::string& out_dir, const ProfileOptions& options = ProfileOptions(),
+                                const std::vector<std::shared_ptr<Callback>>& callbacks = {});
 
 // `config` with room for any number of profiled steps (train.max_steps off, at least 1000 epochs):
 // for measurements that must not be cut short by the run's own length (doctor, tune). The schedule

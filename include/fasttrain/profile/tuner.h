@@ -2,7 +2,8 @@
 // `fasttrain tune`: tries the switches that apply to a config on this machine, a bounded number of
 // steps each, keeps what helps, and writes the tuned config with the table of what it measured.
 //
-//   fasttrain::TuneResult result = fasttrain::tune(config, "runs/default");
+//   fasttrain::RunBuilder builder;   // or a program's own: its model and data (run/run.h)
+//   fasttrain::TuneResult result = fasttrain::tune(builder, config, "runs/default");
 //   std::cout << result.table();                   // every trial: the change, samples/s, kept or why not
 //   fasttrain::to_toml(result.tuned);              // also written to RUN_DIR/tuned.toml
 //
@@ -23,22 +24,21 @@
 
 #include "fasttrain/config/config.h"
 #include "fasttrain/log/reporter.h"
+#include "fasttrain/run/measure.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
 struct TuneOptions {
-  FT_ARG(int64_t, steps) = 20;
-  FT_ARG(int64_t, warmup_steps) = 5;
-  // Each trial times at least `steps` and at least this long (short runs are noise here).
-  FT_ARG(double, min_seconds) = 2.0;
+  // Each trial times at least `steps` and at least `min_seconds` (short runs are noise here); the
+  // reporter hears the batch search of data.batch_size = "auto".
+  FT_ARG(MeasureOptions, measure) = MeasureOptions().min_seconds(2.0);
   // Required speedup over the best so far to keep a change, on the means of two pairs of runs
   // (2 s runs still vary about 10% here; 1.05 kept noise).
   FT_ARG(double, min_gain) = 1.10;
   // Also try larger batches (changes the optimisation, so off unless asked).
   FT_ARG(bool, batch) = false;
-  // Hears the batch search of data.batch_size = "auto" (null: nothing said).
-  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 struct TuneTrial {
@@ -58,6 +58,7 @@ struct TuneResult {
 };
 
 // Writes RUN_DIR/tuned.toml and RUN_DIR/tune.md (the table) as well.
-TuneResult tune(const Config& config, const std::string& run_dir, const TuneOptions& options = TuneOptions());
+TuneResult tune(RunBuilder& builder, const Config& config, const std::string& run_dir,
+                const TuneOptions& options = TuneOptions());
 
 }  // namespace fasttrain

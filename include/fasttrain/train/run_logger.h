@@ -6,10 +6,12 @@
 //   trainer->add_callback(std::make_shared<fasttrain::RunLogger>("runs/a", reporter));
 //   trainer->fit(train_loader, &test_loader);
 //
-// metrics.jsonl records: {"kind": "train", step, epoch, loss, lr, grad_norm, samples_per_s,
-// data_wait_fraction, phases_s, elapsed_s}, {"kind": "eval", step, epoch, test_loss, test_accuracy,
-// [test_bits_per_byte], ema, elapsed_s}, {"kind": "checkpoint", step, dir, save_s}: the marker a
-// resume truncates the file to (truncate_metrics).
+// metrics.jsonl records: {"kind": "train", step, epoch, loss, lr, grad_norm (null when nothing
+// measured it: no clipping), samples_per_s, data_wait_fraction, phases_s, elapsed_s}, {"kind": "eval",
+// step, epoch, test_<metric> for each metric of the task (test_loss, test_accuracy, test_rmse, ...), ema,
+// elapsed_s}, {"kind": "checkpoint", step, dir, save_s}: the marker a resume truncates the file to
+// (truncate_metrics). TensorBoard gets train/loss, train/lr, [train/grad_norm], train/samples_per_s,
+// train/data_wait_fraction and test/<metric>.
 #include <memory>
 #include <string>
 
@@ -22,7 +24,8 @@ namespace fasttrain {
 
 class RunLogger : public Callback {
  public:
-  // `reporter` null: the files only.
+  // `reporter` null: the files only. `run_dir` is made when missing; a new run (a fit from step 0)
+  // refuses a directory that holds an earlier run's records (run/run_dir.h: clear_run_dir).
   RunLogger(const std::string& run_dir, std::shared_ptr<Reporter> reporter = nullptr);
 
   void on_fit_start(Trainer& trainer, int64_t total_steps) override;
@@ -32,6 +35,7 @@ class RunLogger : public Callback {
   void on_fit_end(Trainer& trainer, const FitSummary& summary) override;
 
  private:
+  std::string metrics_path_;
   MetricsWriter metrics_;
   TensorBoardWriter events_;
   std::shared_ptr<Reporter> reporter_;

@@ -12,8 +12,8 @@
 //               GradScaler's flag stay on the device (optim/optimizer.h), so nothing in the step
 //               reads the host.
 //
-// train.cuda_graphs = "auto" captures where it applies and otherwise runs eager, saying why once;
-// "true" is then an error naming the reason; "false" is eager. capture_blocker() names the reason.
+// TrainOptions::cuda_graphs chooses; where a blocker applies, capturing is an Error naming it
+// (capture_blocker). train.cuda_graphs = "auto" (the run layer) captures where nothing blocks.
 #include <torch/types.h>
 
 #include <memory>
@@ -21,10 +21,34 @@
 #include <string>
 
 #include "fasttrain/data/batch_source.h"
+#include "fasttrain/data/loader.h"
+#include "fasttrain/optim/optimizer.h"
+#include "fasttrain/optim/schedule.h"
 
 namespace fasttrain {
 
-class Trainer;
+// What an engine runs: the trainer's step, in the pieces a captured step needs (the Trainer
+// implements it; nothing else needs it).
+class StepFunctions {
+ public:
+  virtual ~StepFunctions() = default;
+  virtual torch::Device device() const = 0;
+  // Forward, the task's loss / window_size, scaled backward (gradients accumulate); the window's loss
+  // adds it. `ends_window`: data parallel runs communicate the gradients in this backward.
+  virtual torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window) = 0;
+  // Unscale, clip, the optimizer at `lr` (skipped on inf/NaN), the scale's update, gradients to None
+  // unless `keep_gradients` (a captured step keeps the graph's buffers), EMA, the window's loss into the
+  // loss tracker; the host's and the device's step counts + 1.
+  virtual void optimizer_step(const torch::Tensor& lr, bool keep_gradients) = 0;
+  // The LR of the next step from the schedule's table on the device: at the host's step count (a view),
+  // or at the device's step counter (an index kernel a graph can capture).
+  virtual torch::Tensor next_lr() const = 0;
+  virtual torch::Tensor next_lr_on_device() const = 0;
+  // The host's side of a step a graph replayed: the step count, the EMA's counters.
+  virtual void count_replayed_step() = 0;
+  // Every gradient to None (before a capture allocates them in the graph's memory pool).
+  virtual void drop_gradients() = 0;
+};
 
 class StepEngine {
  public:
@@ -57,20 +81,14 @@ struct CaptureFacts {
 // Why the step cannot be captured under `facts` (nullopt: it can).
 std::optional<std::string> capture_blocker(const CaptureFacts& facts);
 
-// train.cuda_graphs ("auto" | "true" | "false") for `facts`: whether to capture, and the reason
-// when "auto" runs eager (empty when it captures or the setting is "false"). "true" where a
-// blocker applies is a ConfigError naming it.
-struct EngineChoice {
-  bool capture = false;
-  std::string reason;
-};
-EngineChoice choose_engine(const std::string& cuda_graphs, const CaptureFacts& facts);
-// A ConfigError unless `cuda_graphs` is "auto", "true" or "false".
-void check_cuda_graphs(const std::string& cuda_graphs);
+// The facts of a trainer's pieces: `ema_every` is ema.every (nullopt without EMA).
+CaptureFacts capture_facts(const torch::Device& device, bool distributed, const DataLoader& train,
+                           int64_t accumulation, const Schedule* schedule, const Optimizer& optimizer,
+                           std::optional<int64_t> ema_every, bool detect_anomaly);
 
-std::unique_ptr<StepEngine> make_eager_engine(Trainer& trainer);
+std::unique_ptr<StepEngine> make_eager_engine(StepFunctions& step);
 // The captured engine (CUDA builds only; elsewhere an Error): captures at its first window.
 // `warmup_steps` eager steps run first on a side stream, as CUDA graph capture requires.
-std::unique_ptr<StepEngine> make_cuda_graph_engine(Trainer& trainer, int warmup_steps = 3);
+std::unique_ptr<StepEngine> make_cuda_graph_engine(StepFunctions& step, int warmup_steps = 3);
 
 }  // namespace fasttrain

@@ -1,19 +1,27 @@
 #pragma once
-// Trainer: the training loop of fasttrain, built only on public pieces (DataLoader, Model,
-// optimizer, Schedule, Ema, clip_grad_norm) so it can be copied and adapted.
+// Trainer: the training loop of fasttrain, built only on public pieces (DataLoader, Model, Task,
+// optimizer, Schedule, Ema, clip_grad_norm) so it can be copied and adapted. It trains any module on
+// any batch with any loss: the Model says how a batch enters the module, the Task what the loss of its
+// output is and how evaluation scores it.
 //
-//   auto schedule = fasttrain::make_schedule(schedule_options, lr, momentum,
+//   fasttrain::Model model(MyNet());                                // on the device it trains on
+//   auto task = std::make_shared<fasttrain::RegressionTask>();
+//   auto optimizer = fasttrain::make_optimizer(model.module().named_parameters(),
+//                                              fasttrain::OptimizerOptions("adamw").lr(1e-3));
+//   auto options = fasttrain::TrainOptions().epochs(3).precision(torch::kBFloat16).target("rmse <= 0.5");
+//   auto schedule = fasttrain::make_schedule(fasttrain::ScheduleOptions("one-cycle"), 1e-3, 0.9,
 //                                            fasttrain::planned_steps(options, loader.batches_per_epoch()));
-//   fasttrain::Trainer trainer(model, std::move(optimizer), std::move(schedule), options, device);
+//   fasttrain::Trainer trainer(model, task, std::move(optimizer), std::move(schedule), options);
 //   trainer.enable_ema(fasttrain::EmaOptions(0.999));
-//   trainer.add_callback(std::make_shared<MyCallback>());
+//   trainer.add_callback(std::make_shared<fasttrain::RunLogger>("runs/mine"));
 //   fasttrain::FitSummary summary = trainer.fit(train_loader, &test_loader);
 //
-// Precision: forward and loss run under an AutocastGuard of train.precision; with fp16 the loss is
-// scaled by a GradScaler that skips steps whose gradients overflow (counted in skipped_steps).
+// The trainer runs where the model's parameters are. Precision: forward and loss run under an
+// AutocastGuard of options.precision(); with fp16 the loss is scaled by a GradScaler that skips steps
+// whose gradients overflow (counted in skipped_steps).
 //
 // Steps (train/step_engine.h): eager, or captured once in a CUDA graph and replayed
-// (train.cuda_graphs). Either way a step reads nothing back to the host: the LR comes from the
+// (options.cuda_graphs()). Either way a step reads nothing back to the host: the LR comes from the
 // schedule's table on the device, the optimizer and the GradScaler keep their counts there, and the
 // loss is summed there (train/loss_tracker.h) until a log step reads it.
 //
@@ -42,14 +50,15 @@
 
 #include "fasttrain/data/loader.h"
 #include "fasttrain/dist/data_parallel.h"
-#include "fasttrain/models/registry.h"
+#include "fasttrain/models/model.h"
 #include "fasttrain/optim/ema.h"
+#include "fasttrain/optim/lr_finder.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/precision/grad_scaler.h"
-#include "fasttrain/profile/phases.h"
-#include "fasttrain/train/loss_tracker.h"
+#include "fasttrain/task/task.h"
 #include "fasttrain/train/options.h"
+#include "fasttrain/train/phases.h"
 #include "fasttrain/train/step_engine.h"
 #include "fasttrain/util/arg.h"
 
@@ -57,6 +66,7 @@ namespace fasttrain {
 
 class CheckpointWriter;
 class FitSession;
+class LossTracker;
 class SafetensorsFile;
 
 // What a log interval measured.
@@ -65,7 +75,7 @@ struct StepRecord {
   int64_t epoch = 0;
   double loss = 0;  // mean training loss over the interval
   double lr = 0;
-  double grad_norm = 0;           // last step's pre-clip global norm (0 when clipping is off)
+  std::optional<double> grad_norm;  // last step's pre-clip global norm (measured only with clipping)
   double samples_per_s = 0;       // over the interval
   double data_wait_fraction = 0;  // of the interval's wall time
   double elapsed_s = 0;
@@ -73,12 +83,8 @@ struct StepRecord {
 };
 
 struct EvalResult {
-  double loss = 0;      // mean over the counted targets (images, or real tokens)
-  double accuracy = 0;  // of the argmax (text: the next byte)
-  int64_t samples = 0;  // targets counted: images, or tokens that are not padding
-  // Text: the loss in bits per byte of raw text (loss / ln 2 / bytes per token), the
-  // tokenizer-independent figure language models are compared by.
-  std::optional<double> bits_per_byte;
+  Metrics metrics;      // the task's: loss, accuracy, rmse, bits_per_byte, ...
+  int64_t samples = 0;  // what the batches count (Batch::count): images, rows, tokens that are not padding
 };
 
 struct EvalRecord {
@@ -90,10 +96,12 @@ struct EvalRecord {
 };
 
 struct FitSummary {
-  double test_accuracy = 0;
-  double best_test_accuracy = 0;
+  Metrics test;       // the run's last evaluation (none when it evaluated nothing)
+  Metrics best_test;  // each metric's best value over the run's evaluations (Task::higher_is_better)
   double wall_s = 0;
-  std::optional<double> time_to_target_s;
+  std::optional<Target> target;
+  std::optional<double> time_to_target_s;  // the first crossing of the target, and its step
+  std::optional<int64_t> step_at_target;
   double train_samples_per_s = 0;
   int64_t steps = 0;
   int64_t skipped_steps = 0;
@@ -101,8 +109,6 @@ struct FitSummary {
   // Of the target slots trained on this session, the fraction that were padding (text documents
   // batched by token count; 0 for images and windows).
   double padding_fraction = 0;
-  // This session's last evaluation (test_loss, test_bits_per_byte in JSON; null if none ran).
-  std::optional<EvalResult> last_eval;
   // The most tensor bytes alive at once during this fit() (the device allocator's peak: the
   // counting CPU allocator fit() installs, or CUDA's caching allocator), and the process's peak
   // resident set (everything: LibTorch, the dataset, the loader's queue).
@@ -121,17 +127,23 @@ struct FitSummary {
   // optimizer_state_bytes (this rank), ddp_timings_ns (DDP's sampled backward compute and
   // communication times and their overlap). Null in one process.
   nlohmann::json dist;
+  // summary.json: the metrics as test_<metric> and best_test_<metric>, the rest by field name.
   nlohmann::json to_json() const;
+  // The closing statement of a run: the target reached or not (step, time), the last metrics.
+  std::string describe() const;
 };
 
+// [checkpoint] keys, and where the checkpoints go.
 struct RunCheckpointOptions {
-  explicit RunCheckpointOptions(std::string root) : root_(std::move(root)) {}
+  FT_KEYS(RunCheckpointOptions);
+  explicit RunCheckpointOptions(std::string root = "") : root_(std::move(root)) {}
   // The directory of step-N checkpoints (a run's <run dir>/checkpoints).
   FT_ARG(std::string, root);
-  // Optimizer steps between checkpoints; 0 = only at the end of fit() and on a stop.
-  FT_ARG(int64_t, every_steps) = 0;
-  // Newest checkpoints kept, >= 2.
-  FT_ARG(int, keep) = 3;
+  FT_KEY(int64_t, every_steps,
+         "Save the run state every N optimizer steps (0 = only at the end and on SIGINT/SIGTERM)", at_least(0),
+         KeyTrait::kNeutral) = 0;
+  FT_KEY(int, keep, "Newest checkpoints kept (>= 2: if the newest is damaged, the one before it resumes)",
+         at_least(2), KeyTrait::kNeutral) = 3;
   // Stored in each checkpoint: the effective config (config.toml) and its training_fingerprint; a
   // checkpoint with another fingerprint does not load.
   FT_ARG(std::string, config_toml) = "";
@@ -146,9 +158,10 @@ struct TrainProgress {
   int64_t samples_seen = 0;
   double elapsed_s = 0;  // wall time of fit() so far, earlier sessions included
   double eval_s = 0;     // of which evaluation
-  double test_accuracy = 0;
-  double best_test_accuracy = 0;
+  Metrics metrics;       // the last evaluation's
+  Metrics best;          // each metric's best so far
   std::optional<double> time_to_target_s;
+  std::optional<int64_t> step_at_target;
   bool target_stop = false;  // stop_at_target fired
   nlohmann::json to_json() const;
   static TrainProgress from_json(const nlohmann::json& json);
@@ -174,11 +187,13 @@ class Callback {
 // Optimizer steps of a run: max_steps when set, else epochs x ceil(batches / accumulation).
 int64_t planned_steps(const TrainOptions& options, int64_t batches_per_epoch);
 
-class Trainer {
+class Trainer : private StepFunctions {
  public:
-  Trainer(std::shared_ptr<Model> model, std::unique_ptr<Optimizer> optimizer, std::unique_ptr<Schedule> schedule,
-          TrainOptions options, torch::Device device);
-  ~Trainer();
+  // `task`: the loss and metrics (task/tasks.h has the built-in ones). `schedule` may be null: a
+  // constant LR, the optimizer's optim.lr. The options' rules are checked here (ConfigError).
+  Trainer(Model model, std::shared_ptr<Task> task, std::unique_ptr<Optimizer> optimizer,
+          std::unique_ptr<Schedule> schedule, TrainOptions options);
+  ~Trainer() override;
 
   void enable_ema(const EmaOptions& options);
   // Trains as one rank of `group` (see the top of this file). Before fit(), load_checkpoint() and
@@ -188,8 +203,8 @@ class Trainer {
   int world_size() const { return parallel_ ? parallel_->world_size() : 1; }
   int rank() const { return parallel_ ? parallel_->rank() : 0; }
   void add_callback(std::shared_ptr<Callback> callback);
-  // The log interval of on_log callbacks, in optimizer steps.
-  void set_log_every(int64_t steps);
+  // [log]: the interval of on_log callbacks, in optimizer steps.
+  void set_logging(const LogOptions& options);
 
   // Trains on `train` until the planned steps (or the target, with stop_at_target, or a stop
   // request); evaluates on `test` (may be null) at each epoch end and every eval_every_steps.
@@ -213,28 +228,15 @@ class Trainer {
   // Wall seconds the last save_checkpoint() took (checks, files, fsyncs, commit, prune).
   double last_checkpoint_seconds() const { return last_checkpoint_seconds_; }
 
-  // Mean loss and accuracy on `loader`, in eval mode without gradients, with the EMA weights when
-  // EMA is enabled. The model's mode and weights are as before afterwards.
+  // The task's metrics on `loader`, in eval mode without gradients, with the EMA weights when EMA is
+  // enabled; one host read. The model's mode and weights are as before afterwards.
   EvalResult evaluate(DataLoader& loader);
 
-  // ---- the training step: what both engines run, and find-lr ----
-  // One optimizer step over `micro_batches` (the accumulation window) at learning rate `lr` (0-dim
-  // on the device). Returns the window's mean loss (0-dim, no sync).
-  torch::Tensor train_step(const std::vector<Batch>& micro_batches, const torch::Tensor& lr);
-  // Forward, loss / window_size, scaled backward (gradients accumulate); the loss is added to the
-  // window's (window_loss()). Returns the loss divided by window_size (0-dim, detached, no sync).
-  // `ends_window`: data parallel runs communicate the gradients in this backward (the others of
-  // the window accumulate locally, DDP's no_sync).
-  torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window = true);
-  // Unscale, clip, the optimizer at `lr` (skipped on inf/NaN), the scale's update, gradients to None
-  // unless `keep_gradients` (a captured step keeps the graph's gradient buffers), EMA, the
-  // window's loss into the loss tracker; step() + 1 and the device's step counter + 1.
-  void optimizer_step(const torch::Tensor& lr, bool keep_gradients = false);
-  // The LR of the optimizer step that follows `step` completed steps, from the schedule's table
-  // (0-dim view on the device). Before fit() the table covers `total_steps` given to plan_steps.
-  torch::Tensor scheduled_lr(int64_t step) const;
-  // Builds the LR table for a run of `total_steps` (fit() does it; find-lr needs none).
-  void plan_steps(int64_t total_steps);
+  // LR range test (optim/lr_finder.h): optimizer steps on `loader` at rising LRs, then everything the
+  // sweep changed put back (weights, buffers, optimizer state, EMA, the scaler, step counts, progress,
+  // random generators): a fit() afterwards trains as if the sweep had not run.
+  LrFinderResult find_lr(DataLoader& loader, const LrFinderOptions& options);
+
   // Allocator warm-up (memory.warmup): one forward and backward on `batch`, the largest shape the run
   // will see, then the gradients back to None and the buffers (BatchNorm statistics) and random
   // generators as they were. Training afterwards is bit-identical to training without it, but the
@@ -242,19 +244,16 @@ class Trainer {
   // smaller shapes that follow from them instead of fragmenting. Only between optimizer steps.
   void warm_up(const Batch& batch);
 
-  Model& model() { return *model_; }
+  const Model& model() const { return model_; }
+  Task& task() { return *task_; }
   Optimizer& optimizer() { return *optimizer_; }
   GradScaler& scaler() { return scaler_; }
   Ema* ema() { return ema_.get(); }  // null without enable_ema
   int64_t step() const { return step_; }
   const TrainOptions& options() const { return options_; }
-  torch::Device device() const { return device_; }
-  // The engine fit() runs ("eager" or "cuda_graph") and, where train.cuda_graphs = "auto" fell back
-  // to eager, why; both are set before the on_fit_start callbacks run, which report them.
+  torch::Device device() const override { return device_; }
+  // The engine fit() runs: "eager" or "cuda_graph" (set before the on_fit_start callbacks run).
   const char* engine_name() const { return engine_ ? engine_->name() : "eager"; }
-  const std::string& engine_reason() const { return engine_reason_; }
-  // What decides whether this trainer's step can be captured, for `loader` (train.cuda_graphs).
-  CaptureFacts capture_facts(const DataLoader& loader) const;
   // The time the step functions spent in forward, backward and optimizer so far; fit()'s records
   // and summary add data wait, host-to-device copies and "other" from the loader and its clock.
   const StepPhases& phases() const { return phases_; }
@@ -263,21 +262,32 @@ class Trainer {
 
  private:
   friend class FitSession;
-  friend class CudaGraphEngine;
+  struct Snapshot;
 
+  // ---- the step (StepFunctions): what both engines run ----
+  torch::Tensor backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window) override;
+  void optimizer_step(const torch::Tensor& lr, bool keep_gradients) override;
+  torch::Tensor next_lr() const override;
+  torch::Tensor next_lr_on_device() const override;
+  void count_replayed_step() override;
+  void drop_gradients() override { optimizer_->zero_grad(); }
+
+  // The autocast forward and the task's loss (0-dim fp32, no host reads).
   torch::Tensor loss_of(const Batch& batch);
+  // One optimizer step over `micro_batches` at `lr` (0-dim on the device); the window's mean loss.
+  torch::Tensor train_step(const std::vector<Batch>& micro_batches, const torch::Tensor& lr);
+  // Builds the LR table for a run of `total_steps` (fit() does it).
+  void plan_steps(int64_t total_steps);
   // `value` averaged over the ranks (one all-reduce; `value` itself in one process).
   double mean_over_ranks(double value);
   // The tensors the optimizer steps, by the names its checkpoint uses: the model's parameters, or
   // under ZeRO this rank's parts.
   torch::OrderedDict<std::string, torch::Tensor> optimizer_parameters() const;
-  // The engine train.cuda_graphs asks for, for `loader`.
+  // The engine options.cuda_graphs() asks for, for `loader` (an Error where a capture is blocked).
   void choose_engine(const DataLoader& loader);
   // Feeds the micro-batches of the current window to the engine; false when a stop was requested
   // inside the window (one process, eager: the gradients so far are kept for the checkpoint).
   bool feed_window(DataLoader& train, int64_t batches_per_epoch, FitSession& session);
-  // The host's side of a step replayed by a CUDA graph: step() + 1, the EMA's counters.
-  void count_replayed_step();
   // Host check of the losses since the last one (one sync): an error naming the first non-finite
   // step. With fp16 a GradScaler skips such steps instead.
   void check_losses_finite();
@@ -291,29 +301,29 @@ class Trainer {
   // No gradients and no window loss, or those of the accumulation window a checkpoint stopped inside.
   void restore_window(const std::optional<SafetensorsFile>& window_file);
 
-  std::shared_ptr<Model> model_;
+  Model model_;
+  std::shared_ptr<Task> task_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<Schedule> schedule_;
   TrainOptions options_;
+  std::optional<Target> target_;
   torch::Device device_;
-  torch::ScalarType precision_;  // autocast dtype; kFloat = off
-  GradScaler scaler_;            // enabled for fp16 only: bf16 has fp32's exponent range
+  GradScaler scaler_;  // enabled for fp16 only: bf16 has fp32's exponent range
   std::unique_ptr<Ema> ema_;
   std::vector<std::shared_ptr<Callback>> callbacks_;
   std::vector<torch::Tensor> parameters_;
   std::unique_ptr<DataParallel> parallel_;
   std::vector<torch::Tensor> clip_parameters_;  // what the optimizer steps: parameters_, or ZeRO's part
   torch::Tensor last_grad_norm_;
-  int64_t log_every_ = 50;
+  int64_t log_every_ = LogOptions().every_steps();
   int64_t step_ = 0;
 
   // ---- the step's device state ----
   std::unique_ptr<LrTable> lr_table_;
   torch::Tensor device_step_;  // 0-dim int64: step_ on the device (a captured step's LR index)
   torch::Tensor window_loss_;  // 0-dim fp32: the current window's loss so far
-  LossTracker losses_;
+  std::unique_ptr<LossTracker> losses_;
   std::unique_ptr<StepEngine> engine_;
-  std::string engine_reason_;
 
   TrainProgress progress_;
   StepPhases phases_;

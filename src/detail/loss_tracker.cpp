@@ -1,4 +1,4 @@
-#include "fasttrain/train/loss_tracker.h"
+#include "fasttrain/detail/loss_tracker.h"
 
 #include <torch/torch.h>
 

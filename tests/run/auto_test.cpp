@@ -1,5 +1,5 @@
 // What "auto" chooses on hardware the tests do not run on: each Hardware is built by hand.
-#include "fasttrain/config/auto.h"
+#include "fasttrain/run/auto.h"
 
 #include <gtest/gtest.h>
 

@@ -12,7 +12,8 @@
 //
 //   fasttrain::Config config = fasttrain::load_config("configs/default.toml");
 //   config.memory.budget("2GiB");
-//   fasttrain::BatchFinderResult result = fasttrain::find_batch_size(config);
+//   fasttrain::RunBuilder builder;                   // or a program's own (run/run.h)
+//   fasttrain::BatchFinderResult result = fasttrain::find_batch_size(builder, config);
 //   std::cout << result.table();    // every size tried: fits, peak bytes, samples/s
 //   config.data.batch_size(result.batch_size);
 #include <cstdint>
@@ -22,14 +23,17 @@
 
 #include "fasttrain/config/config.h"
 #include "fasttrain/log/reporter.h"
+#include "fasttrain/run/measure.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/arg.h"
 
 namespace fasttrain {
 
 struct BatchFinderOptions {
-  // Optimizer steps per trial: the first allocates the optimizer state, the rest reach the peak
-  // and time the step (samples/s is the median of steps 2..n).
-  FT_ARG(int64_t, steps) = 4;
+  // Optimizer steps per trial (measure.steps(), at least 2): the first allocates the optimizer state,
+  // the rest reach the peak and time the step (samples/s is the median of steps 2..n). The reporter
+  // hears each trial as it finishes.
+  FT_ARG(MeasureOptions, measure) = MeasureOptions().steps(4);
   // The first size tried.
   FT_ARG(int64_t, start) = 16;
   // Stop bisecting when the gap between the largest fit and the smallest failure is at most this
@@ -37,8 +41,6 @@ struct BatchFinderOptions {
   FT_ARG(double, tolerance) = 0.05;
   // The largest size tried (0 = the training set's size).
   FT_ARG(int64_t, max_batch) = 0;
-  // Hears each trial as it finishes (null: nothing said).
-  FT_ARG(std::shared_ptr<Reporter>, reporter) = nullptr;
 };
 
 struct BatchTrial {
@@ -58,14 +60,15 @@ struct BatchFinderResult {
   std::string table() const;
 };
 
-// Searches with `config`'s model, data, optimizer and precision. CPU needs memory.budget (the CPU
-// has no memory limit of its own to run into); a batch of 1 that does not fit is an error saying
-// how much the run holds without activations. Other errors of a trial propagate.
-BatchFinderResult find_batch_size(const Config& config,
+// Searches with `config`'s run (`builder`'s model and data, the config's optimizer and precision). CPU
+// needs memory.budget (the CPU has no memory limit of its own to run into); a batch of 1 that does not
+// fit is an error saying how much the run holds without activations. Other errors of a trial propagate.
+BatchFinderResult find_batch_size(RunBuilder& builder, const Config& config,
                                   const BatchFinderOptions& options = BatchFinderOptions());
 
 // `config` with data.batch_size = "auto" replaced by find_batch_size's answer (told to `reporter` with
 // its table); any other config is returned as it is.
-Config resolve_batch_size(const Config& config, const std::shared_ptr<Reporter>& reporter = nullptr);
+Config resolve_batch_size(RunBuilder& builder, const Config& config,
+                          const std::shared_ptr<Reporter>& reporter = nullptr);
 
 }  // namespace fasttrain

@@ -1,9 +1,10 @@
-#include "fasttrain/config/auto.h"
+#include "fasttrain/run/auto.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 
+#include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 
 namespace fasttrain {
@@ -25,35 +26,33 @@ AutoChoice auto_precision(const Hardware& hardware) {
           "slower than fp32"};
 }
 
-namespace {
-
-// Where the bulk of a model's fp32 work runs on a CPU: a conv net's convolutions in oneDNN on the
-// OpenMP (intra-op) threads, an mlp's or gpt's matmuls in the BLAS.
-bool matmul_model(const std::string& model) {
-  return model == "mlp" || model == "gpt";
-}
-
 // train.threads and train.blas_threads = "auto" on a CPU. Where OpenBLAS runs fp32 matmuls in a
 // pool of its own, both pools on every core spin against each other (BENCHMARKS.md "Hardware-aware
 // defaults": the main job 3.9k samples/s at 2 + 2 threads, 5.7k at 2 + 1; the gpt 7.2k tokens/s at
 // 2 + 2, 15.1k at 1 + 2): the pool that runs the model's bulk gets the cores, the other one thread.
-void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing) {
-  TrainOptions& train = resolved.config.train;
+// The bulk: a conv net's convolutions run in oneDNN on the OpenMP (intra-op) threads, the matmuls of a
+// model without convolutions in the BLAS.
+void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing, bool convolutions) {
+  TrainConfig& train = resolved.config.train;
   const int share = std::max(1, hardware.physical_cores / std::max(1, processes_sharing));
+  if (!hardware.device.is_cpu()) {  // the GPU computes: the host's threads and the BLAS pool as they come
+    if (train.threads() == 0) train.threads(share);
+    if (train.blas_threads() == -1) train.blas_threads(0);
+    return;
+  }
   const std::string cores =
       processes_sharing > 1 ? fmt::format("this rank's share of the {} physical cores ({} ranks here)",
                                           hardware.physical_cores, processes_sharing)
                             : fmt::format("one per physical core ({})", hardware.physical_cores);
   const bool pools_compete = hardware.openblas_pool && train.precision() == "fp32";
-  const bool bulk_in_blas = pools_compete && matmul_model(resolved.config.model.name());
+  const bool bulk_in_blas = pools_compete && !convolutions;
   if (train.threads() == 0) {
     const int threads = bulk_in_blas ? 1 : share;
     train.threads(threads);
     resolved.choices.push_back(
         {"train.threads", std::to_string(threads),
-         bulk_in_blas ? fmt::format("{}'s fp32 matmuls run in OpenBLAS's own pool, which gets the cores; "
-                                    "more OpenMP threads would spin against it",
-                                    resolved.config.model.name())
+         bulk_in_blas ? std::string("the model has no convolutions: its fp32 matmuls run in OpenBLAS's own "
+                                    "pool, which gets the cores; more OpenMP threads would spin against it")
                       : cores});
   }
   if (train.blas_threads() == -1) {
@@ -66,18 +65,14 @@ void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int pro
       train.blas_threads(1);
       resolved.choices.push_back(
           {"train.blas_threads", "1",
-           fmt::format("{}'s convolutions run on the OpenMP threads; OpenBLAS's pool runs only the small "
-                       "fp32 matmuls and, on every core, would spin against them",
-                       resolved.config.model.name())});
+           "the model's convolutions run on the OpenMP threads; OpenBLAS's pool runs only the small fp32 "
+           "matmuls and, on every core, would spin against them"});
     }
   }
 }
 
-}  // namespace
-
-AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int processes_sharing) {
-  AutoResolution resolved{config, {}, {}};
-  TrainOptions& train = resolved.config.train;
+void resolve_precision(AutoResolution& resolved, const Hardware& hardware) {
+  TrainConfig& train = resolved.config.train;
   if (train.precision() == "auto") {
     AutoChoice precision = auto_precision(hardware);
     train.precision(precision.value);
@@ -88,12 +83,23 @@ AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int 
         "op is emulated, 16x slower than fp32 for the main job on an AVX2 CPU (BENCHMARKS.md "
         "\"Hardware-aware defaults\"); set train.precision = \"auto\" or \"fp32\"");
   }
-  if (hardware.device.is_cpu()) {
-    resolve_threads(resolved, hardware, processes_sharing);
-  } else if (train.blas_threads() == -1) {
-    train.blas_threads(0);  // the GPU computes; the BLAS pool stays as the library set it
-  }
+}
+
+AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int processes_sharing,
+                            bool convolutions) {
+  AutoResolution resolved{config, {}, {}};
+  resolve_precision(resolved, hardware);
+  resolve_threads(resolved, hardware, processes_sharing, convolutions);
   return resolved;
+}
+
+EngineChoice choose_engine(const std::string& cuda_graphs, const CaptureFacts& facts) {
+  if (cuda_graphs == "false") return {};
+  const auto blocker = capture_blocker(facts);
+  FT_CONFIG_CHECK(cuda_graphs != "true" || !blocker, "train.cuda_graphs = true, but the step cannot be captured: {}",
+                  blocker.value_or(""));
+  if (blocker) return {false, *blocker};
+  return {true, ""};
 }
 
 }  // namespace fasttrain

@@ -1,8 +1,8 @@
-#include "fasttrain/profile/trace_recorder.h"
+#include "fasttrain/detail/trace_recorder.h"
 
 #include <torch/csrc/autograd/profiler_legacy.h>
 
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 #if FASTTRAIN_HAS_KINETO
 #include <torch/csrc/autograd/profiler_kineto.h>
 #endif

@@ -1,4 +1,4 @@
-#include "fasttrain/profile/phases.h"
+#include "fasttrain/train/phases.h"
 
 namespace fasttrain {
 

@@ -1,4 +1,4 @@
-#include "fasttrain/dist/flat_buffer.h"
+#include "fasttrain/detail/flat_buffer.h"
 
 #include <torch/torch.h>
 

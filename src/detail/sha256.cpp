@@ -1,4 +1,4 @@
-#include "fasttrain/state/sha256.h"
+#include "fasttrain/detail/sha256.h"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "fasttrain/state/file_io.h"
+#include "fasttrain/detail/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,10 +1,10 @@
-#include "fasttrain/train/batch_finder.h"
+#include "fasttrain/run/batch_finder.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include "fasttrain/memory/stats.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 

@@ -1,4 +1,4 @@
-#include "fasttrain/util/tensor_guard.h"
+#include "fasttrain/detail/tensor_guard.h"
 
 #include <torch/torch.h>
 

@@ -1,4 +1,4 @@
-#include "fasttrain/train/batch_finder.h"
+#include "fasttrain/run/batch_finder.h"
 
 #include <torch/torch.h>
 
@@ -7,10 +7,10 @@
 #include <optional>
 
 #include "fasttrain/memory/stats.h"
-#include "fasttrain/train/run.h"
+#include "fasttrain/run/run.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/util/compat.h"
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/util/device.h"
 
 namespace fasttrain {
@@ -33,10 +33,11 @@ class TrialSteps : public Callback {
 };
 
 void validate(const BatchFinderOptions& options) {
-  FT_CONFIG_CHECK(options.steps() >= 2,
+  check_measure_options(options.measure(), "find-batch");
+  FT_CONFIG_CHECK(options.measure().steps() >= 2,
                   "find-batch --steps must be >= 2 (the first step allocates the "
                   "optimizer state, the peak comes after it), got {}",
-                  options.steps());
+                  options.measure().steps());
   FT_CONFIG_CHECK(options.start() >= 1, "find-batch --start must be >= 1, got {}", options.start());
   FT_CONFIG_CHECK(options.tolerance() > 0 && options.tolerance() < 1,
                   "find-batch --tolerance must be in (0, 1), got {}", options.tolerance());
@@ -45,25 +46,25 @@ void validate(const BatchFinderOptions& options) {
 
 // One trial: what the run does at `batch_size` (steps through the real loader, then an evaluation),
 // under the budget on CPU.
-BatchTrial run_trial(const Config& base, const ImageSplits& data, int64_t batch_size,
-                     const BatchFinderOptions& options, int64_t budget_bytes) {
+BatchTrial run_trial(RunBuilder& builder, const Config& base, int64_t batch_size, const BatchFinderOptions& options,
+                     int64_t budget_bytes) {
   Config config = base;
   config.data.batch_size(batch_size);
-  config.train.eval_every_steps(0).stop_at_target(false);
+  config.train.options.eval_every_steps(0).stop_at_target(false);
   config.log.every_steps(1);
   BatchTrial trial;
   trial.batch_size = batch_size;
   const auto start = std::chrono::steady_clock::now();
   try {
-    Experiment experiment = Experiment::build(config, /*reporter=*/nullptr, &data);
+    Run run = build_run(builder, config);
     std::optional<CpuMemoryLimit> limit;
-    if (experiment.device.is_cpu()) limit.emplace(budget_bytes);
-    auto trainer = experiment.make_trainer();
-    auto rates = std::make_shared<TrialSteps>(options.steps());
+    if (run.device.is_cpu()) limit.emplace(budget_bytes);
+    auto trainer = run.make_trainer();
+    auto rates = std::make_shared<TrialSteps>(options.measure().steps());
     trainer->add_callback(rates);
-    trainer->fit(*experiment.train_loader, nullptr);  // resets the peak at its start
-    trainer->evaluate(*experiment.test_loader);
-    trial.peak_bytes = memory_stats(experiment.device).peak_allocated_bytes;
+    trainer->fit(*run.train_loader, nullptr);  // resets the peak at its start
+    if (run.test_loader) trainer->evaluate(*run.test_loader);
+    trial.peak_bytes = memory_stats(run.device).peak_allocated_bytes;
     trial.fits = budget_bytes == 0 || trial.peak_bytes <= budget_bytes;
     std::vector<double> after_first(rates->rates.begin() + std::min<size_t>(1, rates->rates.size()),
                                     rates->rates.end());
@@ -82,9 +83,8 @@ BatchTrial run_trial(const Config& base, const ImageSplits& data, int64_t batch_
 
 }  // namespace
 
-BatchFinderResult find_batch_size(const Config& config, const BatchFinderOptions& options) {
+BatchFinderResult find_batch_size(RunBuilder& builder, const Config& config, const BatchFinderOptions& options) {
   validate(options);
-  validate(config);
   BatchFinderResult result;
   const torch::Device device = parse_device(config.train.device());
   result.device = device.str();
@@ -94,16 +94,20 @@ BatchFinderResult find_batch_size(const Config& config, const BatchFinderOptions
                   "memory limit of its own to search against");
   if (device.is_cpu()) track_cpu_allocations();  // before the data, so that it is counted too
 
-  const ImageSplits data = load_image_dataset(config.data.dataset(), config.data.resolved_path());
-  const int64_t train_size = config.data.train_limit() > 0 ? config.data.train_limit() : data.train.size();
+  const DataSplits data = builder.data(config);
+  FT_CONFIG_CHECK(!data.train->batch_plan(0, false, 0),
+                  "data.batch_size = \"auto\" searches batches of data.batch_size samples, but {} groups its own "
+                  "batches (a token budget such as data.max_tokens): size those instead",
+                  data.train->describe());
+  const int64_t train_size = data.train->size();
   const int64_t largest = options.max_batch() > 0 ? std::min(options.max_batch(), train_size) : train_size;
 
   auto fits = [&](int64_t batch_size) {
-    BatchTrial trial = run_trial(config, data, batch_size, options, result.budget_bytes);
+    BatchTrial trial = run_trial(builder, config, batch_size, options, result.budget_bytes);
     const std::string measured = trial.fits ? fmt::format(", peak {}, {:.0f} samples/s",
                                                           format_bytes(trial.peak_bytes), trial.samples_per_s)
                                             : "";
-    reporter_or_quiet(options.reporter())
+    reporter_or_quiet(options.measure().reporter())
         .note(fmt::format("find-batch: {:>6} {}{} ({:.1f} s)", batch_size,
                           trial.fits ? "fits" : "does not fit", measured, trial.seconds));
     result.trials.push_back(trial);
@@ -156,10 +160,11 @@ std::string BatchFinderResult::table() const {
   return out;
 }
 
-Config resolve_batch_size(const Config& config, const std::shared_ptr<Reporter>& reporter) {
+Config resolve_batch_size(RunBuilder& builder, const Config& config, const std::shared_ptr<Reporter>& reporter) {
   if (config.data.batch_size() != 0) return config;
   reporter_or_quiet(reporter).note("data.batch_size = \"auto\": searching for the largest batch that fits");
-  BatchFinderResult result = find_batch_size(config, BatchFinderOptions().reporter(reporter));
+  BatchFinderResult result =
+      find_batch_size(builder, config, BatchFinderOptions().measure(MeasureOptions().steps(4).reporter(reporter)));
   reporter_or_quiet(reporter).note("find-batch:\n" + result.table());
   Config resolved = config;
   resolved.data.batch_size(result.batch_size);
