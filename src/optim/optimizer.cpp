@@ -48,6 +48,7 @@ std::unique_ptr<Optimizer> make_optimizer(std::vector<ParamGroup> groups, const 
 
 std::unique_ptr<Optimizer> make_optimizer(
     const torch::OrderedDict<std::string, torch::Tensor>& named_parameters, const OptimizerOptions& options) {
+  check_keys(options, "optim");
   // Decaying biases and norm scales toward 0 only hurts (they set offsets and scales, not
   // capacity), so every parameter with dim <= 1 trains without weight decay.
   ParamGroup decay{{}, {}, options.weight_decay()}, no_decay{{}, {}, 0.0};

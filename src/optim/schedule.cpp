@@ -245,9 +245,10 @@ std::unique_ptr<Schedule> make_schedule(const ScheduleOptions& o, double max_lr,
   // The optimizer's own momentum: schedules that do not cycle momentum leave it as it is.
   FT_CONFIG_CHECK(finite(base_momentum) && base_momentum >= 0 && base_momentum < 1,
                   "schedule '{}': the optimizer momentum must be in [0, 1), got {}", o.name(), base_momentum);
-  FT_CONFIG_CHECK(o.max_momentum() >= o.base_momentum(),
-                  "schedule.max_momentum ({}) must be >= schedule.base_momentum ({})", o.max_momentum(),
-                  o.base_momentum());
+  // The momentum options are unused unless the schedule cycles momentum.
+  FT_CONFIG_CHECK(!o.cycle_momentum() || o.max_momentum() >= o.base_momentum(),
+                  "schedule.max_momentum must be >= schedule.base_momentum = {}, got {}", o.base_momentum(),
+                  o.max_momentum());
   return recipe(o, max_lr, total_steps);
 }
 

@@ -349,8 +349,13 @@ TEST(DataLoader, AutoWorkerCount) {
   const int count = auto_worker_count();
   EXPECT_GE(count, 1);
   EXPECT_LE(count, 4);
-  DataLoader loader(make_dataset(10), augmented(), LoaderOptions(2).workers(-1));
+  // The library's default: data.workers = "auto" is resolved by the run layer to the same count.
+  EXPECT_EQ(LoaderOptions(2).workers(), count);
+  DataLoader loader(make_dataset(10), augmented(), LoaderOptions(2));
   EXPECT_EQ(loader.workers(), count);
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([] { DataLoader(make_dataset(10), augmented(), LoaderOptions(2).workers(-1)); }),
+      {"data.workers", "-1"}));
 }
 
 TEST(DataLoader, MultiChannelImages) {

@@ -95,7 +95,7 @@ void expect_same(const RunResult& expected, const RunResult& actual, double tole
 }
 
 CheckpointPolicy blocks_policy() {
-  return CheckpointPolicy::parse(CheckpointOptions().mode("blocks"));
+  return CheckpointPolicy::blocks();
 }
 
 TEST(Checkpoint, MlpWithDropoutMatchesUncheckpointedGradients) {
@@ -135,7 +135,7 @@ TEST(Checkpoint, EveryKthBlockMatches) {
     RunResult expected = run(plain, x, CheckpointPolicy());
     for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
     expect_same(expected,
-                run(checkpointed, x, CheckpointPolicy::parse(CheckpointOptions().mode("every_k").every(k))));
+                run(checkpointed, x, CheckpointPolicy::parse("every_k", k)));
   }
 }
 
@@ -319,16 +319,16 @@ TEST(Checkpoint, BatchNormStatisticsAdvanceOncePerForward) {
 }
 
 TEST(CheckpointPolicy, ParsesModesAndNamesKeysInErrors) {
-  EXPECT_FALSE(CheckpointPolicy::parse(CheckpointOptions()).enabled());
-  CheckpointPolicy blocks = CheckpointPolicy::parse(CheckpointOptions().mode("blocks"));
+  EXPECT_FALSE(CheckpointPolicy::parse("none", 2).enabled());
+  CheckpointPolicy blocks = CheckpointPolicy::blocks();
   EXPECT_TRUE(blocks.applies(0) && blocks.applies(1) && blocks.applies(5));
-  CheckpointPolicy every3 = CheckpointPolicy::parse(CheckpointOptions().mode("every_k").every(3));
+  CheckpointPolicy every3 = CheckpointPolicy::parse("every_k", 3);
   EXPECT_TRUE(every3.applies(0));
   EXPECT_FALSE(every3.applies(1));
   EXPECT_FALSE(every3.applies(2));
   EXPECT_TRUE(every3.applies(3));
   try {
-    CheckpointPolicy::parse(CheckpointOptions().mode("all"));
+    CheckpointPolicy::parse("all", 2);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
     std::string message = error.what();
@@ -337,7 +337,7 @@ TEST(CheckpointPolicy, ParsesModesAndNamesKeysInErrors) {
         << message;
   }
   try {
-    CheckpointPolicy::parse(CheckpointOptions().mode("every_k").every(0));
+    CheckpointPolicy::parse("every_k", 0);
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
     EXPECT_NE(std::string(error.what()).find("memory.checkpoint_every"), std::string::npos) << error.what();
@@ -367,7 +367,7 @@ TEST(Checkpoint, PeakMemoryIsLowerForADeepModel) {
   };
   const int64_t unit = batch * width * 4;
   int64_t plain = peak_of(CheckpointPolicy());
-  int64_t every4 = peak_of(CheckpointPolicy::parse(CheckpointOptions().mode("every_k").every(4)));
+  int64_t every4 = peak_of(CheckpointPolicy::parse("every_k", 4));
   int64_t blocks = peak_of(blocks_policy());
   std::cout << "peak bytes, 16 blocks: none " << plain << " (" << plain / unit
             << " activation units), every_k=4 " << every4 << ", blocks " << blocks << " (" << blocks / unit

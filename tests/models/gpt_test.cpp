@@ -8,7 +8,7 @@
 #include "fasttrain/models/attention.h"
 #include "fasttrain/models/generate.h"
 #include "fasttrain/models/registry.h"
-#include "fasttrain/train/loss.h"
+#include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
 #include "support.h"
@@ -16,8 +16,19 @@
 namespace fasttrain {
 namespace {
 
-ModelOptions small_gpt() {
-  return ModelOptions("gpt").num_classes(256).layers(2).heads(2).embed(16).context(12);
+GptOptions small_gpt() {
+  return GptOptions().layers(2).heads(2).embed(16).context(12);
+}
+
+Model make_gpt(const GptOptions& options) {
+  return fasttrain::make_gpt(options, DataShape::tokens(options.context(), 256));
+}
+
+// The model's logits for `tokens` [B, T]: [B * T, 256].
+torch::Tensor logits_of(const Model& model, const torch::Tensor& tokens) {
+  Batch batch;
+  batch.inputs = tokens;
+  return model.forward(batch).tensor();
 }
 
 // softmax(q k^T / sqrt(D)) v over positions <= t, one (b, h, t) at a time.
@@ -78,27 +89,27 @@ TEST(Attention, FusedGeluMatchesTheFormulaAndItsGradient) {
 
 TEST(Gpt, PredictsEachPositionFromItsPastOnly) {
   torch::manual_seed(2);
-  auto model = make_model(small_gpt());
-  model->eval();
+  auto model = make_gpt(small_gpt());
+  model.module().eval();
   auto tokens = torch::randint(0, 256, {3, 12}, torch::kLong);
-  auto logits = model->forward(tokens).view({3, 12, 256});
-  EXPECT_EQ(model->forward(tokens).sizes(), (std::vector<int64_t>{36, 256}));
+  auto logits = logits_of(model, tokens).view({3, 12, 256});
+  EXPECT_EQ(logits_of(model, tokens).sizes(), (std::vector<int64_t>{36, 256}));
   auto changed = tokens.clone();
   changed.slice(1, 7).random_(0, 256);  // positions 7.. differ
-  auto changed_logits = model->forward(changed).view({3, 12, 256});
+  auto changed_logits = logits_of(model, changed).view({3, 12, 256});
   EXPECT_TRUE(torch::allclose(logits.slice(1, 0, 7), changed_logits.slice(1, 0, 7), 1e-5, 1e-6));
   EXPECT_FALSE(torch::allclose(logits.slice(1, 7), changed_logits.slice(1, 7), 1e-3, 1e-3));
 }
 
 TEST(Gpt, TiesTheOutputToTheTokenEmbedding) {
-  auto model = make_model(small_gpt());
+  auto model = make_gpt(small_gpt());
   // 256 x 16 token + 12 x 16 position embeddings, 2 blocks of (2 LayerNorms, qkv, proj, fc, proj), final
   // norm.
   const int64_t block = 2 * 2 * 16 + (16 * 48 + 48) + (16 * 16 + 16) + (16 * 64 + 64) + (64 * 16 + 16);
-  EXPECT_EQ(model->parameter_count(), 256 * 16 + 12 * 16 + 2 * block + 2 * 16);
+  EXPECT_EQ(model.parameter_count(), 256 * 16 + 12 * 16 + 2 * block + 2 * 16);
   auto tokens = torch::randint(0, 256, {2, 12}, torch::kLong);
-  model->forward(tokens).sum().backward();
-  for (const auto& item : model->named_parameters()) {
+  logits_of(model, tokens).sum().backward();
+  for (const auto& item : model.module().named_parameters()) {
     EXPECT_TRUE(item.value().grad().defined()) << item.key();
   }
 }
@@ -108,12 +119,12 @@ TEST(Gpt, CheckpointedBlocksMatchThePlainGradients) {
   auto targets = torch::randint(0, 256, {48}, torch::kLong);
   auto gradients = [&](const std::string& mode) {
     torch::manual_seed(4);
-    auto model = make_model(small_gpt().dropout(0.1));
-    model->set_checkpointing(CheckpointPolicy::parse(CheckpointOptions().mode(mode)));
+    auto model = make_gpt(small_gpt().dropout(0.1));
+    model.set_checkpointing(CheckpointPolicy::parse(mode, 2));
     torch::manual_seed(5);  // the same dropout masks
-    torch::nn::functional::cross_entropy(model->forward(tokens), targets).backward();
+    torch::nn::functional::cross_entropy(logits_of(model, tokens), targets).backward();
     std::vector<torch::Tensor> result;
-    for (const auto& p : model->parameters()) result.push_back(p.grad().clone());
+    for (const auto& p : model.module().parameters()) result.push_back(p.grad().clone());
     return result;
   };
   auto plain = gradients("none"), checkpointed = gradients("blocks");
@@ -124,8 +135,8 @@ TEST(Gpt, CheckpointedBlocksMatchThePlainGradients) {
 
 TEST(Gpt, LearnsARepeatingSequence) {
   torch::manual_seed(6);
-  auto model = make_model(small_gpt());
-  torch::optim::AdamW optimizer(model->parameters(), torch::optim::AdamWOptions(1e-2));
+  auto model = make_gpt(small_gpt());
+  torch::optim::AdamW optimizer(model.module().parameters(), torch::optim::AdamWOptions(1e-2));
   const std::string text = "abcdefg abcdefg abcdefg abcdefg ";
   auto stream = torch::tensor(std::vector<int64_t>(text.begin(), text.end()));
   double first = 0, last = 0;
@@ -138,7 +149,7 @@ TEST(Gpt, LearnsARepeatingSequence) {
       targets.push_back(stream.slice(0, s + 1, s + 13));
     }
     auto loss =
-        torch::nn::functional::cross_entropy(model->forward(torch::stack(inputs)), torch::cat(targets));
+        torch::nn::functional::cross_entropy(logits_of(model, torch::stack(inputs)), torch::cat(targets));
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
@@ -153,7 +164,7 @@ TEST(Gpt, LearnsARepeatingSequence) {
 // alone, and the padded loss (kIgnoreTarget) equals the loss of the sequences without padding.
 TEST(Gpt, RightPaddingChangesNoRealPositionOrTheLoss) {
   torch::manual_seed(9);
-  auto model = make_model(small_gpt());
+  auto model = make_gpt(small_gpt());
   const std::vector<int64_t> lengths = {12, 5, 9};
   auto batch = torch::zeros({3, 12}, torch::kLong);                   // [B, T], padding 0
   auto targets = torch::full({3 * 12}, kIgnoreTarget, torch::kLong);  // [B * T]
@@ -162,10 +173,10 @@ TEST(Gpt, RightPaddingChangesNoRealPositionOrTheLoss) {
     auto tokens = torch::randint(1, 256, {lengths[b] + 1}, torch::kLong);
     batch[b].slice(0, 0, lengths[b]).copy_(tokens.slice(0, 0, lengths[b]));
     targets.slice(0, b * 12, b * 12 + lengths[b]).copy_(tokens.slice(0, 1));
-    alone_logits.push_back(model->forward(tokens.slice(0, 0, lengths[b]).unsqueeze(0)));  // [L, V]
+    alone_logits.push_back(logits_of(model, tokens.slice(0, 0, lengths[b]).unsqueeze(0)));  // [L, V]
     alone_targets.push_back(tokens.slice(0, 1));
   }
-  auto padded_logits = model->forward(batch);  // [B * T, V]
+  auto padded_logits = logits_of(model, batch);  // [B * T, V]
   for (int64_t b = 0; b < 3; ++b) {
     EXPECT_TRUE(
         torch::allclose(padded_logits.slice(0, b * 12, b * 12 + lengths[b]), alone_logits[b], 1e-5, 1e-5))
@@ -184,37 +195,37 @@ TEST(Gpt, RightPaddingChangesNoRealPositionOrTheLoss) {
 
 TEST(Gpt, GenerationIsSeededAndGreedyFollowsTheArgmax) {
   torch::manual_seed(4);
-  auto model = make_model(small_gpt());
+  auto model = make_gpt(small_gpt());
   const auto options = GenerateOptions(12).max_new_tokens(20).stop_at_end_of_document(false);
-  const std::string a = generate_text(*model, "hello", GenerateOptions(options).seed(1));
+  const std::string a = generate_text(model, "hello", GenerateOptions(options).seed(1));
   EXPECT_EQ(a.size(), 20u);
-  EXPECT_EQ(a, generate_text(*model, "hello", GenerateOptions(options).seed(1)));
-  EXPECT_NE(a, generate_text(*model, "hello", GenerateOptions(options).seed(2)));
+  EXPECT_EQ(a, generate_text(model, "hello", GenerateOptions(options).seed(1)));
+  EXPECT_NE(a, generate_text(model, "hello", GenerateOptions(options).seed(2)));
   // Greedy: each byte is the argmax of the model on the text so far (the last 12 bytes).
-  const std::string greedy = generate_text(*model, "hello", GenerateOptions(options).temperature(0));
+  const std::string greedy = generate_text(model, "hello", GenerateOptions(options).temperature(0));
   std::string text = "hello";
   torch::NoGradGuard no_grad;
   for (char c : greedy) {
     const std::string window = text.substr(text.size() > 12 ? text.size() - 12 : 0);
     auto tokens = torch::tensor(std::vector<int64_t>(window.begin(), window.end())).unsqueeze(0);
-    EXPECT_EQ(static_cast<unsigned char>(c), model->forward(tokens)[-1].argmax().item<int64_t>());
+    EXPECT_EQ(static_cast<unsigned char>(c), logits_of(model, tokens)[-1].argmax().item<int64_t>());
     text.push_back(c);
   }
-  EXPECT_TRUE(model->is_training());  // put back as it was
+  EXPECT_TRUE(model.module().is_training());  // put back as it was
   EXPECT_TRUE(testing::contains_all(
-      testing::error_message([&] { generate_text(*model, "x", GenerateOptions(12).top_k(300)); }),
+      testing::error_message([&] { generate_text(model, "x", GenerateOptions(12).top_k(300)); }),
       {"--top-k", "300"}));
 }
 
 TEST(Gpt, BadSizesAreConfigErrors) {
   EXPECT_TRUE(
-      testing::contains_all(testing::error_message([] { make_model(small_gpt().embed(18).heads(4)); }),
+      testing::contains_all(testing::error_message([] { make_gpt(small_gpt().embed(18).heads(4)); }),
                             {"model.embed (18)", "model.heads (4)"}));
-  EXPECT_TRUE(testing::contains_all(testing::error_message([] { make_model(small_gpt().layers(0)); }),
+  EXPECT_TRUE(testing::contains_all(testing::error_message([] { make_gpt(small_gpt().layers(0)); }),
                                     {"model.layers must be >= 1"}));
-  auto model = make_model(small_gpt());
+  auto model = make_gpt(small_gpt());
   EXPECT_TRUE(testing::contains_all(testing::error_message([&] {
-                                      model->forward(torch::zeros({1, 13}, torch::kLong));
+                                      logits_of(model, torch::zeros({1, 13}, torch::kLong));
                                     }),
                                     {"model.context = 12", "[1, 13]"}));
 }

@@ -1,110 +1,207 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <iostream>
 
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
 #include "memory/peak_cpu_memory.h"
+#include "support.h"
 
 namespace fasttrain {
 namespace {
 
-TEST(Models, EveryModelMapsImagesToLogits) {
-  for (const auto& name : model_names()) {
-    if (name == "gpt") continue;  // tokens, not images: the Gpt tests
+using testing::contains_all;
+using testing::error_message;
+
+const DataShape kFashion = DataShape::images(1, 28, 28, 10);
+
+// `model`'s one output for `inputs`.
+torch::Tensor forward(const Model& model, const torch::Tensor& inputs) {
+  Batch batch;
+  batch.inputs = inputs;
+  return model.forward(batch).tensor();
+}
+
+TEST(Models, EveryImageModelMapsImagesToLogits) {
+  const DataShape shape = DataShape::images(3, 16, 16, 7);
+  for (const std::string name : {"cnn", "mlp", "resnet"}) {
     SCOPED_TRACE(name);
-    auto model =
-        make_model(ModelOptions(name).in_channels(3).height(16).width(16).num_classes(7).widths({8, 16}));
-    auto logits = model->forward(torch::randn({5, 3, 16, 16}));
-    EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{5, 7}));
-    EXPECT_GT(model->parameter_count(), 0);
-    EXPECT_NE(model->describe().find("parameters"), std::string::npos);
+    Model model = make_model(name, shape);
+    EXPECT_EQ(model.name(), name);
+    EXPECT_EQ(forward(model, torch::randn({5, 3, 16, 16})).sizes(), (std::vector<int64_t>{5, 7}));
+    EXPECT_GT(model.parameter_count(), 0);
+    EXPECT_NE(model.describe().find("parameters"), std::string::npos);
   }
+}
+
+// Values instead of classes: the image models end in one output per target value.
+TEST(Models, RegressionTargetsSizeTheOutputLayer) {
+  DataShape shape;
+  shape.input = {13};
+  shape.target = {2};
+  shape.target_dtype = torch::kFloat;
+  EXPECT_EQ(forward(make_mlp(MlpOptions(), shape), torch::randn({4, 13})).sizes(), (std::vector<int64_t>{4, 2}));
+  DataShape unsized = DataShape::images(1, 8, 8, 0);  // class ids, but how many is unknown
+  EXPECT_TRUE(contains_all(error_message([&] { make_mlp(MlpOptions(), unsized); }), {"mlp", "how many classes"}));
 }
 
 TEST(Models, ClassicCnnHasTheTextbookParameterCount) {
   // conv 1->32 (320) + conv 32->64 (18496) + fc 3136->128 (401536) + fc 128->10 (1290)
-  auto model = make_model(ModelOptions("cnn").widths({32, 64}).hidden({128}));
-  EXPECT_EQ(model->parameter_count(), 320 + 18496 + 401536 + 1290);
+  Model model = make_cnn(CnnOptions().widths({32, 64}).hidden({128}), kFashion);
+  EXPECT_EQ(model.parameter_count(), 320 + 18496 + 401536 + 1290);
 }
 
 TEST(Models, PoolFirstCommutesWithReluWithoutBatchNorm) {
   // Without BatchNorm, pooling before or after the ReLU is the same function.
   torch::manual_seed(3);
-  auto pooled_last = make_model(ModelOptions("cnn").widths({4, 8}).hidden({16}));
+  Model pooled_last = make_cnn(CnnOptions().widths({4, 8}).hidden({16}), kFashion);
   torch::manual_seed(3);
-  auto pooled_first = make_model(ModelOptions("cnn").widths({4, 8}).hidden({16}).pool_first(true));
+  Model pooled_first = make_cnn(CnnOptions().widths({4, 8}).hidden({16}).pool_first(true), kFashion);
   auto input = torch::randn({3, 1, 28, 28});
-  EXPECT_TRUE(torch::allclose(pooled_last->forward(input), pooled_first->forward(input), 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(forward(pooled_last, input), forward(pooled_first, input), 1e-5, 1e-6));
   // With BatchNorm it normalises the pooled maps: [B, C, H/2, W/2] running stats still per channel.
-  auto normalised = make_model(ModelOptions("cnn").widths({4, 8}).batchnorm(true).pool_first(true));
-  EXPECT_EQ(normalised->forward(input).sizes(), (std::vector<int64_t>{3, 10}));
+  Model normalised = make_cnn(CnnOptions().widths({4, 8}).batchnorm(true).pool_first(true), kFashion);
+  EXPECT_EQ(forward(normalised, input).sizes(), (std::vector<int64_t>{3, 10}));
 }
 
 TEST(Models, ChannelsLastComputesTheSameFunctionAndGradients) {
+  const DataShape shape = DataShape::images(3, 16, 16, 10);
+  auto build = [&](const std::string& name) {
+    torch::manual_seed(7);
+    return name == "cnn" ? make_cnn(CnnOptions().widths({8, 16}).batchnorm(true), shape)
+                         : make_resnet(ResnetOptions().widths({8, 16}), shape);
+  };
   for (const std::string name : {"cnn", "resnet"}) {
     SCOPED_TRACE(name);
-    auto options = ModelOptions(name).in_channels(3).height(16).width(16).widths({8, 16}).batchnorm(true);
-    torch::manual_seed(7);
-    auto nchw = make_model(options);
-    torch::manual_seed(7);
-    auto nhwc = make_model(options);
-    to_channels_last(*nhwc);
+    Model nchw = build(name), nhwc = build(name);
+    nhwc.to_channels_last();
     bool converted = false;
-    for (const auto& p : nhwc->parameters()) {
+    for (const auto& p : nhwc.module().parameters()) {
       if (p.dim() == 4) converted = p.is_contiguous(torch::MemoryFormat::ChannelsLast) && p.size(1) > 1;
     }
     EXPECT_TRUE(converted);
     auto input = torch::randn({4, 3, 16, 16});
-    auto out_a = nchw->forward(input);
-    auto out_b = nhwc->forward(input.contiguous(torch::MemoryFormat::ChannelsLast));
+    auto out_a = forward(nchw, input);
+    auto out_b = forward(nhwc, input.contiguous(torch::MemoryFormat::ChannelsLast));
     EXPECT_TRUE(torch::allclose(out_a, out_b, 1e-4, 1e-5));
     out_a.sum().backward();
     out_b.sum().backward();
-    auto pa = nchw->parameters(), pb = nhwc->parameters();
+    auto pa = nchw.module().parameters(), pb = nhwc.module().parameters();
     for (size_t i = 0; i < pa.size(); ++i) {
       EXPECT_TRUE(torch::allclose(pa[i].grad(), pb[i].grad(), 1e-3, 1e-4)) << "parameter " << i;
     }
   }
+  // A model without 4-d weights: the switch says what is missing.
+  EXPECT_TRUE(contains_all(error_message([&] { make_mlp(MlpOptions(), shape).to_channels_last(); }),
+                           {"train.channels_last", "4-d"}));
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
-  for (const std::string name : {"cnn", "resnet"}) {
-    auto model = make_model(ModelOptions(name).widths({8, 16}).batchnorm(true));
-    for (const auto& module : model->modules(/*include_self=*/false)) {
+  for (const Model& model : {make_cnn(CnnOptions().widths({8, 16}).batchnorm(true), kFashion),
+                             make_resnet(ResnetOptions().widths({8, 16}), kFashion)}) {
+    for (const auto& module : model.module().modules(/*include_self=*/false)) {
       if (auto* conv = module->as<torch::nn::Conv2d>()) {
-        EXPECT_FALSE(conv->options.bias()) << name << ": conv with bias before BatchNorm";
+        EXPECT_FALSE(conv->options.bias()) << model.name() << ": conv with bias before BatchNorm";
       }
     }
   }
 }
 
-TEST(Models, BadOptionsAreNamed) {
-  auto message = [](const ModelOptions& options) {
-    try {
-      make_model(options);
-    } catch (const ConfigError& error) {
-      return std::string(error.what());
-    }
-    return std::string("no error");
-  };
-  EXPECT_NE(message(ModelOptions("transformer")).find("cnn, gpt, mlp, resnet"), std::string::npos)
-      << message(ModelOptions("transformer"));
-  EXPECT_NE(message(ModelOptions("cnn").widths({8, 0})).find("model.widths"), std::string::npos);
-  EXPECT_NE(message(ModelOptions("cnn").widths({})).find("model.widths"), std::string::npos);
-  EXPECT_NE(message(ModelOptions("cnn").widths({4, 4, 4, 4, 4, 4})).find("pooling stages"),
-            std::string::npos);
-  EXPECT_NE(message(ModelOptions("mlp").dropout(1.5)).find("model.dropout"), std::string::npos);
+TEST(Models, BadOptionsAndDataAreNamed) {
+  EXPECT_TRUE(contains_all(error_message([] { make_model("transformer", kFashion); }),
+                           {"model.name 'transformer'", "cnn, gpt, mlp, resnet"}));
+  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().widths({8, 0}), kFashion); }), {"model.widths"}));
+  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().widths({}), kFashion); }), {"model.widths"}));
+  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().widths({4, 4, 4, 4, 4, 4}), kFashion); }),
+                           {"pooling stages"}));
+  EXPECT_TRUE(contains_all(error_message([] { make_mlp(MlpOptions().dropout(1.0), kFashion); }), {"model.dropout"}));
+  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions(), DataShape::tokens(16, 256)); }),
+                           {"model 'cnn'", "images", "[16] Long"}));
+  EXPECT_TRUE(contains_all(error_message([] { make_gpt(GptOptions(), kFashion); }),
+                           {"model 'gpt'", "token sequences", "[1, 28, 28]"}));
 }
 
 TEST(Models, DropoutIsOffInEvalMode) {
-  auto model = make_model(ModelOptions("mlp").hidden({32}).dropout(0.5));
+  Model model = make_mlp(MlpOptions().hidden({32}).dropout(0.5), kFashion);
   auto input = torch::randn({4, 1, 28, 28});
-  model->eval();
-  EXPECT_TRUE(torch::equal(model->forward(input), model->forward(input)));
-  model->train();
-  EXPECT_FALSE(torch::equal(model->forward(input), model->forward(input)));
+  model.module().eval();
+  EXPECT_TRUE(torch::equal(forward(model, input), forward(model, input)));
+  model.module().train();
+  EXPECT_FALSE(torch::equal(forward(model, input), forward(model, input)));
+}
+
+// ---- a program's own module ----
+
+struct TwoTowersImpl : torch::nn::Module {
+  TwoTowersImpl() : left(register_module("left", torch::nn::Linear(3, 2))), right(register_module("right", torch::nn::Linear(4, 2))) {}
+  torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) { return left(a) + right(b); }
+  torch::nn::Linear left, right;
+};
+TORCH_MODULE(TwoTowers);
+
+TEST(Model, AnyModuleWithHowABatchEntersIt) {
+  TwoTowers towers;
+  Model model(towers, [](TwoTowersImpl& net, const Batch& batch) { return net.forward(batch.inputs, batch.at("side")); });
+  Batch batch;
+  batch.inputs = torch::randn({5, 3});
+  batch.fields["side"] = torch::randn({5, 4});
+  EXPECT_TRUE(torch::allclose(model.forward(batch).tensor(), towers->forward(batch.inputs, batch.fields["side"])));
+  EXPECT_NE(model.name().find("TwoTowers"), std::string::npos) << model.name();
+  EXPECT_EQ(model.parameter_count(), 3 * 2 + 2 + 4 * 2 + 2);
+  // A module's own forward(inputs), from a holder or a shared_ptr.
+  Model linear(torch::nn::Linear(3, 2));
+  Model shared(std::make_shared<torch::nn::LinearImpl>(3, 2));
+  EXPECT_EQ(linear.forward(batch).tensor().sizes(), (std::vector<int64_t>{5, 2}));
+  EXPECT_EQ(shared.forward(batch).tensor().sizes(), (std::vector<int64_t>{5, 2}));
+  // Named outputs: a task picks what it needs by name.
+  Model heads(towers, [](TwoTowersImpl& net, const Batch& batch) {
+    return std::map<std::string, torch::Tensor>{{"left", net.left(batch.inputs)}, {"right", net.right(batch.at("side"))}};
+  });
+  const ModelOutput output = heads.forward(batch);
+  EXPECT_EQ(output.names(), (std::vector<std::string>{"left", "right"}));
+  EXPECT_TRUE(contains_all(error_message([&] { output.at("middle"); }), {"middle", "left, right"}));
+  EXPECT_TRUE(contains_all(error_message([&] { output.tensor(); }), {"named outputs", "left, right"}));
+}
+
+// The switches that need blocks find them in the module's Stages, wherever they are; a module without
+// any says so when checkpointing is asked for.
+TEST(Model, StagesAreTheBlocksTheSwitchesUse) {
+  Model gpt = make_gpt(GptOptions().layers(3).embed(16).heads(2).context(8), DataShape::tokens(8, 256));
+  ASSERT_EQ(gpt.stages().size(), 1u);
+  EXPECT_EQ(gpt.stages().front()->size(), 3u);
+  gpt.set_checkpointing(CheckpointPolicy::blocks());
+  EXPECT_TRUE(gpt.stages().front()->checkpointing().enabled());
+  Model plain(torch::nn::Linear(3, 2));
+  plain.set_checkpointing(CheckpointPolicy::none());  // nothing asked, nothing needed
+  EXPECT_TRUE(contains_all(error_message([&] { plain.set_checkpointing(CheckpointPolicy::blocks()); }),
+                           {"memory.checkpoint", "fasttrain::Stage", "none"}));
+}
+
+// A program registers its model once; a config then names it, with keys of its own.
+struct WideOptions {
+  FT_KEYS(WideOptions);
+  FT_KEY(int64_t, width, "Hidden width", at_least(1)) = 8;
+};
+
+TEST(ModelRegistry, AProgramsModelIsBuiltByNameWithItsOwnKeys) {
+  if (!model_registry().contains("test_wide")) {
+    model_registry().add("test_wide", "a test's model",
+                         model_recipe<WideOptions>([](const WideOptions& options, const DataShape& shape) {
+                           return Model(torch::nn::Sequential(torch::nn::Flatten(),
+                                                              torch::nn::Linear(shape.input[0] * shape.input[1] * shape.input[2], options.width()),
+                                                              torch::nn::Linear(options.width(), shape.classes)));
+                         }));
+  }
+  AnyOptions options = AnyOptions::of(WideOptions().width(5));
+  Model model = make_model("test_wide", kFashion, &options);
+  EXPECT_EQ(model.name(), "test_wide");
+  EXPECT_EQ(model.parameter_count(), 784 * 5 + 5 + 5 * 10 + 10);
+  AnyOptions bad = AnyOptions::of(WideOptions().width(0));
+  EXPECT_TRUE(contains_all(error_message([&] { make_model("test_wide", kFashion, &bad); }), {"model.width", "0"}));
+  EXPECT_TRUE(contains_all(error_message([] { model_registry().add("cnn", "again", model_registry().at("cnn")); }),
+                           {"model.name 'cnn' is already registered"}));
 }
 
 }  // namespace
@@ -120,42 +217,42 @@ struct ForwardBackward {
   int64_t peak_bytes = 0;
 };
 
-// One training forward and backward of a model built from `options` under seed 21, with `policy`.
-ForwardBackward forward_backward(const ModelOptions& options, const CheckpointPolicy& policy,
+// One training forward and backward of a model `build` makes under seed 21, with `policy`.
+ForwardBackward forward_backward(const std::function<Model()>& build, const CheckpointPolicy& policy,
                                  const torch::Tensor& images) {
   torch::manual_seed(21);
-  auto model = make_model(options);
-  model->set_checkpointing(policy);
+  Model model = build();
+  model.set_checkpointing(policy);
   ForwardBackward result;
   torch::manual_seed(22);  // dropout masks
   {
     testing::PeakCpuMemory memory;
-    result.logits = model->forward(images);
+    result.logits = forward(model, images);
     torch::Tensor weights = torch::linspace(-1, 1, result.logits.numel()).view(result.logits.sizes());
     (result.logits * weights).sum().backward();
     result.peak_bytes = memory.peak_bytes();
   }
-  for (const auto& parameter : model->parameters()) result.grads.push_back(parameter.grad());
-  for (const auto& buffer : model->buffers()) result.buffers.push_back(buffer.clone());
+  for (const auto& parameter : model.module().parameters()) result.grads.push_back(parameter.grad());
+  for (const auto& buffer : model.module().buffers()) result.buffers.push_back(buffer.clone());
   return result;
 }
 
 // memory.checkpoint on each model: the same logits, gradients (1e-6) and BatchNorm statistics as
 // without it, with dropout and in-place ReLUs in the checkpointed blocks.
 TEST(Models, CheckpointedModelsMatchTheirPlainGradients) {
-  const std::vector<ModelOptions> models = {
-      ModelOptions("mlp").hidden({64, 64, 32}).dropout(0.2),
-      ModelOptions("cnn").widths({8, 16}).hidden({32}).batchnorm(true).dropout(0.1),
-      ModelOptions("cnn").widths({8, 16}).hidden({32}).batchnorm(true).pool_first(true),
-      ModelOptions("resnet").widths({8, 16}).blocks(2).hidden({16}).dropout(0.1),
+  const std::vector<std::pair<std::string, std::function<Model()>>> models = {
+      {"mlp", [] { return make_mlp(MlpOptions().hidden({64, 64, 32}).dropout(0.2), kFashion); }},
+      {"cnn", [] { return make_cnn(CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).dropout(0.1), kFashion); }},
+      {"cnn pool_first",
+       [] { return make_cnn(CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).pool_first(true), kFashion); }},
+      {"resnet", [] { return make_resnet(ResnetOptions().widths({8, 16}).blocks(2).hidden({16}).dropout(0.1), kFashion); }},
   };
   const torch::Tensor images = torch::randn({6, 1, 28, 28});
-  for (const auto& options : models) {
+  for (const auto& [name, build] : models) {
     for (const std::string mode : {"blocks", "every_k"}) {
-      SCOPED_TRACE(options.name() + " " + mode + (options.pool_first() ? " pool_first" : ""));
-      auto plain = forward_backward(options, CheckpointPolicy(), images);
-      auto checkpointed =
-          forward_backward(options, CheckpointPolicy::parse(CheckpointOptions().mode(mode).every(2)), images);
+      SCOPED_TRACE(name + " " + mode);
+      auto plain = forward_backward(build, CheckpointPolicy(), images);
+      auto checkpointed = forward_backward(build, CheckpointPolicy::parse(mode, 2), images);
       EXPECT_TRUE(torch::allclose(plain.logits, checkpointed.logits, 0, 1e-6));
       ASSERT_EQ(plain.grads.size(), checkpointed.grads.size());
       for (size_t i = 0; i < plain.grads.size(); ++i) {
@@ -174,13 +271,11 @@ TEST(Models, CheckpointedModelsMatchTheirPlainGradients) {
 
 // The point of it: a deep ResNet's forward and backward peaks far lower with every block checkpointed.
 TEST(Models, CheckpointedResNetPeaksLower) {
-  const auto options = ModelOptions("resnet").widths({16, 32}).blocks(6);
+  auto build = [] { return make_resnet(ResnetOptions().widths({16, 32}).blocks(6), kFashion); };
   const torch::Tensor images = torch::randn({64, 1, 28, 28});
-  forward_backward(options, CheckpointPolicy(), images);  // warm-up: lazily created state is not counted
-  const int64_t plain = forward_backward(options, CheckpointPolicy(), images).peak_bytes;
-  const int64_t blocks =
-      forward_backward(options, CheckpointPolicy::parse(CheckpointOptions().mode("blocks")), images)
-          .peak_bytes;
+  forward_backward(build, CheckpointPolicy(), images);  // warm-up: lazily created state is not counted
+  const int64_t plain = forward_backward(build, CheckpointPolicy(), images).peak_bytes;
+  const int64_t blocks = forward_backward(build, CheckpointPolicy::blocks(), images).peak_bytes;
   std::cout << "resnet 2x6 blocks, batch 64: peak " << plain << " bytes plain, " << blocks
             << " checkpointed\n";
   EXPECT_LT(blocks * 2, plain);

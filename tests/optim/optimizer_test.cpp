@@ -16,14 +16,10 @@
 namespace fasttrain {
 namespace {
 
-std::string config_error(const OptimizerOptions& options) {
-  try {
-    validate(options);
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "";
-}
+struct LinearNorm;
+
+// What making an optimizer with `options` says (the checks every caller meets); "" when it is made.
+std::string config_error(const OptimizerOptions& options);
 
 bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
@@ -37,6 +33,16 @@ struct LinearNorm : torch::nn::Module {
   torch::nn::Linear linear{nullptr};
   torch::nn::BatchNorm1d norm{nullptr};
 };
+
+std::string config_error(const OptimizerOptions& options) {
+  LinearNorm model;
+  try {
+    make_optimizer(model.named_parameters(), options);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
 
 torch::Tensor lr_tensor(double lr, torch::ScalarType dtype = torch::kDouble) {
   return torch::full({}, lr, torch::TensorOptions().dtype(dtype));

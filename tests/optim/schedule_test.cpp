@@ -153,7 +153,7 @@ TEST(Schedule, InvalidOptionsNameTheKeyAndValue) {
       {ScheduleOptions("one-cycle").anneal("exp"),
        0.1,
        100,
-       {"schedule.anneal", "'exp'", "'cos' or 'linear'"}},
+       {"schedule.anneal", "'exp'", "cos, linear"}},
       {ScheduleOptions("one-cycle").div_factor(0), 0.1, 100, {"schedule.div_factor", "got 0"}},
       {ScheduleOptions("one-cycle").final_div_factor(-1), 0.1, 100, {"schedule.final_div_factor", "got -1"}},
       {ScheduleOptions("one-cycle").base_momentum(0.99),

@@ -33,9 +33,11 @@ TEST(ParsePrecision, NamesMapToDtypes) {
   EXPECT_EQ(precision_name(torch::kHalf), "fp16");
   EXPECT_EQ(precision_name(parse_precision("bf16", kCpu)), "bf16");
   EXPECT_THROW(precision_name(torch::kDouble), Error);
-  // "auto": bf16 exactly where this CPU runs it natively.
-  EXPECT_EQ(parse_precision("auto", kCpu),
-            detect_hardware(kCpu).native_bf16() ? torch::kBFloat16 : torch::kFloat);
+  // "auto" is the run layer's to resolve (run/auto.h): the library takes dtypes.
+  EXPECT_THROW(parse_precision("auto", kCpu), ConfigError);
+  check_precision(torch::kBFloat16, kCpu);
+  EXPECT_THROW(check_precision(torch::kHalf, kCpu), ConfigError);
+  EXPECT_THROW(check_precision(torch::kDouble, kCpu), ConfigError);
 }
 
 TEST(ParsePrecision, ErrorsNameKeyValueAndChoices) {

@@ -24,11 +24,16 @@ std::set<std::string> rules(const DoctorReport& report) {
 Config clean_config() {
   Config config;
   config.train.device("cpu");
-  config.data.train_limit(8192).batch_size(128);
-  config.model.name("cnn").widths({8, 16}).hidden({32}).batchnorm(true);
+  config.data.batch_size(128);
+  config.data.dataset.as<ImageDataOptions>().train_limit(8192);
+  config.model.select("cnn").as<CnnOptions>().widths({8, 16}).hidden({32}).batchnorm(true);
   config.schedule.name("one-cycle");
   config.train.threads(1).precision("auto").channels_last(true);
   return config;
+}
+
+DoctorOptions quick(int64_t steps, int64_t warmup, double min_seconds = 2.0) {
+  return DoctorOptions().measure(MeasureOptions().steps(steps).warmup_steps(warmup).min_seconds(min_seconds));
 }
 
 // Reads a weight on the host after every micro-batch: a synchronisation a careless callback (or a
@@ -36,7 +41,7 @@ Config clean_config() {
 class SyncEveryStep : public Callback {
  public:
   void on_micro_batch(Trainer& trainer) override {
-    total += trainer.model().parameters()[0].sum().item<double>();
+    total += trainer.model().module().parameters()[0].sum().item<double>();
   }
   double total = 0;
 };
@@ -44,33 +49,36 @@ class SyncEveryStep : public Callback {
 TEST(Doctor, NamesEachPlantedProblem) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
-  const auto options = DoctorOptions().steps(10).warmup_steps(3);
+  const auto options = quick(10, 3);
+  RunBuilder builder;
 
   // No loader workers with heavy augmentation, on a model small enough for the data to matter.
   Config starved = clean_config();
-  starved.model.name("mlp").hidden({16});
-  starved.data.workers(0).crop_padding(4).hflip(0.5).batch_size(512);
+  starved.model.select("mlp").as<MlpOptions>().hidden({16});
+  starved.train.channels_last(false);
+  starved.data.workers(0).batch_size(512);
+  starved.data.dataset.as<ImageDataOptions>().crop_padding(4).hflip(0.5);
   // The matmuls on this thread: OpenBLAS's own pool on every core crawls when anything else runs
   // on the machine (a build beside the tests), which made the compute outweigh the data. (Other
   // BLAS libraries, MKL in PyTorch 2.x's wheel, run on the OpenMP threads and have no pool to size.)
   if (detect_hardware(torch::kCPU).openblas_pool) starved.train.blas_threads(1);
-  DoctorReport data = diagnose(starved, dir.path(), options);
+  DoctorReport data = diagnose(builder, starved, dir.path(), options);
   EXPECT_TRUE(rules(data).count("data_bound")) << data.text();
 
   // Conv bias before BatchNorm, anomaly detection left on, a tiny batch, a constant LR.
   Config careless = clean_config();
-  careless.model.bias_before_norm(true);
-  careless.train.detect_anomaly(true);
+  careless.model.as<CnnOptions>().bias_before_norm(true);
+  careless.train.options.detect_anomaly(true);
   careless.data.batch_size(8);
   careless.schedule.name("constant");
-  DoctorReport debug = diagnose(careless, dir.path(), options);
+  DoctorReport debug = diagnose(builder, careless, dir.path(), options);
   for (const char* rule : {"conv_bias_before_batchnorm", "anomaly_detection", "small_batch", "constant_lr"}) {
     EXPECT_TRUE(rules(debug).count(rule)) << rule << "\n" << debug.text();
   }
   EXPECT_EQ(debug.findings.front().severity(), Severity::kHigh) << "ranked: the costly findings first\n" << debug.text();
 
   // A host read per step from a callback, on an otherwise clean run.
-  DoctorReport synced = diagnose(clean_config(), dir.path(), options, {std::make_shared<SyncEveryStep>()});
+  DoctorReport synced = diagnose(builder, clean_config(), dir.path(), options, {std::make_shared<SyncEveryStep>()});
   EXPECT_TRUE(rules(synced).count("host_sync")) << synced.text();
 
   // What the report draws: doctor.json's shape.
@@ -89,7 +97,8 @@ TEST(Doctor, FlagsBf16ThatThisCpuWouldEmulate) {
   testing::ScopedEnv no_native_bf16("FASTTRAIN_NATIVE_BF16", "0");
   Config emulated = clean_config();
   emulated.train.precision("bf16");
-  DoctorReport report = diagnose(emulated, dir.path(), DoctorOptions().steps(6).warmup_steps(2).min_seconds(0.3));
+  RunBuilder builder;
+  DoctorReport report = diagnose(builder, emulated, dir.path(), quick(6, 2, 0.3));
   ASSERT_TRUE(rules(report).count("emulated_bf16")) << report.text();
   for (const auto& finding : report.findings) {
     if (finding.rule() != "emulated_bf16") continue;
@@ -100,14 +109,15 @@ TEST(Doctor, FlagsBf16ThatThisCpuWouldEmulate) {
   // And an fp32 run there is never told to switch to bf16.
   Config fp32 = clean_config();
   fp32.train.precision("fp32");
-  DoctorReport quiet = diagnose(fp32, dir.path(), DoctorOptions().steps(6).warmup_steps(2).min_seconds(0.3));
+  DoctorReport quiet = diagnose(builder, fp32, dir.path(), quick(6, 2, 0.3));
   EXPECT_FALSE(rules(quiet).count("mixed_precision")) << quiet.text();
 }
 
 TEST(Doctor, StaysQuietOnATunedConfig) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
-  DoctorReport report = diagnose(clean_config(), dir.path(), DoctorOptions().steps(10).warmup_steps(3));
+  RunBuilder builder;
+  DoctorReport report = diagnose(builder, clean_config(), dir.path(), quick(10, 3));
   EXPECT_TRUE(report.findings.empty()) << report.text();
   EXPECT_NE(report.text().find("nothing to fix"), std::string::npos);
 }

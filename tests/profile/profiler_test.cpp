@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "fasttrain/run/run.h"
+#include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
 #include "support.h"
@@ -17,10 +18,16 @@ namespace {
 
 Config small_config() {
   Config config;
-  config.data.train_limit(2048).batch_size(64).workers(1);
-  config.model.name("cnn").widths({8}).hidden({32}).batchnorm(true);
-  config.train.threads(1).max_steps(30);
+  config.data.batch_size(64).workers(1);
+  config.data.dataset.as<ImageDataOptions>().train_limit(2048);
+  config.model.select("cnn").as<CnnOptions>().widths({8}).hidden({32}).batchnorm(true);
+  config.train.threads(1);
+  config.train.options.max_steps(30);
   return config;
+}
+
+ProfileOptions measuring(int64_t steps, int64_t warmup = 5, double min_seconds = 0) {
+  return ProfileOptions().measure(MeasureOptions().steps(steps).warmup_steps(warmup).min_seconds(min_seconds));
 }
 
 // A Chrome trace's events: the legacy profiler writes an array, Kineto an object with traceEvents.
@@ -41,7 +48,8 @@ TEST(Profile, WritesATraceWithThePhasesAndOperatorsAndAMemoryTimeline) {
   // thread, so the main thread's backward range tops the legacy profiler's table (CUDA traces: issue P4).
   Config config = small_config();
   config.train.device("cpu");
-  ProfileResult result = profile_run(config, dir.path(), ProfileOptions().steps(6).warmup_steps(3));
+  RunBuilder builder;
+  ProfileResult result = profile_run(builder, config, dir.path(), measuring(6, 3));
   EXPECT_EQ(result.steps, 6);
   EXPECT_EQ(result.samples, 6 * 64);
   for (Phase phase : {Phase::kForward, Phase::kBackward, Phase::kOptimizer}) {
@@ -81,8 +89,9 @@ TEST(Profile, WritesATraceWithThePhasesAndOperatorsAndAMemoryTimeline) {
 TEST(Profile, StepsBeyondTheRunAreAConfigError) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
-  EXPECT_THROW(profile_run(small_config(), dir.path(), ProfileOptions().steps(40)), ConfigError);
-  EXPECT_THROW(profile_run(small_config(), dir.path(), ProfileOptions().steps(0)), ConfigError);
+  RunBuilder builder;
+  EXPECT_THROW(profile_run(builder, small_config(), dir.path(), measuring(40)), ConfigError);
+  EXPECT_THROW(profile_run(builder, small_config(), dir.path(), measuring(0)), ConfigError);
 }
 
 // min_seconds keeps an unrecorded timing going past `steps` until it has lasted that long.
@@ -90,15 +99,15 @@ TEST(Profile, MinSecondsTimesPastTheStepsUntilThatLong) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
   const Config config = with_room_to_profile(small_config());
-  const auto timed = ProfileOptions().steps(3).warmup_steps(1).record(false);
-  const ProfileResult exact = profile_run(config, dir.file("exact"), timed);
+  RunBuilder builder;
+  const auto timed = measuring(3, 1).record(false);
+  const ProfileResult exact = profile_run(builder, config, dir.file("exact"), timed);
   EXPECT_EQ(exact.steps, 3);
-  const ProfileResult longer =
-      profile_run(config, dir.file("longer"), ProfileOptions(timed).min_seconds(0.5));
+  const ProfileResult longer = profile_run(builder, config, dir.file("longer"), measuring(3, 1, 0.5).record(false));
   EXPECT_GT(longer.steps, 3);
   EXPECT_GE(longer.phases.total(), 0.45);  // the phases cover the steps' time, not the callbacks between
   EXPECT_EQ(longer.samples, longer.steps * 64);
-  EXPECT_THROW(profile_run(config, dir.file("bad"), ProfileOptions(timed).min_seconds(-1)), ConfigError);
+  EXPECT_THROW(profile_run(builder, config, dir.file("bad"), measuring(3, 1, -1).record(false)), ConfigError);
 }
 
 // Self time: a parent's duration minus its direct children's; per thread.
@@ -144,15 +153,16 @@ TEST(Profile, NormalStepsReadNothingBackToTheHost) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
   config.log.every_steps(1000);  // one log record: at the end of the 30 steps
-  config.train.clip_norm(1.0).label_smoothing(0.1);
-  Experiment experiment = Experiment::build(config);
-  auto trainer = experiment.make_trainer();
-  trainer->set_log_every(1000);
+  config.train.options.clip_norm(1.0);
+  config.task.select("classification").as<ClassificationOptions>().label_smoothing(0.1);
+  RunBuilder builder;
+  fasttrain::Run run = build_run(builder, config);
+  auto trainer = run.make_trainer();
   testing::TempDir dir;
   FitSummary summary;
   {
     torch::autograd::profiler::RecordProfile profile(dir.file("trace.json"));
-    summary = trainer->fit(*experiment.train_loader, nullptr);
+    summary = trainer->fit(*run.train_loader, nullptr);
   }
   EXPECT_EQ(summary.steps, 30);
   const nlohmann::json trace = nlohmann::json::parse(testing::read_text(dir.file("trace.json")));

@@ -178,7 +178,7 @@ TEST(Report, AbsentOptionalInputsSayTheyWereNotRecordedAndWhichCommandRecordsThe
       html, {"Not recorded: summary.json is absent", "<code>fasttrain train</code>",
              "Not recorded: memory_timeline.csv is absent",
              "<code>fasttrain profile CONFIG --run-dir RUN_DIR</code>", "Not recorded: doctor.json is absent",
-             "<code>fasttrain doctor RUN_DIR</code>", "Not recorded: config.toml is absent"}));
+             "<code>fasttrain doctor CONFIG --run-dir RUN_DIR</code>", "Not recorded: config.toml is absent"}));
   EXPECT_EQ(html.find("data-chart=\"memory\""), std::string::npos);
   EXPECT_EQ(chart_data(report_data(html), "memory"), nullptr);
 

@@ -15,11 +15,13 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
   Config config;
-  config.data.train_limit(300).batch_size(128);
-  config.model.name("cnn").widths({8, 16}).hidden({32});
+  config.data.batch_size(128);
+  config.data.dataset.as<ImageDataOptions>().train_limit(300);
+  config.model.select("cnn").as<CnnOptions>().widths({8, 16}).hidden({32});
   config.train.threads(1);
-  TuneResult result =
-      tune(config, dir.path(), TuneOptions().steps(6).warmup_steps(2).min_seconds(0.3).batch(true));
+  RunBuilder builder;
+  TuneResult result = tune(builder, config, dir.path(),
+                           TuneOptions().measure(MeasureOptions().steps(6).warmup_steps(2).min_seconds(0.3)).batch(true));
 
   ASSERT_FALSE(result.trials.empty());
   bool failed_reported = false;
@@ -37,8 +39,8 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   // The tuned config is the given one with exactly the kept changes applied.
   int kept = 0;
   for (const auto& trial : result.trials) kept += trial.kept ? 1 : 0;
-  // (The trials start from "auto" resolved for this machine: train.blas_threads = "auto" made concrete.)
-  const Config resolved = resolve_auto(config, detect_hardware(torch::kCPU)).config;
+  // (The trials start from "auto" resolved for this run here: train.blas_threads and task.name made concrete.)
+  const Config resolved = build_run(builder, config).config;
   EXPECT_EQ(kept == 0, to_toml(result.tuned) == to_toml(resolved)) << result.table();
   // Nothing kept: the tuned speed is the baseline's (its re-measures refine both alike).
   if (kept == 0) EXPECT_EQ(result.tuned_samples_per_s, result.baseline_samples_per_s);

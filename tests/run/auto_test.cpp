@@ -29,11 +29,15 @@ Hardware gpu(int capability) {
   return hardware;
 }
 
-Config auto_config(const std::string& model = "cnn") {
+Config auto_config() {
   Config config;
-  config.model.name(model);
   config.train.precision("auto");
   return config;
+}
+
+// How a run resolves: the model's convolutions decide which pool gets the cores.
+AutoResolution resolve(const Config& config, const Hardware& hardware, int processes = 1, bool convolutions = true) {
+  return resolve_auto(config, hardware, processes, convolutions);
 }
 
 const AutoChoice* choice(const AutoResolution& resolved, const std::string& key) {
@@ -43,62 +47,60 @@ const AutoChoice* choice(const AutoResolution& resolved, const std::string& key)
 }
 
 TEST(Auto, PrecisionIsBf16OnlyWhereTheHardwareRunsItNatively) {
-  const AutoResolution avx2 = resolve_auto(auto_config(), cpu(/*native_bf16=*/false));
+  const AutoResolution avx2 = resolve(auto_config(), cpu(/*native_bf16=*/false));
   EXPECT_EQ(avx2.config.train.precision(), "fp32");
   ASSERT_NE(choice(avx2, "train.precision"), nullptr);
   EXPECT_NE(choice(avx2, "train.precision")->reason.find("no native bfloat16"), std::string::npos);
   EXPECT_TRUE(avx2.warnings.empty());
 
-  const AutoResolution amx = resolve_auto(auto_config(), cpu(/*native_bf16=*/true));
+  const AutoResolution amx = resolve(auto_config(), cpu(/*native_bf16=*/true));
   EXPECT_EQ(amx.config.train.precision(), "bf16");
 
-  EXPECT_EQ(resolve_auto(auto_config(), gpu(90)).config.train.precision(), "bf16");  // H100
-  EXPECT_EQ(resolve_auto(auto_config(), gpu(80)).config.train.precision(), "bf16");  // A100
-  EXPECT_EQ(resolve_auto(auto_config(), gpu(75)).config.train.precision(), "fp32");  // T4: no bf16 cores
+  EXPECT_EQ(resolve(auto_config(), gpu(90)).config.train.precision(), "bf16");  // H100
+  EXPECT_EQ(resolve(auto_config(), gpu(80)).config.train.precision(), "bf16");  // A100
+  EXPECT_EQ(resolve(auto_config(), gpu(75)).config.train.precision(), "fp32");  // T4: no bf16 cores
 }
 
 TEST(Auto, ThreadsGiveTheCoresToThePoolThatRunsTheModelsBulk) {
   // fp32 conv net on OpenBLAS: convs on the OpenMP threads, OpenBLAS one thread.
-  const AutoResolution conv = resolve_auto(auto_config("cnn"), cpu(false, 8));
+  const AutoResolution conv = resolve(auto_config(), cpu(false, 8));
   EXPECT_EQ(conv.config.train.threads(), 8);
   EXPECT_EQ(conv.config.train.blas_threads(), 1);
-  // fp32 matmul model: OpenBLAS's pool gets the cores, one OpenMP thread.
-  for (const char* model : {"gpt", "mlp"}) {
-    const AutoResolution matmuls = resolve_auto(auto_config(model), cpu(false, 8));
-    EXPECT_EQ(matmuls.config.train.threads(), 1) << model;
-    EXPECT_EQ(matmuls.config.train.blas_threads(), 8) << model;
-    ASSERT_NE(choice(matmuls, "train.threads"), nullptr);
-    EXPECT_NE(choice(matmuls, "train.threads")->reason.find("OpenBLAS"), std::string::npos);
-  }
+  // fp32 model without convolutions (an mlp, a gpt): OpenBLAS's pool gets the cores, one OpenMP thread.
+  const AutoResolution matmuls = resolve(auto_config(), cpu(false, 8), 1, /*convolutions=*/false);
+  EXPECT_EQ(matmuls.config.train.threads(), 1);
+  EXPECT_EQ(matmuls.config.train.blas_threads(), 8);
+  ASSERT_NE(choice(matmuls, "train.threads"), nullptr);
+  EXPECT_NE(choice(matmuls, "train.threads")->reason.find("OpenBLAS"), std::string::npos);
   // bf16 runs its matmuls in oneDNN on the OpenMP threads: every core there, OpenBLAS left alone.
-  const AutoResolution bf16 = resolve_auto(auto_config("gpt"), cpu(true, 8));
+  const AutoResolution bf16 = resolve(auto_config(), cpu(true, 8), 1, false);
   EXPECT_EQ(bf16.config.train.threads(), 8);
   EXPECT_EQ(bf16.config.train.blas_threads(), 0);
   // Without OpenBLAS (MKL follows the intra-op threads) there is one pool.
-  const AutoResolution mkl = resolve_auto(auto_config("gpt"), cpu(false, 8, /*openblas=*/false));
+  const AutoResolution mkl = resolve(auto_config(), cpu(false, 8, /*openblas=*/false), 1, false);
   EXPECT_EQ(mkl.config.train.threads(), 8);
   EXPECT_EQ(mkl.config.train.blas_threads(), 0);
   // Ranks on one machine split its cores.
-  const AutoResolution rank = resolve_auto(auto_config("cnn"), cpu(false, 8), /*processes_sharing=*/4);
+  const AutoResolution rank = resolve(auto_config(), cpu(false, 8), /*processes=*/4);
   EXPECT_EQ(rank.config.train.threads(), 2);
-  // On a GPU the threads stay "auto" for the loader's sake (set_intra_op_threads' 0).
-  const AutoResolution cuda = resolve_auto(auto_config(), gpu(90));
-  EXPECT_EQ(cuda.config.train.threads(), 0);
+  // On a GPU the host's threads are this process's share of the cores; the BLAS pool as it comes.
+  const AutoResolution cuda = resolve(auto_config(), gpu(90), /*processes=*/2);
+  EXPECT_EQ(cuda.config.train.threads(), 1);
   EXPECT_EQ(cuda.config.train.blas_threads(), 0);
 }
 
 TEST(Auto, ExplicitValuesAreKeptAndEmulatedBf16Warns) {
-  Config config = auto_config("cnn");
+  Config config = auto_config();
   config.train.precision("bf16").threads(3).blas_threads(2);
-  const AutoResolution emulated = resolve_auto(config, cpu(/*native_bf16=*/false));
+  const AutoResolution emulated = resolve(config, cpu(/*native_bf16=*/false));
   EXPECT_EQ(emulated.config.train.precision(), "bf16");
   EXPECT_EQ(emulated.config.train.threads(), 3);
   EXPECT_EQ(emulated.config.train.blas_threads(), 2);
   EXPECT_TRUE(emulated.choices.empty());
   ASSERT_EQ(emulated.warnings.size(), 1u);
   EXPECT_TRUE(testing::contains_all(emulated.warnings[0], {"train.precision", "emulated", "\"fp32\"", "auto"}));
-  EXPECT_TRUE(resolve_auto(config, cpu(/*native_bf16=*/true)).warnings.empty());
-  EXPECT_TRUE(resolve_auto(config, gpu(75)).warnings.empty());  // CUDA autocast runs bf16 on any GPU
+  EXPECT_TRUE(resolve(config, cpu(/*native_bf16=*/true)).warnings.empty());
+  EXPECT_TRUE(resolve(config, gpu(75)).warnings.empty());  // CUDA autocast runs bf16 on any GPU
 }
 
 TEST(Auto, TheEffectiveConfigWritesAutoAndReadsItBack) {
@@ -124,7 +126,7 @@ TEST(Auto, TheEnvironmentCanHideOrGrantNativeBf16) {
     testing::ScopedEnv env("FASTTRAIN_NATIVE_BF16", "0");
     const Hardware hardware = detect_hardware(torch::kCPU);
     EXPECT_FALSE(hardware.native_bf16());
-    EXPECT_EQ(resolve_auto(auto_config(), hardware).config.train.precision(), "fp32");
+    EXPECT_EQ(resolve(auto_config(), hardware).config.train.precision(), "fp32");
   }
   {
     testing::ScopedEnv env("FASTTRAIN_NATIVE_BF16", "1");
@@ -139,9 +141,9 @@ TEST(Auto, TheEnvironmentCanHideOrGrantNativeBf16) {
 
 TEST(Auto, AResumeMayMakeTheRunLongerNotShorter) {
   Config saved;
-  saved.train.epochs(2);
+  saved.train.options.epochs(2);
   Config longer = saved;
-  longer.train.epochs(3);
+  longer.train.options.epochs(3);
   EXPECT_EQ(training_fingerprint(saved), training_fingerprint(longer));
   RunLengthChange change = run_length_change(saved, longer);
   ASSERT_EQ(change.longer.size(), 1u);
@@ -149,7 +151,7 @@ TEST(Auto, AResumeMayMakeTheRunLongerNotShorter) {
   EXPECT_TRUE(change.shorter.empty());
   // max_steps = 0 is no step limit: from 500 to 0 is longer, from 0 to 500 shorter.
   Config capped = saved;
-  capped.train.max_steps(500);
+  capped.train.options.max_steps(500);
   EXPECT_EQ(run_length_change(capped, saved).longer.size(), 1u);
   EXPECT_EQ(run_length_change(saved, capped).shorter.size(), 1u);
   EXPECT_TRUE(run_length_change(saved, saved).longer.empty());

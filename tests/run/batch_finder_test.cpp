@@ -16,8 +16,10 @@ namespace {
 Config small_config() {
   Config config;
   config.train.device("cpu");
-  config.data.train_limit(4096).eval_batch_size(256).workers(1).prefetch(2);
-  config.model.name("cnn").widths({8, 16}).hidden({32});
+  config.data.eval_batch_size(256).workers(1);
+  config.data.loader.prefetch(2);
+  config.data.dataset.as<ImageDataOptions>().train_limit(4096);
+  config.model.select("cnn").as<CnnOptions>().widths({8, 16}).hidden({32});
   config.train.threads(1);
   return config;
 }
@@ -48,7 +50,8 @@ TEST(BatchFinder, FindsTheLargestBatchUnderTheBudget) {
   Config config = small_config();
   config.memory.budget("96MiB");
   auto options = BatchFinderOptions().tolerance(0.05);
-  BatchFinderResult result = find_batch_size(config, options);
+  RunBuilder builder;
+  BatchFinderResult result = find_batch_size(builder, config, options);
   ASSERT_GT(result.batch_size, 16);
   EXPECT_LT(result.batch_size, 4096) << "the budget must bind for this test to mean anything";
   EXPECT_EQ(result.budget_bytes, 96 << 20);
@@ -72,24 +75,25 @@ TEST(BatchFinder, FindsTheLargestBatchUnderTheBudget) {
 
   Config run = config;
   run.data.batch_size(result.batch_size);
-  run.train.max_steps(20);
-  Experiment experiment = Experiment::build(run);
-  FitSummary summary = experiment.make_trainer()->fit(*experiment.train_loader, experiment.test_loader.get());
+  run.train.options.max_steps(20);
+  fasttrain::Run built = build_run(builder, run);
+  FitSummary summary = built.make_trainer()->fit(*built.train_loader, built.test_loader.get());
   EXPECT_LE(summary.peak_memory_bytes, result.budget_bytes);
 }
 
 TEST(BatchFinder, OnCpuTheBudgetIsRequiredAndMustHoldOneSample) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
+  RunBuilder builder;
   try {
-    find_batch_size(config, BatchFinderOptions());
+    find_batch_size(builder, config, BatchFinderOptions());
     FAIL() << "expected ConfigError";
   } catch (const ConfigError& error) {
     EXPECT_NE(std::string(error.what()).find("memory.budget"), std::string::npos) << error.what();
   }
   config.memory.budget("1MiB");  // less than the dataset itself
   try {
-    find_batch_size(config, BatchFinderOptions());
+    find_batch_size(builder, config, BatchFinderOptions());
     FAIL() << "expected Error";
   } catch (const Error& error) {
     EXPECT_NE(
@@ -97,17 +101,19 @@ TEST(BatchFinder, OnCpuTheBudgetIsRequiredAndMustHoldOneSample) {
         std::string::npos)
         << error.what();
   }
-  EXPECT_THROW(find_batch_size(config, BatchFinderOptions().steps(1)), ConfigError);
+  EXPECT_THROW(find_batch_size(builder, config, BatchFinderOptions().measure(MeasureOptions().steps(1))),
+               ConfigError);
 }
 
 TEST(BatchFinder, ResolveReplacesOnlyAuto) {
   FT_REQUIRE_FASHION_MNIST();
   Config config = small_config();
   config.data.batch_size(96);
-  EXPECT_EQ(resolve_batch_size(config).data.batch_size(), 96);
+  RunBuilder builder;
+  EXPECT_EQ(resolve_batch_size(builder, config).data.batch_size(), 96);
   config.data.batch_size(0);
   try {
-    Experiment::build(config);
+    build_run(builder, config);
     FAIL() << "an unresolved \"auto\" must not build";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("resolve"), std::string::npos) << error.what();

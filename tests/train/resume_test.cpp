@@ -1,6 +1,7 @@
 // Run state: a run stopped and resumed from its checkpoint by new objects ends bit-exactly where the
 // run that never stopped ends (weights, buffers, optimizer moments, EMA, RNG, counters), with
-// shuffling, augmentation, dropout and two loader workers. The fresh-process version of these
+// shuffling, augmentation, dropout and two loader workers; for the built-in classifier and for a
+// program's own module with two inputs, trained for regression. The fresh-process version of these
 // checks, through the CLI and signals, is in tests/cli/resume_test.cpp.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -8,11 +9,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "fasttrain/data/tensor_source.h"
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/models/registry.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/optimizer_state.h"
+#include "fasttrain/task/tasks.h"
 #include "fasttrain/train/trainer.h"
 #include "support.h"
 
@@ -28,29 +32,63 @@ constexpr int64_t kEpochs = 3;
 
 struct TrainingRun {
   std::unique_ptr<DataLoader> loader;
-  std::shared_ptr<Model> model;
+  Model model;
   std::unique_ptr<Trainer> trainer;
 };
 
-TrainingRun make_run(uint64_t seed, const std::string& checkpoint_root = "") {
-  static const ImageDataset data = testing::synthetic_images(100, 1, 8, 8, 4, /*seed=*/3);
-  TransformPipeline pipeline({0.5f}, {0.25f});
-  pipeline.add(std::make_shared<RandomCrop>(1));
-  pipeline.add(std::make_shared<HorizontalFlip>(0.5));
+// A program's own module: features and a per-sample scale (a second input) to one value, through a
+// Stage, with dropout.
+struct ScaledRegressorImpl : torch::nn::Module {
+  ScaledRegressorImpl() {
+    layers = register_module("layers", Stage(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Dropout(0.3),
+                                             torch::nn::Linear(16, 1)));
+  }
+  torch::Tensor forward(const torch::Tensor& features, const torch::Tensor& scale) {
+    return layers->forward(features) * scale;  // [B, 1]
+  }
+  Stage layers{nullptr};
+};
+TORCH_MODULE(ScaledRegressor);
+
+// What a run trains: the built-in mlp classifying augmented images, or ScaledRegressor regressing.
+enum class Kind { kImageClassifier, kUserRegressor };
+
+std::shared_ptr<const BatchSource> source_of(Kind kind) {
+  if (kind == Kind::kImageClassifier) {
+    static const ImageDataset data = testing::synthetic_images(100, 1, 8, 8, 4, /*seed=*/3);
+    TransformPipeline pipeline({0.5f}, {0.25f});
+    pipeline.add(std::make_shared<RandomCrop>(1));
+    pipeline.add(std::make_shared<HorizontalFlip>(0.5));
+    return std::make_shared<ImageBatchSource>(data, pipeline);
+  }
+  torch::manual_seed(3);
+  const torch::Tensor features = torch::randn({100, 6}), scale = torch::rand({100, 1}) + 0.5;
+  const torch::Tensor targets = features.sum(1, /*keepdim=*/true) * scale;
+  return std::make_shared<TensorSource>(
+      std::map<std::string, torch::Tensor>{{"inputs", features}, {"scale", scale}, {"targets", targets}});
+}
+
+TrainingRun make_run(uint64_t seed, const std::string& checkpoint_root = "", Kind kind = Kind::kImageClassifier) {
   TrainingRun run;
-  run.loader =
-      std::make_unique<DataLoader>(data, pipeline, LoaderOptions(8).workers(2).shuffle(true).seed(11));
+  run.loader = std::make_unique<DataLoader>(source_of(kind), LoaderOptions(8).workers(2).shuffle(true).seed(11));
   torch::manual_seed(seed);
-  run.model = make_model(
-      ModelOptions("mlp").in_channels(1).height(8).width(8).num_classes(4).hidden({32}).dropout(0.3));
+  std::shared_ptr<Task> task;
+  if (kind == Kind::kImageClassifier) {
+    run.model = make_mlp(MlpOptions().hidden({32}).dropout(0.3), DataShape::images(1, 8, 8, 4));
+    task = std::make_shared<ClassificationTask>();
+  } else {
+    run.model = Model(ScaledRegressor(), [](ScaledRegressorImpl& net, const Batch& batch) {
+      return net.forward(batch.inputs, batch.at("scale"));
+    });
+    task = std::make_shared<RegressionTask>(RegressionOptions().loss("huber"));
+  }
   const int64_t total = planned_steps(TrainOptions().epochs(kEpochs).accumulation(kAccumulation),
                                       run.loader->batches_per_epoch());
   auto optimizer =
-      make_optimizer(run.model->named_parameters(), OptimizerOptions("adamw").lr(3e-3).weight_decay(0.1));
+      make_optimizer(run.model.module().named_parameters(), OptimizerOptions("adamw").lr(3e-3).weight_decay(0.1));
   auto schedule = make_schedule(ScheduleOptions("one-cycle"), 3e-3, 0.9, total);
-  run.trainer = std::make_unique<Trainer>(
-      run.model, std::move(optimizer), std::move(schedule),
-      TrainOptions().epochs(kEpochs).accumulation(kAccumulation).clip_norm(1.0), torch::kCPU);
+  run.trainer = std::make_unique<Trainer>(run.model, task, std::move(optimizer), std::move(schedule),
+                                          TrainOptions().epochs(kEpochs).accumulation(kAccumulation).clip_norm(1.0));
   run.trainer->enable_ema(EmaOptions(0.9));
   if (!checkpoint_root.empty())
     run.trainer->enable_checkpoints(RunCheckpointOptions(checkpoint_root).keep(2));
@@ -86,7 +124,7 @@ void expect_identical(const NamedTensors& a, const NamedTensors& b, const std::s
 void expect_same_run_state(TrainingRun& resumed, TrainingRun& straight, const torch::Tensor& straight_rng) {
   EXPECT_EQ(resumed.trainer->step(), straight.trainer->step());
   EXPECT_EQ(resumed.trainer->progress().samples_seen, straight.trainer->progress().samples_seen);
-  expect_identical(module_state(*resumed.model), module_state(*straight.model), "weights");
+  expect_identical(module_state(resumed.model.module()), module_state(straight.model.module()), "weights");
   expect_identical(optimizer_state(resumed.trainer->optimizer()).tensors,
                    optimizer_state(straight.trainer->optimizer()).tensors,
                    "optimizer state");
@@ -96,22 +134,20 @@ void expect_same_run_state(TrainingRun& resumed, TrainingRun& straight, const to
         << "EMA tensor " << i;
   }
   EXPECT_TRUE(torch::equal(cpu_rng_state(), straight_rng)) << "the global RNG (dropout) diverged";
-  // The schedule's table is the same, and so is the LR of the next step.
-  EXPECT_TRUE(torch::equal(resumed.trainer->scheduled_lr(resumed.trainer->step()),
-                           straight.trainer->scheduled_lr(straight.trainer->step())));
 }
 
 struct StopPoint {
   const char* name;
   int64_t step;
   int64_t window_done;
+  Kind kind = Kind::kImageClassifier;
 };
 
 class ResumeTest : public ::testing::TestWithParam<StopPoint> {};
 
 TEST_P(ResumeTest, StoppedAndResumedByNewObjectsEqualsTheStraightRun) {
   const StopPoint point = GetParam();
-  TrainingRun straight = make_run(5);
+  TrainingRun straight = make_run(5, "", point.kind);
   straight.trainer->fit(*straight.loader, nullptr);
   const torch::Tensor straight_rng = cpu_rng_state();
   ASSERT_EQ(straight.trainer->step(), 9);
@@ -120,9 +156,9 @@ TEST_P(ResumeTest, StoppedAndResumedByNewObjectsEqualsTheStraightRun) {
   const std::string root = dir.file("checkpoints");
   std::string checkpoint;
   {
-    TrainingRun first = make_run(5, root);
+    TrainingRun first = make_run(5, root, point.kind);
     first.trainer->add_callback(std::make_shared<StopAt>(point.step, point.window_done));
-    first.trainer->set_log_every(1);  // on_log after every step: stops at a step boundary
+    first.trainer->set_logging(LogOptions().every_steps(1));  // on_log after every step: stops at a step boundary
     FitSummary summary = first.trainer->fit(*first.loader, nullptr);
     ASSERT_TRUE(summary.interrupted);
     EXPECT_EQ(summary.steps, point.step);
@@ -132,7 +168,7 @@ TEST_P(ResumeTest, StoppedAndResumedByNewObjectsEqualsTheStraightRun) {
   EXPECT_EQ(fs::exists(checkpoint + "/window.safetensors"), point.window_done > 0);
 
   torch::manual_seed(999);  // the resumed process starts from other weights and another RNG state
-  TrainingRun resumed = make_run(77, root);
+  TrainingRun resumed = make_run(77, root, point.kind);
   resumed.trainer->load_checkpoint(checkpoint, resumed.loader->batches_per_epoch());
   EXPECT_EQ(resumed.trainer->progress().window_done, point.window_done);
   FitSummary summary = resumed.trainer->fit(*resumed.loader, nullptr);
@@ -143,7 +179,9 @@ TEST_P(ResumeTest, StoppedAndResumedByNewObjectsEqualsTheStraightRun) {
 INSTANTIATE_TEST_SUITE_P(Points, ResumeTest,
                          ::testing::Values(StopPoint{"MidEpoch", 4, 0}, StopPoint{"EpochEnd", 6, 0},
                                            StopPoint{"InsideAccumulationWindow", 4, 3},
-                                           StopPoint{"InsideTheShortLastWindow", 5, 1}),
+                                           StopPoint{"InsideTheShortLastWindow", 5, 1},
+                                           StopPoint{"UserRegressorMidEpoch", 4, 0, Kind::kUserRegressor},
+                                           StopPoint{"UserRegressorInsideWindow", 4, 3, Kind::kUserRegressor}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Resume, APeriodicCheckpointHoldsTheWholeRunState) {
@@ -182,13 +220,13 @@ TEST(Resume, ADamagedCheckpointIsRejectedBeforeAnythingIsLoaded) {
     file.put('\x7f');
   }
   TrainingRun fresh = make_run(77);
-  const auto before = module_state(*fresh.model);
+  const auto before = module_state(fresh.model.module());
   EXPECT_TRUE(testing::contains_all(testing::error_message([&] {
                                       fresh.trainer->load_checkpoint(checkpoint,
                                                                      fresh.loader->batches_per_epoch());
                                     }),
                                     {"optimizer.safetensors", "sha256"}));
-  expect_identical(module_state(*fresh.model), before, "weights after a rejected load");
+  expect_identical(module_state(fresh.model.module()), before, "weights after a rejected load");
   EXPECT_TRUE(testing::contains_all(
       testing::error_message([&] { fresh.trainer->load_checkpoint(dir.file("nope"), 12); }),
       {"nope", "does not exist"}));
@@ -213,12 +251,12 @@ TEST(Resume, ACheckpointOfAnotherTrainingConfigDoesNotLoad) {
 
 // A model whose loss turns NaN at one forward pass: the run must stop, name that step, and leave
 // no checkpoint of the diverged state.
-class PoisonedMlp : public Model {
+class PoisonedMlpImpl : public torch::nn::Module {
  public:
-  explicit PoisonedMlp(int64_t poisoned_call) : poisoned_call_(poisoned_call) {
+  explicit PoisonedMlpImpl(int64_t poisoned_call) : poisoned_call_(poisoned_call) {
     linear_ = register_module("linear", torch::nn::Linear(64, 4));
   }
-  torch::Tensor forward(torch::Tensor images) override {
+  torch::Tensor forward(torch::Tensor images) {
     auto logits = linear_->forward(images.flatten(1));  // [B, 4]
     if (++calls_ == poisoned_call_) logits = logits * std::numeric_limits<float>::quiet_NaN();
     return logits;
@@ -228,17 +266,18 @@ class PoisonedMlp : public Model {
   torch::nn::Linear linear_{nullptr};
   int64_t calls_ = 0, poisoned_call_;
 };
+TORCH_MODULE(PoisonedMlp);
 
 TEST(Resume, ANonFiniteLossStopsTheRunNamingTheStepAndNothingOfItIsSaved) {
   auto data = testing::synthetic_images(64);
   DataLoader loader(data, TransformPipeline({0.5f}, {0.25f}), LoaderOptions(8).workers(0));  // 8 steps/epoch
-  auto model = std::make_shared<PoisonedMlp>(/*poisoned_call=*/7);
-  Trainer trainer(model, make_optimizer(model->named_parameters(), OptimizerOptions("sgd").lr(0.1)),
-                  make_schedule(ScheduleOptions("constant"), 0.1, 0.9, 100), TrainOptions().epochs(2),
-                  torch::kCPU);
+  PoisonedMlp model(/*poisoned_call=*/7);
+  Trainer trainer(model, std::make_shared<ClassificationTask>(),
+                  make_optimizer(model->named_parameters(), OptimizerOptions("sgd").lr(0.1)),
+                  make_schedule(ScheduleOptions("constant"), 0.1, 0.9, 100), TrainOptions().epochs(2));
   testing::TempDir dir;
   trainer.enable_checkpoints(RunCheckpointOptions(dir.file("checkpoints")).every_steps(5).keep(3));
-  trainer.set_log_every(1000);  // the check before the checkpoint at step 10 must find it
+  trainer.set_logging(LogOptions().every_steps(1000));  // the check before the checkpoint at step 10 must find it
   EXPECT_TRUE(
       testing::contains_all(testing::error_message([&] { trainer.fit(loader, nullptr); }),
                             {"training loss became nan at step 7", "no checkpoint of this state", "step-5"}));

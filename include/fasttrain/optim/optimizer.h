@@ -46,14 +46,14 @@ struct OptimizerOptions {
   FT_KEYS(OptimizerOptions);
   explicit OptimizerOptions(std::string name = "adam") : name_(std::move(name)) {}
   FT_KEY(std::string, name, "Optimizer: sgd, adam, adamw, or one a program registered", one_of(optimizer_names));
-  FT_KEY(double, lr, "Learning rate (the peak of one-cycle and cyclic schedules)", above(0)) = 1e-3;
+  FT_KEY(double, lr, "Learning rate (the peak of one-cycle and cyclic schedules)", at_least(0)) = 1e-3;
   FT_KEY(double, momentum, "sgd momentum", below_one()) = 0.9;
   FT_KEY(bool, nesterov, "sgd Nesterov momentum") = false;
   FT_KEY(double, weight_decay, "Weight decay (decoupled for adamw); never applied to biases and norm weights",
          at_least(0)) = 0.0;
   FT_KEY(double, beta1, "adam/adamw beta1", below_one()) = 0.9;
   FT_KEY(double, beta2, "adam/adamw beta2", below_one()) = 0.999;
-  FT_KEY(double, eps, "adam/adamw epsilon", above(0)) = 1e-8;
+  FT_KEY(double, eps, "adam/adamw epsilon", at_least(0)) = 1e-8;
   FT_KEY(std::string, kernel,
          "How the optimizer steps on the device: fused (ATen's fused multi-tensor kernel, one launch per "
          "group; CUDA, and CPU from LibTorch 2.4), foreach (multi-tensor ops; every LibTorch) or auto (fused "

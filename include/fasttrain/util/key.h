@@ -85,6 +85,13 @@ struct KeyRule {
   KeyTrait trait = KeyTrait::kShapesTraining;
 };
 
+// Whether `value` is a finite number (integers always are): numeric rules refuse inf and NaN.
+template <typename T>
+bool finite(const T& value) {
+  if constexpr (std::is_floating_point_v<T>) return std::isfinite(value);
+  return true;
+}
+
 // Rules, usable for any numeric key type: `FT_KEY(int64_t, steps, "...", at_least(1))`.
 struct AtLeast {
   double minimum;
@@ -92,7 +99,7 @@ struct AtLeast {
   operator KeyRule<T>() const {  // NOLINT: converts to the key's own rule type
     const T bound = static_cast<T>(minimum);
     return KeyRule<T>([bound](const std::string& name, const T& value) {
-      FT_CONFIG_CHECK(value >= bound, "{} must be >= {}, got {}", name, bound, value);
+      FT_CONFIG_CHECK(finite(value) && value >= bound, "{} must be >= {}, got {}", name, bound, value);
     });
   }
 };
@@ -102,7 +109,7 @@ struct Above {
   operator KeyRule<T>() const {  // NOLINT
     const T bound = static_cast<T>(minimum);
     return KeyRule<T>([bound](const std::string& name, const T& value) {
-      FT_CONFIG_CHECK(value > bound, "{} must be > {}, got {}", name, bound, value);
+      FT_CONFIG_CHECK(finite(value) && value > bound, "{} must be > {}, got {}", name, bound, value);
     });
   }
 };
