@@ -1,0 +1,120 @@
+// A model with two inputs, fed by a batch source of your own, trained the way `fasttrain train` trains:
+// from a config, with the run directory, checkpoints, "auto" precision and threads, and every switch.
+// The task: given two Fashion-MNIST images, do they show the same kind of garment?
+//
+//   two_inputs [RUN_DIR] [--set section.key=value ...]      (default: runs/two_inputs)
+//   two_inputs runs/pairs --set train.max_steps=50 --set ema.enabled=true
+#include <fasttrain/fasttrain.h>
+#include <torch/torch.h>
+
+#include <iostream>
+
+// ---- the data: a BatchSource builds whole batches in the loader's worker threads ----
+// Sample i is image i and a partner drawn from (seed, epoch, i): of the same class half the time. The
+// batch has the two images as `inputs` and the field "partner", and 1 (same) or 0 as `targets`.
+class PairSource : public fasttrain::BatchSource {
+ public:
+  PairSource(fasttrain::ImageDataset images, float mean, float stddev)
+      : images_(std::move(images)), mean_(mean), stddev_(stddev) {
+    const int64_t* labels = images_.labels.data_ptr<int64_t>();
+    by_class_.resize(static_cast<size_t>(images_.num_classes));
+    for (int64_t i = 0; i < images_.size(); ++i) by_class_[static_cast<size_t>(labels[i])].push_back(i);
+  }
+
+  int64_t size() const override { return images_.size(); }
+
+  // Plain loops over raw pointers: workers use no torch operator, so they stay off the trainer's threads.
+  fasttrain::Batch build(const fasttrain::BatchRequest& request) const override {
+    const int64_t count = request.count, pixels = 28 * 28;
+    const auto options = torch::TensorOptions().pinned_memory(request.pinned);
+    fasttrain::Batch batch;
+    batch.count = count;
+    batch.inputs = torch::empty({count, 1, 28, 28}, options.dtype(torch::kFloat));
+    batch.fields["partner"] = torch::empty({count, 1, 28, 28}, options.dtype(torch::kFloat));
+    batch.targets = torch::empty({count}, options.dtype(torch::kLong));
+    const uint8_t* images = images_.images.data_ptr<uint8_t>();
+    const int64_t* labels = images_.labels.data_ptr<int64_t>();
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t sample = request.samples[i];
+      fasttrain::SampleRng rng(request.seed, static_cast<uint64_t>(request.epoch), static_cast<uint64_t>(sample));
+      const bool same = rng.uniform() < 0.5;
+      const auto& pool = by_class_[static_cast<size_t>(same ? labels[sample] : (labels[sample] + 1 + rng.below(by_class_.size() - 1)) % by_class_.size())];
+      const int64_t partner = pool[rng.below(pool.size())];
+      normalise(images + sample * pixels, batch.inputs.data_ptr<float>() + i * pixels, pixels);
+      normalise(images + partner * pixels, batch.fields["partner"].data_ptr<float>() + i * pixels, pixels);
+      batch.targets.data_ptr<int64_t>()[i] = labels[partner] == labels[sample] ? 1 : 0;
+    }
+    return batch;
+  }
+
+  // What the run's task and reports read: two classes (different, same).
+  fasttrain::DataShape shape() const override { return fasttrain::DataShape::images(1, 28, 28, 2); }
+  std::string describe() const override { return std::to_string(size()) + " image pairs"; }
+
+ private:
+  void normalise(const uint8_t* in, float* out, int64_t n) const {
+    for (int64_t p = 0; p < n; ++p) out[p] = (static_cast<float>(in[p]) / 255.0f - mean_) / stddev_;
+  }
+  fasttrain::ImageDataset images_;
+  float mean_, stddev_;
+  std::vector<std::vector<int64_t>> by_class_;
+};
+
+// ---- the model: one encoder for both images, a head on how their codes differ ----
+struct SiameseImpl : torch::nn::Module {
+  SiameseImpl() {
+    encoder = register_module(
+        "encoder", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)),
+                                         torch::nn::ReLU(), torch::nn::MaxPool2d(2),
+                                         torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)),
+                                         torch::nn::ReLU(), torch::nn::MaxPool2d(2), torch::nn::Flatten(),
+                                         torch::nn::Linear(32 * 7 * 7, 64)));
+    head = register_module("head", torch::nn::Linear(64, 2));
+  }
+  torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) {  // [B, 1, 28, 28] each
+    return head->forward((encoder->forward(a) - encoder->forward(b)).abs());  // [B, 2] logits
+  }
+  torch::nn::Sequential encoder{nullptr};
+  torch::nn::Linear head{nullptr};
+};
+TORCH_MODULE(Siamese);
+
+// ---- the run: what the config cannot say is ours; the rest (task, optimizer, switches) is the config's ----
+struct PairsRun : fasttrain::RunBuilder {
+  fasttrain::DataSplits data(const fasttrain::Config&) override {
+    auto splits = fasttrain::load_image_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist");
+    auto [mean, stddev] = fasttrain::channel_statistics(splits.train.images);
+    return {std::make_shared<PairSource>(splits.train, mean[0], stddev[0]),
+            std::make_shared<PairSource>(splits.test, mean[0], stddev[0]), "test"};
+  }
+  fasttrain::Model model(const fasttrain::Config&, const fasttrain::DataShape&) override {
+    return fasttrain::Model(Siamese(), [](SiameseImpl& net, const fasttrain::Batch& batch) {
+      return net.forward(batch.inputs, batch.at("partner"));
+    });
+  }
+};
+
+int main(int argc, char** argv) {
+  const std::string run_dir = argc > 1 && argv[1][0] != '-' ? argv[1] : "runs/two_inputs";
+  try {
+    fasttrain::Config config;  // the CLI's defaults, then ours, then the command line's
+    config.data.batch_size(128).workers(1);
+    config.optim.name("adamw").lr(2e-3);
+    config.schedule.name("one-cycle");
+    config.train.precision("auto").threads(0);  // bf16 where native; the cores
+    config.train.options.epochs(1).eval_every_steps(200).target("accuracy >= 0.85");
+    config.checkpoint.every_steps(100);
+    for (int i = 1; i + 1 < argc; ++i) {
+      if (std::string(argv[i]) == "--set") fasttrain::apply_override(config, argv[++i]);
+    }
+    PairsRun builder;
+    auto console = std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "two_inputs");
+    const fasttrain::FitSummary summary =
+        fasttrain::train_run(builder, config, run_dir, fasttrain::RunOptions().resume("latest").reporter(console));
+    std::cout << summary.describe() << "\n";
+    return 0;
+  } catch (const std::exception& error) {
+    std::cerr << "error: " << error.what() << "\n";
+    return 1;
+  }
+}
