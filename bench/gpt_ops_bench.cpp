@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "fasttrain/models/attention.h"
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/detail/json.h"
+#include "fasttrain/models/attention.h"
 
 namespace {
 

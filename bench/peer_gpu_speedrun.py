@@ -21,7 +21,7 @@ The job, as fasttrain runs it (each point read from its source):
   schedule  one-cycle exactly as src/optim/schedule.cpp computes it: pct_start 0.25, div_factor 25,
             final_div_factor 1e3, cos anneal, no momentum cycling, over max_steps 700; step k (0-based) trains
             at lr(k) (fasttrain's scheduled_lr(step)).
-  loss      cross entropy with label smoothing 0.1 on float32 logits (src/train/loss.cpp: the same formula).
+  loss      cross entropy with label smoothing 0.1 on float32 logits (src/task/classification.cpp: the same formula).
   precision bf16 autocast on CUDA (fasttrain's "auto" picks bf16 on sm_80 and later; --precision fp32 for fp32, with
             TF32 allowed as fasttrain's train.tf32 = true); cudnn.benchmark on (train.cudnn_benchmark = true).
   eval      the 10k test set in batches of 1000 (data.eval_batch_size), eval mode, no_grad, under the same

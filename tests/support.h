@@ -56,7 +56,8 @@ class ScopedEnv {
       ::setenv(name.c_str(), value.c_str(), 1);
     }
   }
-  ScopedEnv(const std::string& name, const std::string& value) : ScopedEnv(std::map<std::string, std::string>{{name, value}}) {}
+  ScopedEnv(const std::string& name, const std::string& value)
+      : ScopedEnv(std::map<std::string, std::string>{{name, value}}) {}
   ~ScopedEnv() {
     for (const auto& [name, value] : saved_) {
       if (value) {

@@ -25,10 +25,11 @@ inline Model small_mlp(uint64_t seed, double dropout = 0.0) {
 }
 
 // A trainer of `model` for classification with SGD (momentum 0.9) or another optimizer, at a constant LR.
-inline std::unique_ptr<Trainer> make_trainer(const Model& model, TrainOptions options, double lr = 0.1,
-                                             const std::string& optimizer = "sgd",
-                                             std::shared_ptr<Task> task = std::make_shared<ClassificationTask>()) {
-  auto opt = make_optimizer(model.module().named_parameters(), OptimizerOptions(optimizer).lr(lr).momentum(0.9));
+inline std::unique_ptr<Trainer> make_trainer(
+    const Model& model, TrainOptions options, double lr = 0.1, const std::string& optimizer = "sgd",
+    std::shared_ptr<Task> task = std::make_shared<ClassificationTask>()) {
+  auto opt =
+      make_optimizer(model.module().named_parameters(), OptimizerOptions(optimizer).lr(lr).momentum(0.9));
   auto schedule = make_schedule(ScheduleOptions("constant"), lr, 0.9, 1000);
   return std::make_unique<Trainer>(model, std::move(task), std::move(opt), std::move(schedule), options);
 }

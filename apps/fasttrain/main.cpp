@@ -206,7 +206,8 @@ class FindBatch : public Subcommand {
             app, "find-batch",
             "The largest batch that fits memory.budget (CPU) or the GPU, with samples/s at each size") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.measure().steps(), "Optimizer steps per trial")->capture_default_str();
+    command_->add_option("--steps", options_.measure().steps(), "Optimizer steps per trial")
+        ->capture_default_str();
     command_->add_option("--start", options_.start(), "First batch size tried")->capture_default_str();
     command_->add_option("--max", options_.max_batch(), "Largest batch size tried (0 = the training set)")
         ->capture_default_str();
@@ -235,7 +236,8 @@ class Profile : public Subcommand {
       : Subcommand(app, "profile",
                    "Profile training steps: Chrome trace, memory timeline, time per phase and operator") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.measure().steps(), "Optimizer steps recorded")->capture_default_str();
+    command_->add_option("--steps", options_.measure().steps(), "Optimizer steps recorded")
+        ->capture_default_str();
     command_->add_option("--warmup-steps", options_.measure().warmup_steps(), "Steps run before recording")
         ->capture_default_str();
     command_->add_option("--run-dir", dir_,
@@ -300,7 +302,8 @@ class Tune : public Subcommand {
             app, "tune",
             "Try the switches that apply here, keep what is faster, write the tuned config and the table") {
     add_config_args(*command_, args_, true);
-    command_->add_option("--steps", options_.measure().steps(), "Steps timed per trial")->capture_default_str();
+    command_->add_option("--steps", options_.measure().steps(), "Steps timed per trial")
+        ->capture_default_str();
     command_
         ->add_option("--min-seconds", options_.measure().min_seconds(),
                      "Each trial lasts at least this long, past --steps if need be (short runs are noise)")

@@ -16,20 +16,21 @@
 struct AutoencoderImpl : torch::nn::Module {
   AutoencoderImpl() {
     encoder = register_module(
-        "encoder", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).stride(2).padding(1)),
-                                         torch::nn::ReLU(),  // [B, 16, 14, 14]
-                                         torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).stride(2).padding(1)),
-                                         torch::nn::ReLU(),  // [B, 32, 7, 7]
-                                         torch::nn::Flatten(), torch::nn::Linear(32 * 7 * 7, 16)));
+        "encoder",
+        torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).stride(2).padding(1)),
+                              torch::nn::ReLU(),  // [B, 16, 14, 14]
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).stride(2).padding(1)),
+                              torch::nn::ReLU(),  // [B, 32, 7, 7]
+                              torch::nn::Flatten(), torch::nn::Linear(32 * 7 * 7, 16)));
     decoder = register_module(
-        "decoder",
-        torch::nn::Sequential(torch::nn::Linear(16, 32 * 7 * 7), torch::nn::ReLU(),
-                              torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {32, 7, 7})),
-                              torch::nn::ConvTranspose2d(
-                                  torch::nn::ConvTranspose2dOptions(32, 16, 4).stride(2).padding(1)),  // 14 x 14
-                              torch::nn::ReLU(),
-                              torch::nn::ConvTranspose2d(
-                                  torch::nn::ConvTranspose2dOptions(16, 1, 4).stride(2).padding(1))));  // 28 x 28
+        "decoder", torch::nn::Sequential(
+                       torch::nn::Linear(16, 32 * 7 * 7), torch::nn::ReLU(),
+                       torch::nn::Unflatten(torch::nn::UnflattenOptions(1, {32, 7, 7})),
+                       torch::nn::ConvTranspose2d(
+                           torch::nn::ConvTranspose2dOptions(32, 16, 4).stride(2).padding(1)),  // 14 x 14
+                       torch::nn::ReLU(),
+                       torch::nn::ConvTranspose2d(
+                           torch::nn::ConvTranspose2dOptions(16, 1, 4).stride(2).padding(1))));  // 28 x 28
   }
   // Two outputs by name: the reconstruction, and the code the loss keeps small.
   std::map<std::string, torch::Tensor> forward(const torch::Tensor& images) {  // [B, 1, 28, 28]
@@ -50,11 +51,13 @@ class SparseReconstruction : public fasttrain::Task {
     return mse(output, batch) + kSparsity * output.at("code").abs().mean();
   }
   std::vector<std::string> sum_names() const override { return {"mse_sum", "code_l1_sum", "count"}; }
-  torch::Tensor evaluation_sums(const fasttrain::ModelOutput& output, const fasttrain::Batch& batch) override {
+  torch::Tensor evaluation_sums(const fasttrain::ModelOutput& output,
+                                const fasttrain::Batch& batch) override {
     const double count = static_cast<double>(batch.count);
-    return torch::stack({mse(output, batch).to(torch::kDouble) * count,
-                         output.at("code").abs().mean().to(torch::kDouble) * count,
-                         torch::full({}, count, torch::TensorOptions().dtype(torch::kDouble).device(batch.inputs.device()))});
+    return torch::stack(
+        {mse(output, batch).to(torch::kDouble) * count,
+         output.at("code").abs().mean().to(torch::kDouble) * count,
+         torch::full({}, count, torch::TensorOptions().dtype(torch::kDouble).device(batch.inputs.device()))});
   }
   fasttrain::Metrics metrics(const std::vector<double>& totals) const override {
     fasttrain::Metrics metrics;
@@ -75,7 +78,7 @@ int main(int argc, char** argv) {
   const std::string run_dir = argc > 1 ? argv[1] : "runs/autoencoder";
   const int64_t max_steps = argc > 2 ? std::atoll(argv[2]) : 0;
   try {
-    // ---- data: Fashion-MNIST from Debian's dataset-fashion-mnist, normalised with the training set's statistics ----
+    // ---- data: Fashion-MNIST (Debian's dataset-fashion-mnist), normalised by the training set ----
     auto splits = fasttrain::load_image_dataset("fashion-mnist", "/usr/share/datasets/fashion-mnist");
     auto [mean, stddev] = fasttrain::channel_statistics(splits.train.images);
     fasttrain::DataLoader train(splits.train, fasttrain::TransformPipeline(mean, stddev),
@@ -85,16 +88,22 @@ int main(int argc, char** argv) {
 
     // ---- what runs where: bf16 autocast only where this machine runs bfloat16 natively ----
     const fasttrain::Hardware hardware = fasttrain::detect_hardware(torch::kCPU);
-    const torch::ScalarType precision = fasttrain::parse_precision(fasttrain::auto_precision(hardware).value, torch::kCPU);
+    const torch::ScalarType precision =
+        fasttrain::parse_precision(fasttrain::auto_precision(hardware).value, torch::kCPU);
     std::cout << hardware.describe() << ": training in " << fasttrain::precision_name(precision) << "\n";
 
     // ---- the trainer: the model, the task, the optimizer and the schedule ----
     torch::manual_seed(0);
     fasttrain::Model model(Autoencoder{});
-    auto options = fasttrain::TrainOptions().epochs(2).max_steps(max_steps).clip_norm(1.0).precision(precision)
-                       .eval_every_steps(max_steps > 0 ? max_steps : 0).target("mse <= 0.25");
-    auto optimizer = fasttrain::make_optimizer(model.module().named_parameters(),
-                                               fasttrain::OptimizerOptions("adamw").lr(3e-3).weight_decay(1e-4));
+    auto options = fasttrain::TrainOptions()
+                       .epochs(2)
+                       .max_steps(max_steps)
+                       .clip_norm(1.0)
+                       .precision(precision)
+                       .eval_every_steps(max_steps > 0 ? max_steps : 0)
+                       .target("mse <= 0.25");
+    auto optimizer = fasttrain::make_optimizer(
+        model.module().named_parameters(), fasttrain::OptimizerOptions("adamw").lr(3e-3).weight_decay(1e-4));
     auto schedule = fasttrain::make_schedule(fasttrain::ScheduleOptions("one-cycle"), 3e-3, 0.9,
                                              fasttrain::planned_steps(options, train.batches_per_epoch()));
     fasttrain::Trainer trainer(model, std::make_shared<SparseReconstruction>(), std::move(optimizer),
@@ -105,13 +114,16 @@ int main(int argc, char** argv) {
     // ---- continue an earlier run, or start a new one ----
     if (auto latest = fasttrain::latest_checkpoint(run_dir + "/checkpoints")) {
       trainer.load_checkpoint(latest->dir, train.batches_per_epoch());
-      fasttrain::truncate_metrics(run_dir + "/metrics.jsonl", trainer.step());  // the records after it are redone
+      fasttrain::truncate_metrics(run_dir + "/metrics.jsonl",
+                                  trainer.step());  // the records after it are redone
       std::cout << "resuming from " << latest->dir << "\n";
     } else {
       fasttrain::clear_run_dir(run_dir);  // a new run: no metrics or events of an earlier one
     }
-    auto console = std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "autoencoder");
-    trainer.add_callback(std::make_shared<fasttrain::RunLogger>(run_dir, console));  // metrics.jsonl, TensorBoard
+    auto console =
+        std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "autoencoder");
+    trainer.add_callback(
+        std::make_shared<fasttrain::RunLogger>(run_dir, console));  // metrics.jsonl, TensorBoard
 
     const fasttrain::FitSummary summary = trainer.fit(train, &test);
     std::filesystem::create_directories(run_dir + "/final");

@@ -15,12 +15,13 @@ struct MyConvNetImpl : torch::nn::Module {
   explicit MyConvNetImpl(int64_t classes) {
     // Conv2dOptions' default bias = true: a bias before each BatchNorm.
     layers = register_module(
-        "layers", fasttrain::Stage(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 24, 3).padding(1)),
-                                   torch::nn::BatchNorm2d(24), torch::nn::ReLU(), torch::nn::MaxPool2d(2),  // 14 x 14
-                                   torch::nn::Conv2d(torch::nn::Conv2dOptions(24, 48, 3).padding(1)),
-                                   torch::nn::BatchNorm2d(48), torch::nn::ReLU(), torch::nn::MaxPool2d(2),  // 7 x 7
-                                   torch::nn::Flatten(), torch::nn::Linear(48 * 7 * 7, 100), torch::nn::ReLU(),
-                                   torch::nn::Linear(100, classes)));
+        "layers",
+        fasttrain::Stage(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 24, 3).padding(1)),
+                         torch::nn::BatchNorm2d(24), torch::nn::ReLU(), torch::nn::MaxPool2d(2),  // 14 x 14
+                         torch::nn::Conv2d(torch::nn::Conv2dOptions(24, 48, 3).padding(1)),
+                         torch::nn::BatchNorm2d(48), torch::nn::ReLU(), torch::nn::MaxPool2d(2),  // 7 x 7
+                         torch::nn::Flatten(), torch::nn::Linear(48 * 7 * 7, 100), torch::nn::ReLU(),
+                         torch::nn::Linear(100, classes)));
   }
   torch::Tensor forward(const torch::Tensor& images) { return layers->forward(images); }
   fasttrain::Stage layers{nullptr};
@@ -44,10 +45,13 @@ int main(int argc, char** argv) {
     config.train.threads(0).precision("auto");
     auto console = std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "doctor");
     MyRun builder;
-    const fasttrain::DoctorReport report = fasttrain::diagnose(
-        builder, config, out_dir,
-        fasttrain::DoctorOptions().measure(
-            fasttrain::MeasureOptions().steps(steps).warmup_steps(3).min_seconds(min_seconds).reporter(console)));
+    const fasttrain::DoctorReport report =
+        fasttrain::diagnose(builder, config, out_dir,
+                            fasttrain::DoctorOptions().measure(fasttrain::MeasureOptions()
+                                                                   .steps(steps)
+                                                                   .warmup_steps(3)
+                                                                   .min_seconds(min_seconds)
+                                                                   .reporter(console)));
     std::cout << report.text();
     fasttrain::write_json_file(out_dir + "/doctor.json", report.to_json());
     return 0;

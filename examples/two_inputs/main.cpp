@@ -36,9 +36,11 @@ class PairSource : public fasttrain::BatchSource {
     const int64_t* labels = images_.labels.data_ptr<int64_t>();
     for (int64_t i = 0; i < count; ++i) {
       const int64_t sample = request.samples[i];
-      fasttrain::SampleRng rng(request.seed, static_cast<uint64_t>(request.epoch), static_cast<uint64_t>(sample));
+      fasttrain::SampleRng rng(request.seed, static_cast<uint64_t>(request.epoch),
+                               static_cast<uint64_t>(sample));
       const bool same = rng.uniform() < 0.5;
-      const auto& pool = by_class_[static_cast<size_t>(same ? labels[sample] : (labels[sample] + 1 + rng.below(by_class_.size() - 1)) % by_class_.size())];
+      const auto& pool = by_class_[static_cast<size_t>(
+          same ? labels[sample] : (labels[sample] + 1 + rng.below(by_class_.size() - 1)) % by_class_.size())];
       const int64_t partner = pool[rng.below(pool.size())];
       normalise(images + sample * pixels, batch.inputs.data_ptr<float>() + i * pixels, pixels);
       normalise(images + partner * pixels, batch.fields["partner"].data_ptr<float>() + i * pixels, pixels);
@@ -71,7 +73,7 @@ struct SiameseImpl : torch::nn::Module {
                                          torch::nn::Linear(32 * 7 * 7, 64)));
     head = register_module("head", torch::nn::Linear(64, 2));
   }
-  torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) {  // [B, 1, 28, 28] each
+  torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) {     // [B, 1, 28, 28] each
     return head->forward((encoder->forward(a) - encoder->forward(b)).abs());  // [B, 2] logits
   }
   torch::nn::Sequential encoder{nullptr};
@@ -108,9 +110,10 @@ int main(int argc, char** argv) {
       if (std::string(argv[i]) == "--set") fasttrain::apply_override(config, argv[++i]);
     }
     PairsRun builder;
-    auto console = std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "two_inputs");
-    const fasttrain::FitSummary summary =
-        fasttrain::train_run(builder, config, run_dir, fasttrain::RunOptions().resume("latest").reporter(console));
+    auto console =
+        std::make_shared<fasttrain::ConsoleReporter>(fasttrain::Progress::Mode::kLines, "two_inputs");
+    const fasttrain::FitSummary summary = fasttrain::train_run(
+        builder, config, run_dir, fasttrain::RunOptions().resume("latest").reporter(console));
     std::cout << summary.describe() << "\n";
     return 0;
   } catch (const std::exception& error) {

@@ -44,8 +44,9 @@ KeyValue key_value(const toml::node& node) {
     value.kind = KeyValue::Kind::kArray;
     for (const auto& element : *node.as_array()) value.array.push_back(key_value(element));
   } else {
-    throw ConfigError("a TOML table or date is not a config value here (keys take numbers, strings, booleans and "
-                      "arrays)");
+    throw ConfigError(
+        "a TOML table or date is not a config value here (keys take numbers, strings, booleans and "
+        "arrays)");
   }
   return value;
 }
@@ -102,7 +103,8 @@ const std::vector<Part>& parts() {
         "sequence model), or one a program registered; its own keys follow",
         [](Config& c) -> Selection<DatasetRecipe>& { return c.data.dataset; }));
     p.push_back(struct_part<DataConfig>("data", [](Config& c) -> DataConfig& { return c.data; }));
-    p.push_back(struct_part<LoaderOptions>("data", [](Config& c) -> LoaderOptions& { return c.data.loader; }));
+    p.push_back(
+        struct_part<LoaderOptions>("data", [](Config& c) -> LoaderOptions& { return c.data.loader; }));
     p.push_back(selection_part<ModelRecipe>(
         "model", "name", "Model: cnn, gpt, mlp, resnet, or one a program registered; its own keys follow",
         [](Config& c) -> Selection<ModelRecipe>& { return c.model; }));
@@ -112,9 +114,12 @@ const std::vector<Part>& parts() {
         "language_modeling for text), classification, language_modeling, regression, reconstruction, or one "
         "a program registered; its own keys follow",
         [](Config& c) -> Selection<TaskRecipe>& { return c.task; }));
-    p.push_back(struct_part<OptimizerOptions>("optim", [](Config& c) -> OptimizerOptions& { return c.optim; }));
-    p.push_back(struct_part<ScheduleOptions>("schedule", [](Config& c) -> ScheduleOptions& { return c.schedule; }));
-    p.push_back(struct_part<TrainOptions>("train", [](Config& c) -> TrainOptions& { return c.train.options; }));
+    p.push_back(
+        struct_part<OptimizerOptions>("optim", [](Config& c) -> OptimizerOptions& { return c.optim; }));
+    p.push_back(
+        struct_part<ScheduleOptions>("schedule", [](Config& c) -> ScheduleOptions& { return c.schedule; }));
+    p.push_back(
+        struct_part<TrainOptions>("train", [](Config& c) -> TrainOptions& { return c.train.options; }));
     p.push_back(struct_part<TrainConfig>("train", [](Config& c) -> TrainConfig& { return c.train; }));
     p.push_back(struct_part<EmaConfig>("ema", [](Config& c) -> EmaConfig& { return c.ema; }));
     p.push_back(struct_part<EmaOptions>("ema", [](Config& c) -> EmaOptions& { return c.ema.options; }));
@@ -148,8 +153,12 @@ std::vector<Field> struct_fields(const std::string& section, const std::vector<K
   for (const KeyInfo& info : keys) {
     Field field{section, info.name, info.help, info.trait, false, nullptr, nullptr};
     const std::string name = field.name();
-    field.read = [object, info, name](Config& config, const KeyValue& value) { info.read(object(config), value, name); };
-    field.write = [object, info](const Config& config) { return info.write(object(const_cast<Config&>(config))); };
+    field.read = [object, info, name](Config& config, const KeyValue& value) {
+      info.read(object(config), value, name);
+    };
+    field.write = [object, info](const Config& config) {
+      return info.write(object(const_cast<Config&>(config)));
+    };
     fields.push_back(std::move(field));
   }
   return fields;
@@ -163,14 +172,15 @@ std::vector<Field> fields_of(const Config& config) {
       all.insert(all.end(), fields.begin(), fields.end());
       continue;
     }
-    Field name{part.section, part.selector, part.selector_help, KeyTrait::kShapesTraining, true, nullptr, nullptr};
+    Field name{part.section, part.selector, part.selector_help, KeyTrait::kShapesTraining, true,
+               nullptr,      nullptr};
     const std::string qualified = name.name();
     name.read = [part, qualified](Config& c, const KeyValue& value) {
       std::string chosen;
       read_key_value(value, qualified, chosen);
       const auto valid = part.choices(c);
-      FT_CONFIG_CHECK(std::find(valid.begin(), valid.end(), chosen) != valid.end(), "{} '{}' is not allowed; valid: {}",
-                      qualified, chosen, fmt::join(valid, ", "));
+      FT_CONFIG_CHECK(std::find(valid.begin(), valid.end(), chosen) != valid.end(),
+                      "{} '{}' is not allowed; valid: {}", qualified, chosen, fmt::join(valid, ", "));
       part.select(c, chosen);
     };
     name.write = [part](const Config& c) { return key_literal(part.selected(c)); };
@@ -222,8 +232,8 @@ Field find_field(const Config& config, const std::string& section, const std::st
     if (field.key == key) return field;
     keys.push_back(field.key);
   }
-  throw ConfigError(fmt::format("unknown config key {}.{}; valid keys of [{}]{}: {}", section, key, section, selected,
-                                fmt::join(keys, ", ")));
+  throw ConfigError(fmt::format("unknown config key {}.{}; valid keys of [{}]{}: {}", section, key, section,
+                                selected, fmt::join(keys, ", ")));
 }
 
 void read_field(Config& config, const std::string& section, const std::string& key, const KeyValue& value) {
@@ -332,7 +342,8 @@ std::map<std::string, std::string> training_keys(const Config& config) {
 std::string training_fingerprint(const Config& config) {
   std::string text;
   for (const Field& field : fields_of(config)) {
-    if (field.trait == KeyTrait::kShapesTraining) text += fmt::format("{} = {}\n", field.name(), field.write(config));
+    if (field.trait == KeyTrait::kShapesTraining)
+      text += fmt::format("{} = {}\n", field.name(), field.write(config));
   }
   return sha256_hex(text);
 }
@@ -360,10 +371,12 @@ RunLengthChange run_length_change(const Config& saved, const Config& now) {
   // `before` and `after` as written; compared as `from` and `to` (max_steps = 0 is no step limit).
   auto note = [&](const std::string& key, int64_t before, int64_t after, int64_t from, int64_t to) {
     if (from == to) return;
-    (to > from ? change.longer : change.shorter).push_back(fmt::format("train.{} {} -> {}", key, before, after));
+    (to > from ? change.longer : change.shorter)
+        .push_back(fmt::format("train.{} {} -> {}", key, before, after));
   };
   auto step_limit = [](const Config& c) {
-    return c.train.options.max_steps() > 0 ? c.train.options.max_steps() : std::numeric_limits<int64_t>::max();
+    return c.train.options.max_steps() > 0 ? c.train.options.max_steps()
+                                           : std::numeric_limits<int64_t>::max();
   };
   const TrainOptions& before = saved.train.options;
   const TrainOptions& after = now.train.options;
@@ -376,7 +389,8 @@ namespace {
 
 std::string key_table(const std::vector<Field>& fields, const Config& config) {
   std::string out = "| key | default | meaning |\n| --- | --- | --- |\n";
-  for (const Field& field : fields) out += fmt::format("| `{}` | `{}` | {} |\n", field.key, field.write(config), field.help);
+  for (const Field& field : fields)
+    out += fmt::format("| `{}` | `{}` | {} |\n", field.key, field.write(config), field.help);
   return out;
 }
 
@@ -387,9 +401,11 @@ std::string config_reference() {
   std::string out =
       "# Configuration reference\n\n"
       "Every key of a fasttrain TOML config, its default and its meaning. Override any key on the command\n"
-      "line with `--set section.key=value`. The keys of [data], [model] and [task] that follow their name key\n"
+      "line with `--set section.key=value`. The keys of [data], [model] and [task] that follow their name "
+      "key\n"
       "(data.dataset, model.name, task.name) are the named component's own: each registered one is listed\n"
-      "with its keys. This file is generated by `fasttrain config --reference`; a test keeps it in step with\n"
+      "with its keys. This file is generated by `fasttrain config --reference`; a test keeps it in step "
+      "with\n"
       "the code.\n";
   const std::vector<Field> fields = fields_of(defaults);
   for (const std::string& section : sections()) {

@@ -11,6 +11,11 @@ namespace fasttrain {
 
 // ---- Batch ----
 
+Batch::Batch(torch::Tensor inputs_in, torch::Tensor targets_in)
+    : inputs(std::move(inputs_in)), targets(std::move(targets_in)) {
+  count = inputs.defined() && inputs.dim() > 0 ? inputs.size(0) : 0;
+}
+
 const torch::Tensor& Batch::at(const std::string& name) const {
   if (name == "inputs" && inputs.defined()) return inputs;
   if (name == "targets" && targets.defined()) return targets;
@@ -48,13 +53,14 @@ Batch Batch::map(const std::function<torch::Tensor(const torch::Tensor&)>& fn) c
 }
 
 void Batch::copy_from(const Batch& other, bool non_blocking) {
-  FT_CHECK(names() == other.names(), "a batch of tensors [{}] cannot take one of [{}]", fmt::join(names(), ", "),
-           fmt::join(other.names(), ", "));
+  FT_CHECK(names() == other.names(), "a batch of tensors [{}] cannot take one of [{}]",
+           fmt::join(names(), ", "), fmt::join(other.names(), ", "));
   for (const auto& name : names()) {
     torch::Tensor& into = name == "inputs" ? inputs : name == "targets" ? targets : fields.at(name);
     const torch::Tensor& from = other.at(name);
-    FT_CHECK(into.sizes() == from.sizes(), "batch tensor '{}' has shape {} here and {} in the batch copied in", name,
-             into.sizes(), from.sizes());
+    FT_CHECK(into.sizes() == from.sizes(),
+             "batch tensor '{}' has shape {} here and {} in the batch copied in", name, into.sizes(),
+             from.sizes());
     into.copy_(from, non_blocking);
   }
   count = other.count;
@@ -176,8 +182,9 @@ std::string ImageBatchSource::describe() const {
 int64_t ImageBatchSource::resident_bytes() const {
   if (!pipeline_.maps_pixels()) return 0;
   // What ResidentImageBatches holds: uint8 pixels and a zero pixel each when augmented, else fp32.
-  const int64_t images = pipeline_.has_augmentations() ? dataset_.images.numel() + dataset_.size() * dataset_.channels()
-                                                       : dataset_.images.numel() * static_cast<int64_t>(sizeof(float));
+  const int64_t images = pipeline_.has_augmentations()
+                             ? dataset_.images.numel() + dataset_.size() * dataset_.channels()
+                             : dataset_.images.numel() * static_cast<int64_t>(sizeof(float));
   return images + dataset_.labels.numel() * static_cast<int64_t>(sizeof(int64_t));
 }
 

@@ -21,7 +21,8 @@ std::pair<std::vector<float>, std::vector<float>> normalisation(const ImageDataO
 }
 
 TransformPipeline make_pipeline(const ImageDataOptions& options,
-                                const std::pair<std::vector<float>, std::vector<float>>& stats, bool augment) {
+                                const std::pair<std::vector<float>, std::vector<float>>& stats,
+                                bool augment) {
   TransformPipeline pipeline(stats.first, stats.second);
   if (augment && options.crop_padding() > 0)
     pipeline.add(std::make_shared<RandomCrop>(options.crop_padding()));
@@ -35,9 +36,9 @@ DatasetRecipe image_dataset(const std::string& name) {
     FT_CONFIG_CHECK(name != "idx" || !options.path().empty(),
                     "data.path must name the IDX directory when data.dataset = \"idx\"");
     const std::string path = options.path().empty() ? "/usr/share/datasets/" + name : options.path();
-    FT_CONFIG_CHECK(std::filesystem::is_directory(path), "data.path '{}' is not a directory{}", path,
-                    options.path().empty() ? " (install Debian's dataset-" + name + " package or set data.path)"
-                                           : "");
+    FT_CONFIG_CHECK(
+        std::filesystem::is_directory(path), "data.path '{}' is not a directory{}", path,
+        options.path().empty() ? " (install Debian's dataset-" + name + " package or set data.path)" : "");
     return image_splits(load_image_dataset(name, path), options);
   });
 }
@@ -71,14 +72,16 @@ DataSplits text_splits(const TextDataOptions& options, const DataRequest& reques
 DataSplits image_splits(const ImageSplits& images, const ImageDataOptions& options) {
   ImageDataset train = images.train;
   if (options.train_limit() > 0) {
-    FT_CONFIG_CHECK(options.train_limit() <= train.size(), "data.train_limit {} exceeds the {} training samples",
-                    options.train_limit(), train.size());
+    FT_CONFIG_CHECK(options.train_limit() <= train.size(),
+                    "data.train_limit {} exceeds the {} training samples", options.train_limit(),
+                    train.size());
     train = train.head(options.train_limit());
   }
   const auto stats = normalisation(options, train);
   DataSplits splits;
   splits.train = std::make_shared<ImageBatchSource>(train, make_pipeline(options, stats, /*augment=*/true));
-  splits.test = std::make_shared<ImageBatchSource>(images.test, make_pipeline(options, stats, /*augment=*/false));
+  splits.test =
+      std::make_shared<ImageBatchSource>(images.test, make_pipeline(options, stats, /*augment=*/false));
   return splits;
 }
 

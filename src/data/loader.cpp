@@ -66,8 +66,10 @@ DataLoader::DataLoader(std::shared_ptr<const BatchSource> source, LoaderOptions 
   FT_CHECK(source_ != nullptr, "DataLoader needs a batch source");
   check_keys(options_, "data");
   FT_CONFIG_CHECK(options_.batch_size() > 0, "data.batch_size must be > 0, got {}", options_.batch_size());
-  FT_CONFIG_CHECK(options_.workers() >= 0, "data.workers must be 0 (load in the training thread) or a thread "
-                  "count, got {}", options_.workers());
+  FT_CONFIG_CHECK(options_.workers() >= 0,
+                  "data.workers must be 0 (load in the training thread) or a thread "
+                  "count, got {}",
+                  options_.workers());
   FT_CHECK(source_->size() > 0, "DataLoader: the source is empty ({})", source_->describe());
   FT_CHECK(options_.world_size() >= 1 && options_.rank() >= 0 && options_.rank() < options_.world_size(),
            "DataLoader: rank {} is not in [0, world_size {})", options_.rank(), options_.world_size());
@@ -225,6 +227,10 @@ std::optional<Batch> DataLoader::build_batch(int64_t epoch, int64_t index, const
   };
   Batch batch = resident_ ? resident_->build(request) : source_->build(request);
   if (request.abandoned()) return std::nullopt;
+  FT_CHECK(batch.count > 0,
+           "{} built a batch with Batch::count = {} for {} samples: set count to what the batch "
+           "holds (its samples, or its target tokens), which samples/s and samples seen count",
+           source_->describe(), batch.count, request.count);
   batch.epoch = epoch;
   batch.index = index;
   return batch;

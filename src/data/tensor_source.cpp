@@ -30,8 +30,8 @@ TensorSource::TensorSource(std::map<std::string, torch::Tensor> tensors, std::st
   if (tensors_.count("targets")) {
     const torch::Tensor& targets = tensors_.at("targets");
     if (targets.dim() == 1 && !torch::isFloatingType(targets.scalar_type())) {
-      FT_CHECK(targets.min().item<int64_t>() >= 0, "{}: class targets must be >= 0, the smallest is {}", what_,
-               targets.min().item<int64_t>());
+      FT_CHECK(targets.min().item<int64_t>() >= 0, "{}: class targets must be >= 0, the smallest is {}",
+               what_, targets.min().item<int64_t>());
       classes_ = targets.max().item<int64_t>() + 1;
     }
   }
@@ -50,8 +50,9 @@ torch::Tensor gather_rows(const torch::Tensor& from, const BatchRequest& request
   std::vector<int64_t> sizes = from.sizes().vec();
   sizes[0] = request.count;
   const bool nhwc = request.channels_last && from.dim() == 4;
-  torch::Tensor out = torch::empty(sizes, from.options().pinned_memory(request.pinned),
-                                   nhwc ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous);
+  torch::Tensor out =
+      torch::empty(sizes, from.options().pinned_memory(request.pinned),
+                   nhwc ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous);
   const int64_t row = from.numel() / from.size(0);
   const size_t row_bytes = static_cast<size_t>(row) * from.element_size();
   const auto* source = static_cast<const char*>(from.data_ptr());

@@ -76,7 +76,8 @@ PixelMap PixelMap::identity(const SampleShape& shape) {
 void PixelMap::then(const PixelMap& next) {
   auto compose = [](const std::vector<int64_t>& first, const std::vector<int64_t>& second) {
     std::vector<int64_t> out(second.size());
-    for (size_t i = 0; i < second.size(); ++i) out[i] = second[i] < 0 ? -1 : first[static_cast<size_t>(second[i])];
+    for (size_t i = 0; i < second.size(); ++i)
+      out[i] = second[i] < 0 ? -1 : first[static_cast<size_t>(second[i])];
     return out;
   };
   rows = compose(rows, next.rows);
@@ -120,7 +121,8 @@ bool RandomCrop::pixel_map(const SampleShape& shape, SampleRng& rng, PixelMap& m
   const int64_t dx = static_cast<int64_t>(rng.below(2 * p + 1)) - p;
   auto shifted = [](int64_t size, int64_t by) {
     std::vector<int64_t> source(static_cast<size_t>(size));
-    for (int64_t i = 0; i < size; ++i) source[static_cast<size_t>(i)] = i + by >= 0 && i + by < size ? i + by : -1;
+    for (int64_t i = 0; i < size; ++i)
+      source[static_cast<size_t>(i)] = i + by >= 0 && i + by < size ? i + by : -1;
     return source;
   };
   map.rows = shifted(shape.height, dy);

@@ -5,11 +5,11 @@
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/detail/flat_buffer.h"
 #include "fasttrain/dist/fully_sharded.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 

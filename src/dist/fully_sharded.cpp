@@ -69,7 +69,8 @@ FullySharded::FullySharded(ProcessGroup& group, torch::nn::Module& module) : gro
           }
         }
         if (parameters.empty()) continue;  // pooling, activations: nothing to gather
-        const std::pair<const void*, size_t> block{static_cast<const torch::nn::SequentialImpl*>(stage), start};
+        const std::pair<const void*, size_t> block{static_cast<const torch::nn::SequentialImpl*>(stage),
+                                                   start};
         block_units_[block] = unit_parameters_.size() + 1;
         unit_parameters_.emplace_back(names[(*(stage->begin() + start)).ptr().get()], std::move(parameters));
       }

@@ -17,8 +17,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 

@@ -20,7 +20,8 @@ const std::string& with_directory(const std::string& path) {
 
 }  // namespace
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path), out_(with_directory(path), std::ios::app) {
+MetricsWriter::MetricsWriter(const std::string& path)
+    : path_(path), out_(with_directory(path), std::ios::app) {
   FT_CHECK(out_.good(), "cannot open metrics file '{}' for writing", path);
 }
 

@@ -7,10 +7,10 @@
 #include <mutex>
 #include <optional>
 
+#include "fasttrain/detail/tensor_guard.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/rng.h"
-#include "fasttrain/detail/tensor_guard.h"
 
 namespace fasttrain {
 
@@ -144,14 +144,16 @@ torch::Tensor checkpoint(const CheckpointBlock& block, const torch::Tensor& inpu
 }
 
 CheckpointPolicy CheckpointPolicy::every_k(int64_t k) {
-  FT_CONFIG_CHECK(k >= 1, "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}", k);
+  FT_CONFIG_CHECK(k >= 1, "memory.checkpoint_every must be >= 1 with memory.checkpoint = 'every_k', got {}",
+                  k);
   return {k};
 }
 
 CheckpointPolicy CheckpointPolicy::parse(const std::string& mode, int64_t every) {
   if (mode == "none") return none();
   if (mode == "blocks") return blocks();
-  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'", mode);
+  FT_CONFIG_CHECK(mode == "every_k", "memory.checkpoint must be one of none, blocks, every_k; got '{}'",
+                  mode);
   return every_k(every);
 }
 

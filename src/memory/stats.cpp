@@ -13,8 +13,8 @@
 #include <type_traits>
 #include <unordered_map>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 

@@ -4,8 +4,8 @@
 
 #include <cmath>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 

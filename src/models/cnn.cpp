@@ -37,8 +37,8 @@ class Cnn : public torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor images) {
-    auto maps = features_->forward(images);           // [B, widths.back(), H / 2^S, W / 2^S]
-    return classifier_->forward(maps.flatten(1));     // [B, outputs]
+    auto maps = features_->forward(images);        // [B, widths.back(), H / 2^S, W / 2^S]
+    return classifier_->forward(maps.flatten(1));  // [B, outputs]
   }
 
  private:

@@ -23,7 +23,8 @@ std::string generate_text(const Model& model, const std::string& prompt, const G
   const bool was_training = module.is_training();
   module.eval();
   torch::NoGradGuard no_grad;
-  const torch::Device device = module.parameters().empty() ? torch::kCPU : module.parameters().front().device();
+  const torch::Device device =
+      module.parameters().empty() ? torch::kCPU : module.parameters().front().device();
 
   std::vector<int64_t> tokens;
   if (prompt.empty()) tokens.push_back(kEndOfDocument);

@@ -114,8 +114,9 @@ Model make_gpt(const GptOptions& options, const DataShape& shape) {
   FT_CONFIG_CHECK(shape.vocabulary > 0 && shape.input.size() == 1,
                   "model 'gpt' takes token sequences [T] (data.dataset = \"text\"); the data gives {}",
                   shape.describe());
-  FT_CONFIG_CHECK(options.embed() % options.heads() == 0, "model.embed ({}) must be a multiple of model.heads ({})",
-                  options.embed(), options.heads());
+  FT_CONFIG_CHECK(options.embed() % options.heads() == 0,
+                  "model.embed ({}) must be a multiple of model.heads ({})", options.embed(),
+                  options.heads());
   return Model(std::make_shared<Gpt>(options, shape.vocabulary));
 }
 

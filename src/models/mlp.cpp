@@ -12,8 +12,8 @@ class Mlp : public torch::nn::Module {
   Mlp(const MlpOptions& options, const DataShape& shape) {
     int64_t features = 1;
     for (int64_t size : shape.input) features *= size;
-    layers_ = register_module("layers",
-                              classifier_head(features, options.hidden(), options.dropout(), output_count(shape, "mlp")));
+    layers_ = register_module(
+        "layers", classifier_head(features, options.hidden(), options.dropout(), output_count(shape, "mlp")));
   }
 
   torch::Tensor forward(torch::Tensor inputs) {

@@ -13,8 +13,10 @@ namespace fasttrain {
 // ---- ModelOutput ----
 
 const torch::Tensor& ModelOutput::tensor() const {
-  FT_CHECK(!named(), "the model's forward gave named outputs ({}), not one tensor: a task that takes one needs "
-           "a forward that returns one", fmt::join(names(), ", "));
+  FT_CHECK(!named(),
+           "the model's forward gave named outputs ({}), not one tensor: a task that takes one needs "
+           "a forward that returns one",
+           fmt::join(names(), ", "));
   return tensor_;
 }
 

@@ -7,12 +7,13 @@
 namespace fasttrain {
 
 KeyRule<std::vector<int64_t>> positive_sizes(bool allow_empty) {
-  return KeyRule<std::vector<int64_t>>([allow_empty](const std::string& name, const std::vector<int64_t>& sizes) {
-    FT_CONFIG_CHECK(allow_empty || !sizes.empty(), "{} must list at least one size, got []", name);
-    for (int64_t size : sizes) {
-      FT_CONFIG_CHECK(size > 0, "{} entries must be > 0, got [{}]", name, fmt::join(sizes, ", "));
-    }
-  });
+  return KeyRule<std::vector<int64_t>>(
+      [allow_empty](const std::string& name, const std::vector<int64_t>& sizes) {
+        FT_CONFIG_CHECK(allow_empty || !sizes.empty(), "{} must list at least one size, got []", name);
+        for (int64_t size : sizes) {
+          FT_CONFIG_CHECK(size > 0, "{} entries must be > 0, got [{}]", name, fmt::join(sizes, ", "));
+        }
+      });
 }
 
 Registry<ModelRecipe>& model_registry() {
@@ -42,10 +43,11 @@ int64_t output_count(const DataShape& shape, const std::string& model) {
                     shape.classes);
     return shape.classes;
   }
-  FT_CONFIG_CHECK(torch::isFloatingType(shape.target_dtype),
-                  "model '{}' needs to know how many classes there are: the data's targets are class ids, but "
-                  "it does not say how many ({})",
-                  model, shape.describe());
+  FT_CONFIG_CHECK(
+      torch::isFloatingType(shape.target_dtype),
+      "model '{}' needs to know how many classes there are: the data's targets are class ids, but "
+      "it does not say how many ({})",
+      model, shape.describe());
   int64_t values = 1;
   for (int64_t size : shape.target) values *= size;
   return values;

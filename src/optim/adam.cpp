@@ -4,9 +4,9 @@
 //   p <- p - lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 #include <torch/torch.h>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 
@@ -101,7 +101,8 @@ class Adam : public Optimizer {
 
 OptimizerRecipe adam_recipe(bool decoupled) {
   return {[](const OptimizerOptions& options) { return options.beta1(); },
-          [decoupled](std::vector<ParamGroup> groups, const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
+          [decoupled](std::vector<ParamGroup> groups,
+                      const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
             return std::make_unique<Adam>(std::move(groups), options, decoupled);
           }};
 }

@@ -2,8 +2,8 @@
 
 #include <torch/torch.h>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
@@ -19,7 +19,8 @@ std::vector<torch::Tensor> gradients_of(const std::vector<torch::Tensor>& parame
 
 torch::Tensor total_norm(const std::vector<torch::Tensor>& grads, const SquaredNormReducer& reduce) {
   // One multi-tensor kernel for every gradient's norm (torch.nn.utils.clip_grad_norm_'s foreach path).
-  torch::Tensor total = grads.empty() ? torch::zeros({}) : torch::stack(torch::_foreach_norm(grads, 2)).norm(2);
+  torch::Tensor total =
+      grads.empty() ? torch::zeros({}) : torch::stack(torch::_foreach_norm(grads, 2)).norm(2);
   if (!reduce) return total;
   torch::Tensor squared = total * total;
   reduce(squared);

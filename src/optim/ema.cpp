@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 

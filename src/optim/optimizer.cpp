@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
@@ -20,7 +20,8 @@ OptimizerRecipe adamw_recipe();
 Registry<OptimizerRecipe>& optimizer_registry() {
   static Registry<OptimizerRecipe> registry = [] {
     Registry<OptimizerRecipe> optimizers("optim.name");
-    optimizers.add("sgd", "SGD with momentum (optim.momentum) and optional Nesterov (optim.nesterov)", sgd_recipe());
+    optimizers.add("sgd", "SGD with momentum (optim.momentum) and optional Nesterov (optim.nesterov)",
+                   sgd_recipe());
     optimizers.add("adam", "Adam; weight decay is L2, added to the gradient", adam_recipe());
     optimizers.add("adamw", "Adam with decoupled weight decay (p <- p (1 - lr wd) before the update)",
                    adamw_recipe());
@@ -72,7 +73,10 @@ std::unique_ptr<Optimizer> make_optimizer(
 
 Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel,
                      double momentum)
-    : groups_(std::move(groups)), options_(std::move(options)), momentum_(momentum), fused_kernel_(fused_kernel) {
+    : groups_(std::move(groups)),
+      options_(std::move(options)),
+      momentum_(momentum),
+      fused_kernel_(fused_kernel != nullptr ? fused_kernel : "") {
   check_keys(options_, "optim");
   FT_CHECK(!groups_.empty(), "optimizer '{}' got no parameter groups", name());
   for (const auto& group : groups_) {
@@ -82,19 +86,27 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, c
   state_.resize(groups_.size());
   steps_.resize(groups_.size());
   fresh_.resize(groups_.size());
-  resolve_kernel(fused_kernel);
+  resolve_kernel();
 }
 
-void Optimizer::resolve_kernel(const char* fused_kernel) {
+void Optimizer::resolve_kernel() {
+  FT_CONFIG_CHECK(options_.kernel() != "fused" || !fused_kernel_.empty(),
+                  "optim.kernel = \"fused\": optimizer '{}' has no fused kernel; use \"foreach\" or \"auto\"",
+                  name());
   const torch::Device device =
       groups_.front().params.empty() ? torch::Device(torch::kCPU) : groups_.front().params.front().device();
-  const bool available = compat::has_fused_optimizer_kernel(fused_kernel, device);
+  const bool available =
+      !fused_kernel_.empty() && compat::has_fused_optimizer_kernel(fused_kernel_.c_str(), device);
   FT_CONFIG_CHECK(
       options_.kernel() != "fused" || available,
       "optim.kernel = \"fused\": ATen's {} is not available for {} in LibTorch {} (it needs 2.4 or "
       "later); use \"foreach\" or \"auto\"",
-      fused_kernel, device.str(), compat::torch_version());
+      fused_kernel_, device.str(), compat::torch_version());
   fused_ = options_.kernel() != "foreach" && available;
+}
+
+void Optimizer::update_fused(size_t, const std::vector<size_t>&, const torch::Tensor&, const torch::Tensor&) {
+  FT_CHECK(false, "optimizer '{}' has no fused kernel (its update_fused was called)", name());
 }
 
 std::string Optimizer::describe_kernel() const {
@@ -251,8 +263,10 @@ int64_t Optimizer::state_bytes() const {
 std::unique_ptr<Optimizer> Optimizer::rebuild(std::vector<ParamGroup> groups) const {
   FT_CHECK(groups.size() == groups_.size(), "rebuild: {} parameter groups for an optimizer of {}",
            groups.size(), groups_.size());
-  FT_CHECK(factory_, "optimizer '{}' was not made by make_optimizer, so it cannot be rebuilt over other "
-           "parameters (ZeRO shards)", name());
+  FT_CHECK(factory_,
+           "optimizer '{}' was not made by make_optimizer, so it cannot be rebuilt over other "
+           "parameters (ZeRO shards)",
+           name());
   auto rebuilt = factory_(std::move(groups), options_);
   rebuilt->factory_ = factory_;
   rebuilt->set_momentum(momentum_);

@@ -191,9 +191,11 @@ std::unique_ptr<Schedule> make_step(const ScheduleOptions& o, double max_lr, int
 
 std::unique_ptr<Schedule> make_cosine(const ScheduleOptions& o, double max_lr, int64_t total_steps) {
   check_total_steps("cosine", total_steps);
-  FT_CONFIG_CHECK(o.warmup_steps() < total_steps, "schedule.warmup_steps must be in [0, total_steps = {}), got {}",
-                  total_steps, o.warmup_steps());
-  FT_CONFIG_CHECK(o.min_lr() <= max_lr, "schedule.min_lr must be in [0, max lr = {}], got {}", max_lr, o.min_lr());
+  FT_CONFIG_CHECK(o.warmup_steps() < total_steps,
+                  "schedule.warmup_steps must be in [0, total_steps = {}), got {}", total_steps,
+                  o.warmup_steps());
+  FT_CONFIG_CHECK(o.min_lr() <= max_lr, "schedule.min_lr must be in [0, max lr = {}], got {}", max_lr,
+                  o.min_lr());
   return std::make_unique<CosineSchedule>(max_lr, o.min_lr(), o.warmup_steps(), total_steps);
 }
 
@@ -225,7 +227,8 @@ Registry<ScheduleRecipe>& schedule_registry() {
     schedules.add("constant", "optim.lr throughout", make_constant);
     schedules.add("step", "StepLR: optim.lr * gamma^floor(step / step_size)", make_step);
     schedules.add("cosine", "linear warm-up, then cosine to min_lr", make_cosine);
-    schedules.add("one-cycle", "OneCycleLR: up to optim.lr over pct_start of the run, then down", make_one_cycle);
+    schedules.add("one-cycle", "OneCycleLR: up to optim.lr over pct_start of the run, then down",
+                  make_one_cycle);
     schedules.add("cyclic", "CyclicLR, triangular, between base_lr and optim.lr", make_cyclic);
     return schedules;
   }();
@@ -240,8 +243,8 @@ std::unique_ptr<Schedule> make_schedule(const ScheduleOptions& o, double max_lr,
                                         int64_t total_steps) {
   check_keys(o, "schedule");
   const ScheduleRecipe& recipe = schedule_registry().at(o.name());
-  FT_CONFIG_CHECK(finite(max_lr) && max_lr >= 0, "schedule '{}' needs a finite max lr (optim.lr) >= 0, got {}",
-                  o.name(), max_lr);
+  FT_CONFIG_CHECK(finite(max_lr) && max_lr >= 0,
+                  "schedule '{}' needs a finite max lr (optim.lr) >= 0, got {}", o.name(), max_lr);
   // The optimizer's own momentum: schedules that do not cycle momentum leave it as it is.
   FT_CONFIG_CHECK(finite(base_momentum) && base_momentum >= 0 && base_momentum < 1,
                   "schedule '{}': the optimizer momentum must be in [0, 1), got {}", o.name(), base_momentum);

@@ -4,9 +4,9 @@
 //   or d <- b;  p <- p - lr d
 #include <torch/torch.h>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 

@@ -6,9 +6,9 @@
 #include <map>
 #include <string>
 
-#include "fasttrain/util/check.h"
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/detail/json.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
@@ -59,7 +59,8 @@ void update_scale(torch::Tensor& scale, torch::Tensor& growth_tracker, const tor
   if (compat::has_amp_kernels(scale.device())) {
     at::_amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
   } else {
-    portable_amp::update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval);
+    portable_amp::update_scale(scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+                               growth_interval);
   }
 }
 
@@ -152,9 +153,10 @@ void GradScaler::unscale_parameters(const void* key, const std::vector<torch::Te
   for (const auto& parameter : parameters) {
     const torch::Tensor& grad = parameter.grad();
     if (!grad.defined()) continue;
-    FT_CHECK(grad.scalar_type() != torch::kHalf,
-             "GradScaler::unscale_: a parameter has an fp16 gradient; keep parameters in fp32 (autocast casts "
-             "them per op) so the unscaled gradients cannot overflow");
+    FT_CHECK(
+        grad.scalar_type() != torch::kHalf,
+        "GradScaler::unscale_: a parameter has an fp16 gradient; keep parameters in fp32 (autocast casts "
+        "them per op) so the unscaled gradients cannot overflow");
     torch::Tensor values = grad;
     if (grad.is_sparse()) values = grad._values();
     groups[{values.device().str(), static_cast<int>(values.scalar_type())}].push_back(values);

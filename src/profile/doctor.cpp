@@ -8,9 +8,9 @@
 #include <limits>
 #include <numeric>
 
-#include "fasttrain/run/auto.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/profile/profiler.h"
+#include "fasttrain/run/auto.h"
 #include "fasttrain/run/batch_finder.h"
 #include "fasttrain/run/run.h"
 #include "fasttrain/util/check.h"
@@ -328,7 +328,8 @@ DoctorContext measure(RunBuilder& builder, const Config& requested, const std::s
   const ProfileOptions profile_options = ProfileOptions().measure(
       MeasureOptions().steps(options.measure().steps()).warmup_steps(options.measure().warmup_steps()));
   // "auto" resolved as the run on this machine resolves it: what the run would do here.
-  Run run = build_run(builder, with_room_to_profile(resolve_batch_size(builder, requested, options.measure().reporter())));
+  Run run = build_run(
+      builder, with_room_to_profile(resolve_batch_size(builder, requested, options.measure().reporter())));
   c.config = run.config;
   c.hardware = run.hardware;
   c.cuda = run.device.is_cuda();
@@ -349,10 +350,10 @@ DoctorContext measure(RunBuilder& builder, const Config& requested, const std::s
   // contend, so the run as configured is timed twice before the first comparison, and a change that
   // clears its threshold is timed again with the configured run once more: it counts only if the
   // means still clear it. One lucky run on a busy machine is no finding.
-  const ProfileOptions timed_options = ProfileOptions(profile_options)
-                                           .record(false)
-                                           .measure(MeasureOptions(profile_options.measure())
-                                                        .min_seconds(options.measure().min_seconds()));
+  const ProfileOptions timed_options =
+      ProfileOptions(profile_options)
+          .record(false)
+          .measure(MeasureOptions(profile_options.measure()).min_seconds(options.measure().min_seconds()));
   auto timed = [&builder, &report, out_dir, timed_options](const std::string& name, const Config& config) {
     const ProfileResult result = profile_run(builder, config, out_dir + "/doctor/" + name, timed_options);
     report.measurements[name] = result.to_json();
@@ -398,11 +399,13 @@ Registry<DoctorRule>& doctor_rules() {
   static Registry<DoctorRule> rules = [] {
     Registry<DoctorRule> r("doctor rule");
     r.add("data_bound", "the step waits for batches >= 10% of its time", data_bound);
-    r.add("too_many_workers", "loader workers + compute threads > cores while the step never waits", too_many_workers);
+    r.add("too_many_workers", "loader workers + compute threads > cores while the step never waits",
+          too_many_workers);
     r.add("small_batch", "4x the batch gives >= 1.5x samples/s", small_batch);
     r.add("emulated_bf16", "bf16 on a CPU without native bfloat16 (always flagged; fp32 measured beside it)",
           emulated_bf16);
-    r.add("mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively", mixed_precision);
+    r.add("mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively",
+          mixed_precision);
     r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
@@ -411,7 +414,8 @@ Registry<DoctorRule>& doctor_rules() {
     r.add("profiler_on", "RecordFunction callbacks were active before the doctor ran", profiler_on);
     r.add("host_sync", ">= 0.5 device-to-host reads per step in the profile", host_sync);
     r.add("allocator_churn", "CUDA: the caching allocator retried allocations", allocator_churn);
-    r.add("conv_bias_before_batchnorm", "convolutions with a bias feed a BatchNorm", conv_bias_before_batchnorm);
+    r.add("conv_bias_before_batchnorm", "convolutions with a bias feed a BatchNorm",
+          conv_bias_before_batchnorm);
     r.add("constant_lr", "schedule.name = \"constant\"", constant_lr);
     r.add("cudnn_benchmark", "CUDA: a conv net with cudnn_benchmark off", cudnn_benchmark);
     r.add("tensor_core_sizes", "CUDA: a batch or layer sizes that are not multiples of 8", tensor_core_sizes);

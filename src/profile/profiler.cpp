@@ -7,10 +7,10 @@
 #include <map>
 #include <optional>
 
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/detail/trace_recorder.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/memory/stats.h"
-#include "fasttrain/detail/trace_recorder.h"
-#include "fasttrain/detail/file_io.h"
 #include "fasttrain/run/batch_finder.h"
 #include "fasttrain/run/run.h"
 #include "fasttrain/util/bytes.h"
@@ -113,7 +113,8 @@ int64_t count_host_reads(const nlohmann::json& trace) {
     if (!event.is_object() || event.value("ph", "") != "X") continue;
     const std::string name = event.at("name").get<std::string>();
     const double begin = event.at("ts").get<double>();
-    const Span span{begin, begin + event.at("dur").get<double>(), event.value("tid", nlohmann::json()).dump()};
+    const Span span{begin, begin + event.at("dur").get<double>(),
+                    event.value("tid", nlohmann::json()).dump()};
     if (name == "aten::_local_scalar_dense" || name == "aten::nonzero") reads.push_back(span);
     if (name.rfind("aten::_fused_", 0) == 0) fused_kernels.push_back(span);
   }
@@ -182,7 +183,8 @@ Config with_room_to_profile(Config config) {
 }
 
 ProfileResult profile_run(RunBuilder& builder, const Config& requested, const std::string& out_dir,
-                          const ProfileOptions& options, const std::vector<std::shared_ptr<Callback>>& callbacks) {
+                          const ProfileOptions& options,
+                          const std::vector<std::shared_ptr<Callback>>& callbacks) {
   const std::shared_ptr<Reporter>& reporter = options.measure().reporter();
   Run run = build_run(builder, resolve_batch_size(builder, requested, reporter), reporter.get());
   return profile_built_run(run, out_dir, options, callbacks);
@@ -212,7 +214,8 @@ ProfileResult profile_built_run(Run& run, const std::string& out_dir, const Prof
   trainer->add_callback(window);
   for (const auto& callback : callbacks) trainer->add_callback(callback);
   trainer->fit(*run.train_loader, nullptr);
-  FT_CHECK(window->finished(), "profile: the run ended before the {} recorded steps were done", measure.steps());
+  FT_CHECK(window->finished(), "profile: the run ended before the {} recorded steps were done",
+           measure.steps());
 
   // ---- what was recorded ----
   result.steps = window->steps();

@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "fasttrain/log/metrics.h"
 #include "fasttrain/detail/file_io.h"
+#include "fasttrain/detail/json.h"
+#include "fasttrain/log/metrics.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/json.h"
 
 namespace fasttrain {
 namespace {
@@ -713,10 +713,11 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   std::vector<Chart> metric_charts;
   for (const auto& [name, by_ema] : metrics.test_metrics) {
     const bool percent = ends_with(name, "accuracy");
-    metric_charts.push_back(Chart{name, "Test " + name, "step", "test " + name, percent ? "percent" : "number",
-                                  eval_series(by_ema), kNoEvalRecords});
+    metric_charts.push_back(Chart{name, "Test " + name, "step", "test " + name,
+                                  percent ? "percent" : "number", eval_series(by_ema), kNoEvalRecords});
   }
-  if (metric_charts.empty()) metric_charts.push_back(Chart{"metrics", "Test metrics", "step", "", "number", {}, kNoEvalRecords});
+  if (metric_charts.empty())
+    metric_charts.push_back(Chart{"metrics", "Test metrics", "step", "", "number", {}, kNoEvalRecords});
   Chart lr{"lr", "Learning rate", "step", "learning rate", "number", {metrics.lr}, kNoTrainRecords};
   Chart memory{
       "memory", "Allocated memory", "time (s)", "allocated", "bytes", {}, "memory_timeline.csv has no rows."};

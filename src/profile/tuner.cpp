@@ -4,9 +4,9 @@
 
 #include <functional>
 
-#include "fasttrain/run/auto.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/profile/profiler.h"
+#include "fasttrain/run/auto.h"
 #include "fasttrain/run/batch_finder.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
@@ -71,7 +71,8 @@ class Tuner {
 
  private:
   double measure(Config config, const std::string& name) {
-    return profile_run(builder_, with_room_to_profile(std::move(config)), run_dir_ + "/tune/" + name, profile_)
+    return profile_run(builder_, with_room_to_profile(std::move(config)), run_dir_ + "/tune/" + name,
+                       profile_)
         .samples_per_s;
   }
 
@@ -163,7 +164,8 @@ std::vector<Candidate> batch_candidates() {
 
 }  // namespace
 
-TuneResult tune(RunBuilder& builder, const Config& requested, const std::string& run_dir, const TuneOptions& options) {
+TuneResult tune(RunBuilder& builder, const Config& requested, const std::string& run_dir,
+                const TuneOptions& options) {
   check_measure_options(options.measure(), "tune");
   FT_CONFIG_CHECK(options.min_gain() >= 1, "tune --min-gain must be >= 1, got {}", options.min_gain());
   // "auto" precision and threads start as this machine resolves them for this run; the trials go from there.

@@ -32,7 +32,8 @@ AutoChoice auto_precision(const Hardware& hardware) {
 // 2 + 2, 15.1k at 1 + 2): the pool that runs the model's bulk gets the cores, the other one thread.
 // The bulk: a conv net's convolutions run in oneDNN on the OpenMP (intra-op) threads, the matmuls of a
 // model without convolutions in the BLAS.
-void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing, bool convolutions) {
+void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing,
+                     bool convolutions) {
   TrainConfig& train = resolved.config.train;
   const int share = std::max(1, hardware.physical_cores / std::max(1, processes_sharing));
   if (!hardware.device.is_cpu()) {  // the GPU computes: the host's threads and the BLAS pool as they come
@@ -40,10 +41,10 @@ void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int pro
     if (train.blas_threads() == -1) train.blas_threads(0);
     return;
   }
-  const std::string cores =
-      processes_sharing > 1 ? fmt::format("this rank's share of the {} physical cores ({} ranks here)",
-                                          hardware.physical_cores, processes_sharing)
-                            : fmt::format("one per physical core ({})", hardware.physical_cores);
+  const std::string cores = processes_sharing > 1
+                                ? fmt::format("this rank's share of the {} physical cores ({} ranks here)",
+                                              hardware.physical_cores, processes_sharing)
+                                : fmt::format("one per physical core ({})", hardware.physical_cores);
   const bool pools_compete = hardware.openblas_pool && train.precision() == "fp32";
   const bool bulk_in_blas = pools_compete && !convolutions;
   if (train.threads() == 0) {
@@ -96,8 +97,8 @@ AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int 
 EngineChoice choose_engine(const std::string& cuda_graphs, const CaptureFacts& facts) {
   if (cuda_graphs == "false") return {};
   const auto blocker = capture_blocker(facts);
-  FT_CONFIG_CHECK(cuda_graphs != "true" || !blocker, "train.cuda_graphs = true, but the step cannot be captured: {}",
-                  blocker.value_or(""));
+  FT_CONFIG_CHECK(cuda_graphs != "true" || !blocker,
+                  "train.cuda_graphs = true, but the step cannot be captured: {}", blocker.value_or(""));
   if (blocker) return {false, *blocker};
   return {true, ""};
 }

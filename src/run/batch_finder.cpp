@@ -6,11 +6,11 @@
 #include <chrono>
 #include <optional>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/run/run.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 #include "fasttrain/util/device.h"
 
 namespace fasttrain {
@@ -46,8 +46,8 @@ void validate(const BatchFinderOptions& options) {
 
 // One trial: what the run does at `batch_size` (steps through the real loader, then an evaluation),
 // under the budget on CPU.
-BatchTrial run_trial(RunBuilder& builder, const Config& base, int64_t batch_size, const BatchFinderOptions& options,
-                     int64_t budget_bytes) {
+BatchTrial run_trial(RunBuilder& builder, const Config& base, int64_t batch_size,
+                     const BatchFinderOptions& options, int64_t budget_bytes) {
   Config config = base;
   config.data.batch_size(batch_size);
   config.train.options.eval_every_steps(0).stop_at_target(false);
@@ -83,7 +83,8 @@ BatchTrial run_trial(RunBuilder& builder, const Config& base, int64_t batch_size
 
 }  // namespace
 
-BatchFinderResult find_batch_size(RunBuilder& builder, const Config& config, const BatchFinderOptions& options) {
+BatchFinderResult find_batch_size(RunBuilder& builder, const Config& config,
+                                  const BatchFinderOptions& options) {
   validate(options);
   BatchFinderResult result;
   const torch::Device device = parse_device(config.train.device());
@@ -94,11 +95,12 @@ BatchFinderResult find_batch_size(RunBuilder& builder, const Config& config, con
                   "memory limit of its own to search against");
   if (device.is_cpu()) track_cpu_allocations();  // before the data, so that it is counted too
 
-  const DataSplits data = builder.data(config);
-  FT_CONFIG_CHECK(!data.train->batch_plan(0, false, 0),
-                  "data.batch_size = \"auto\" searches batches of data.batch_size samples, but {} groups its own "
-                  "batches (a token budget such as data.max_tokens): size those instead",
-                  data.train->describe());
+  const DataSplits data = builder.reused_data(config);
+  FT_CONFIG_CHECK(
+      !data.train->batch_plan(0, false, 0),
+      "data.batch_size = \"auto\" searches batches of data.batch_size samples, but {} groups its own "
+      "batches (a token budget such as data.max_tokens): size those instead",
+      data.train->describe());
   const int64_t train_size = data.train->size();
   const int64_t largest = options.max_batch() > 0 ? std::min(options.max_batch(), train_size) : train_size;
 
@@ -160,11 +162,12 @@ std::string BatchFinderResult::table() const {
   return out;
 }
 
-Config resolve_batch_size(RunBuilder& builder, const Config& config, const std::shared_ptr<Reporter>& reporter) {
+Config resolve_batch_size(RunBuilder& builder, const Config& config,
+                          const std::shared_ptr<Reporter>& reporter) {
   if (config.data.batch_size() != 0) return config;
   reporter_or_quiet(reporter).note("data.batch_size = \"auto\": searching for the largest batch that fits");
-  BatchFinderResult result =
-      find_batch_size(builder, config, BatchFinderOptions().measure(MeasureOptions().steps(4).reporter(reporter)));
+  BatchFinderResult result = find_batch_size(
+      builder, config, BatchFinderOptions().measure(MeasureOptions().steps(4).reporter(reporter)));
   reporter_or_quiet(reporter).note("find-batch:\n" + result.table());
   Config resolved = config;
   resolved.data.batch_size(result.batch_size);

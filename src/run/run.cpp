@@ -39,15 +39,23 @@ std::string options_text(const AnyOptions& options) {
 DataSplits RunBuilder::data(const Config& config) {
   DataRequest request;
   request.sequence_length = model_sequence_length(config);
-  const std::string name = config.data.dataset.name();
-  const std::string key = fmt::format("{}\n{}{}", name, options_text(config.data.dataset.options()),
-                                      request.sequence_length);
-  if (auto found = loaded_.find(key); found != loaded_.end()) return found->second;
-  DataSplits splits = config.data.dataset.registry().at(name).load(config.data.dataset.options(), request);
-  FT_CHECK(splits.train != nullptr, "dataset '{}' gave no training split", name);
-  loaded_.clear();  // one dataset at a time: the tools build runs of one config
-  loaded_.emplace(key, splits);
-  return splits;
+  const std::string& name = config.data.dataset.name();
+  return config.data.dataset.registry().at(name).load(config.data.dataset.options(), request);
+}
+
+DataSplits RunBuilder::reused_data(const Config& config) {
+  const std::string key =
+      fmt::format("{}\n{}{}", config.data.dataset.name(), options_text(config.data.dataset.options()),
+                  model_sequence_length(config));
+  if (loaded_.train == nullptr || key != loaded_key_) {
+    loaded_ = {};  // the earlier dataset is let go before the next one loads
+    DataSplits splits = data(config);
+    FT_CHECK(splits.train != nullptr, "the run builder's data gave no training split (data.dataset = '{}')",
+             config.data.dataset.name());
+    loaded_ = std::move(splits);
+    loaded_key_ = key;
+  }
+  return loaded_;
 }
 
 Model RunBuilder::model(const Config& config, const DataShape& shape) {
@@ -56,8 +64,10 @@ Model RunBuilder::model(const Config& config, const DataShape& shape) {
 
 std::shared_ptr<Task> RunBuilder::task(const Config& config, const DataShape& shape) {
   if (!config.task.is_auto()) return make_task(config.task.name(), shape, &config.task.options());
-  FT_CONFIG_CHECK(!shape.task.empty(), "task.name = \"auto\" takes the data's task, but the data does not say it "
-                  "({}): set task.name", shape.describe());
+  FT_CONFIG_CHECK(!shape.task.empty(),
+                  "task.name = \"auto\" takes the data's task, but the data does not say it "
+                  "({}): set task.name",
+                  shape.describe());
   return make_task(shape.task, shape);
 }
 
@@ -70,12 +80,13 @@ namespace {
 // The data, its shape, the task and the model, in that order (the model's initialisation draws from the
 // seed set just before, as it always has).
 void build_parts(Run& run, RunBuilder& builder, AutoResolution& resolved) {
-  run.data = builder.data(resolved.config);
+  run.data = builder.reused_data(resolved.config);
   run.shape = run.data.train->shape();
   run.task = builder.task(resolved.config, run.shape);
   FT_CHECK(run.task, "the run builder gave no task");
   if (resolved.config.task.is_auto()) {
-    resolved.choices.push_back({"task.name", run.task->name(), "the data's task (" + run.shape.describe() + ")"});
+    resolved.choices.push_back(
+        {"task.name", run.task->name(), "the data's task (" + run.shape.describe() + ")"});
     if (task_registry().contains(run.task->name())) resolved.config.task.select(run.task->name());
   }
   run.model = builder.model(resolved.config, run.shape);
@@ -97,24 +108,28 @@ void make_loaders(Run& run, int local_ranks) {
   // Both splits on the device, or neither.
   const auto& train = *run.data.train;
   const int64_t test_bytes = run.data.test ? run.data.test->resident_bytes() : 0;
-  const int64_t resident_bytes =
-      train.resident_bytes() > 0 && (!run.data.test || test_bytes > 0) ? train.resident_bytes() + test_bytes : 0;
-  run.residency = choose_residency(data.device_resident(), run.device, resident_bytes, run.hardware.gpu_memory_bytes);
-  const LoaderOptions common = LoaderOptions(data.loader)
-                                   .workers(data.workers() >= 0 ? data.workers() : auto_worker_count(local_ranks))
-                                   .seed(static_cast<uint64_t>(config.train.seed()))
-                                   .device(run.device)
-                                   .channels_last(config.train.channels_last())
-                                   .rank(run.group ? run.group->rank() : 0)
-                                   .world_size(run.group ? run.group->size() : 1)
-                                   .device_resident(run.residency.resident);
+  const int64_t resident_bytes = train.resident_bytes() > 0 && (!run.data.test || test_bytes > 0)
+                                     ? train.resident_bytes() + test_bytes
+                                     : 0;
+  run.residency =
+      choose_residency(data.device_resident(), run.device, resident_bytes, run.hardware.gpu_memory_bytes);
+  const LoaderOptions common =
+      LoaderOptions(data.loader)
+          .workers(data.workers() >= 0 ? data.workers() : auto_worker_count(local_ranks))
+          .seed(static_cast<uint64_t>(config.train.seed()))
+          .device(run.device)
+          .channels_last(config.train.channels_last())
+          .rank(run.group ? run.group->rank() : 0)
+          .world_size(run.group ? run.group->size() : 1)
+          .device_resident(run.residency.resident);
   run.train_loader =
       std::make_unique<DataLoader>(run.data.train, LoaderOptions(common).batch_size(data.batch_size()));
   if (!run.data.test) return;
   // Evaluation sees every sample once, in order, whatever the world size.
   const int64_t eval_batch = std::min(data.eval_batch_size(), run.data.test->size());
   run.test_loader = std::make_unique<DataLoader>(
-      run.data.test, LoaderOptions(common).batch_size(eval_batch).shuffle(false).drop_last(false).even_shards(false));
+      run.data.test,
+      LoaderOptions(common).batch_size(eval_batch).shuffle(false).drop_last(false).even_shards(false));
 }
 
 // The model's output on two training samples, through the task's loss and evaluation, before anything
@@ -148,22 +163,24 @@ void announce_ranks(const Run& run, int local_ranks, Reporter& reporter) {
   const int hardware = static_cast<int>(std::thread::hardware_concurrency());
   auto warn_oversubscribed = [&](int per_rank, const std::string& pool, const std::string& remedy) {
     if (per_rank * local_ranks <= hardware) return;
-    reporter.warning(fmt::format("{} ranks x {} {} threads on {} hardware threads: they will take turns; set {}",
-                                 local_ranks, per_rank, pool, hardware, remedy));
+    reporter.warning(
+        fmt::format("{} ranks x {} {} threads on {} hardware threads: they will take turns; set {}",
+                    local_ranks, per_rank, pool, hardware, remedy));
   };
   warn_oversubscribed(run.threads, "intra-op", "train.threads = 0 (a share of the cores each) or 1");
   warn_oversubscribed(run.blas.threads, run.blas.name + " (matmul)",
                       fmt::format("train.blas_threads = {}", std::max(1, hardware / local_ranks)));
   const int64_t world_size = run.group->size();
-  const std::string kind = config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero());
+  const std::string kind =
+      config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero());
   if (run.train_loader->source_batched()) {
-    reporter.note(fmt::format("{} ranks ({}), {}, the source's own batches ({}) dealt to the ranks", world_size,
-                              run.group->backend(), kind, run.train_loader->source().describe()));
+    reporter.note(fmt::format("{} ranks ({}), {}, the source's own batches ({}) dealt to the ranks",
+                              world_size, run.group->backend(), kind, run.train_loader->source().describe()));
     return;
   }
   const int64_t per_rank = config.data.batch_size();
-  reporter.note(fmt::format("{} ranks ({}), {}, batch {} per rank = {} global", world_size, run.group->backend(),
-                            kind, per_rank, per_rank * world_size));
+  reporter.note(fmt::format("{} ranks ({}), {}, batch {} per rank = {} global", world_size,
+                            run.group->backend(), kind, per_rank, per_rank * world_size));
 }
 
 // A short start: the machine, what runs where (and what "auto" chose), the data and the model.
@@ -178,7 +195,8 @@ void announce_run(const Run& run, int local_ranks, Reporter& reporter) {
                             config.train.precision(), run.threads, run.threads == 1 ? "" : "s", blas, workers,
                             workers == 1 ? "" : "s"));
   if (run.residency.resident || (run.device.is_cuda() && config.data.device_resident() == "auto"))
-    reporter.note(fmt::format("  data.device_resident = {}: {}", run.residency.resident, run.residency.reason));
+    reporter.note(
+        fmt::format("  data.device_resident = {}: {}", run.residency.resident, run.residency.reason));
   for (const AutoChoice& choice : run.choices)
     reporter.note(fmt::format("  auto: {} = {}: {}", choice.key, choice.value, choice.reason));
   for (const std::string& warning : run.warnings) reporter.warning(warning);
@@ -197,7 +215,8 @@ Run build_run(RunBuilder& builder, const Config& requested, Reporter* reporter_i
   FT_CHECK(requested.data.batch_size() > 0,
            "data.batch_size is \"auto\": resolve it first (resolve_batch_size, as train_run does)");
   // Before CUDA allocates anything (a process group may): the allocator reads its settings once.
-  const bool segments_ignored = requested.memory.expandable_segments() && !compat::enable_expandable_segments();
+  const bool segments_ignored =
+      requested.memory.expandable_segments() && !compat::enable_expandable_segments();
   Run run;
   run.device = parse_device(requested.train.device());
   run.group = default_process_group(requested.dist);
@@ -243,11 +262,12 @@ std::unique_ptr<Trainer> Run::make_trainer(Reporter* reporter) {
                                 planned_steps(config.train.options, train_loader->batches_per_epoch()));
   TrainOptions options = config.train.options;
   options.precision(parse_precision(config.train.precision(), device));
-  const auto ema_every = config.ema.enabled() ? std::optional<int64_t>(config.ema.options.every()) : std::nullopt;
+  const auto ema_every =
+      config.ema.enabled() ? std::optional<int64_t>(config.ema.options.every()) : std::nullopt;
   const EngineChoice engine =
       choose_engine(config.train.cuda_graphs(),
-                    capture_facts(device, group != nullptr, *train_loader, options.accumulation(), schedule.get(),
-                                  *optimizer, ema_every, options.detect_anomaly()));
+                    capture_facts(device, group != nullptr, *train_loader, options.accumulation(),
+                                  schedule.get(), *optimizer, ema_every, options.detect_anomaly()));
   options.cuda_graphs(engine.capture);
   if (reporter && !engine.reason.empty() && device.is_cuda() && config.train.cuda_graphs() == "auto")
     reporter->note("  auto: train.cuda_graphs = false: " + engine.reason);
@@ -260,7 +280,8 @@ std::unique_ptr<Trainer> Run::make_trainer(Reporter* reporter) {
 
 Batch Run::largest_batch() const {
   Batch batch = data.train->largest_batch(config.data.batch_size());
-  const auto layout = config.train.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+  const auto layout =
+      config.train.channels_last() ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
   return batch.map([&](const torch::Tensor& t) {
     torch::Tensor on_device = t.to(device);
     return on_device.dim() == 4 ? on_device.contiguous(layout) : on_device;

@@ -24,7 +24,8 @@ namespace {
 
 // The step-N directory `--resume` names: "latest" (may be none), a step-N directory, or a run
 // directory (its newest verified checkpoint).
-std::optional<std::string> resume_target(const std::string& resume, const std::string& run_dir, Reporter& reporter) {
+std::optional<std::string> resume_target(const std::string& resume, const std::string& run_dir,
+                                         Reporter& reporter) {
   auto newest = [&](const std::string& root, const std::string& what) -> std::optional<std::string> {
     std::vector<std::string> skipped;
     auto latest = latest_checkpoint(root, &skipped);
@@ -56,10 +57,11 @@ std::optional<Config> saved_config(const std::string& checkpoint) {
 std::vector<std::string> check_same_training(const std::string& checkpoint, const Config& saved,
                                              const Config& config) {
   std::vector<std::string> differences = training_differences(saved, config);
-  FT_CONFIG_CHECK(differences.empty(),
-                  "cannot resume from '{}': it was trained with another config; differing keys (checkpoint vs "
-                  "now): {}",
-                  checkpoint, fmt::join(differences, ", "));
+  FT_CONFIG_CHECK(
+      differences.empty(),
+      "cannot resume from '{}': it was trained with another config; differing keys (checkpoint vs "
+      "now): {}",
+      checkpoint, fmt::join(differences, ", "));
   const RunLengthChange length = run_length_change(saved, config);
   FT_CONFIG_CHECK(length.shorter.empty(),
                   "cannot resume from '{}' with a shorter run ({}): a resume may extend train.epochs or "
@@ -75,7 +77,8 @@ void remove_later_checkpoints(const std::string& root, const std::string& checkp
   const auto existing = list_checkpoints(root);
   if (existing.empty()) return;
   const bool same_root = fs::equivalent(fs::path(checkpoint).parent_path(), root);
-  FT_CHECK(same_root, "cannot resume from '{}' into '{}': it holds another run's checkpoints; choose an empty --run-dir",
+  FT_CHECK(same_root,
+           "cannot resume from '{}' into '{}': it holds another run's checkpoints; choose an empty --run-dir",
            checkpoint, root);
   for (const auto& later : existing) {
     if (later.step <= step) continue;
@@ -103,7 +106,8 @@ std::unique_ptr<Schedule> run_schedule(const Config& config, int64_t total_steps
 // A resumed run made longer: its schedule is recomputed over the new total, and the LR moves.
 void announce_extension(const Trainer& trainer, const Config& saved, const Config& now,
                         const std::vector<std::string>& changes, int64_t batches, Reporter& reporter) {
-  const int64_t before = planned_steps(saved.train.options, batches), after = planned_steps(now.train.options, batches);
+  const int64_t before = planned_steps(saved.train.options, batches),
+                after = planned_steps(now.train.options, batches);
   const auto old_schedule = run_schedule(saved, before), new_schedule = run_schedule(now, after);
   const int64_t step = trainer.step();
   reporter.note(fmt::format(
@@ -121,7 +125,8 @@ struct RunStart {
 };
 
 // Rank 0 decides, every rank learns the answer.
-std::string decided_on_rank0(const std::shared_ptr<ProcessGroup>& group, const std::function<std::string()>& decide) {
+std::string decided_on_rank0(const std::shared_ptr<ProcessGroup>& group,
+                             const std::function<std::string()>& decide) {
   const bool rank0 = !group || group->rank() == 0;
   std::string result = rank0 ? decide() : "";
   return group ? group->broadcast_string(result) : result;
@@ -135,10 +140,11 @@ RunStart find_start(RunBuilder& builder, const Config& requested, const std::str
   Reporter& reporter = reporter_or_quiet(reporter_ptr);
   RunStart start{requested, std::nullopt, std::nullopt};
   if (!options.resume().empty()) {
-    const std::string target =
-        decided_on_rank0(group, [&] { return resume_target(options.resume(), run_dir, reporter).value_or(""); });
+    const std::string target = decided_on_rank0(
+        group, [&] { return resume_target(options.resume(), run_dir, reporter).value_or(""); });
     if (!target.empty()) start.checkpoint = target;
-    if (!start.checkpoint) reporter.note(fmt::format("no checkpoint in {}/checkpoints: starting fresh", run_dir));
+    if (!start.checkpoint)
+      reporter.note(fmt::format("no checkpoint in {}/checkpoints: starting fresh", run_dir));
     if (start.checkpoint) start.saved = saved_config(*start.checkpoint);
     if (start.saved && start.config.data.batch_size() == 0)
       start.config.data.batch_size(start.saved->data.batch_size());
@@ -155,10 +161,11 @@ void resume(Trainer& trainer, const RunStart& start, const Run& run, const std::
   if (trainer.rank() != 0) return;
   remove_later_checkpoints(run_dir + "/checkpoints", *start.checkpoint, step, reporter);
   truncate_metrics(run_dir + "/metrics.jsonl", step);
-  reporter.note(fmt::format("resuming from {} (step {}, epoch {}, batch {} of the epoch)", *start.checkpoint, step,
-                            trainer.progress().epoch, trainer.progress().batch_in_epoch));
+  reporter.note(fmt::format("resuming from {} (step {}, epoch {}, batch {} of the epoch)", *start.checkpoint,
+                            step, trainer.progress().epoch, trainer.progress().batch_in_epoch));
   if (!extended.empty())
-    announce_extension(trainer, *start.saved, run.config, extended, run.train_loader->batches_per_epoch(), reporter);
+    announce_extension(trainer, *start.saved, run.config, extended, run.train_loader->batches_per_epoch(),
+                       reporter);
 }
 
 // A new run: rank 0 clears what an earlier one left (or refuses), every rank learns the answer.
@@ -183,7 +190,8 @@ void initialise_from(Trainer& trainer, const Run& run, Reporter& reporter) {
 }
 
 // The final weights (and their EMA) in safetensors, and the summary; ZeRO-3's are gathered on every rank.
-void write_outputs(Trainer& trainer, const Model& model, const FitSummary& summary, const std::string& run_dir) {
+void write_outputs(Trainer& trainer, const Model& model, const FitSummary& summary,
+                   const std::string& run_dir) {
   std::optional<DataParallel::WholeParameters> whole;
   if (trainer.data_parallel()) whole.emplace(*trainer.data_parallel(), /*write_back=*/false);
   if (trainer.rank() != 0) return;
@@ -222,7 +230,8 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
                   "train.init_from '{}' is not a file (a safetensors file of the model's weights)",
                   requested.train.init_from());
 
-  // ---- where the run starts, and what it is built from: every bad input found before anything is written ----
+  // ---- where the run starts, and what it is built from: every bad input found before anything is written
+  // ----
   const RunStart start = find_start(builder, requested, run_dir, options, group, reporter_ptr);
   Run run = build_run(builder, start.config, &reporter);
   std::vector<std::string> extended;  // "train.epochs 2 -> 3": the resumed run is made longer
@@ -267,7 +276,8 @@ EvalResult eval_run(RunBuilder& builder, const Config& config, const std::string
   plain.ema.enabled(false);                                    // evaluate the weights in the file as they are
   if (plain.data.batch_size() == 0) plain.data.batch_size(1);  // "auto": no training batches here
   Run run = build_run(builder, plain);
-  FT_CHECK(run.test_loader, "the data ({}) has no evaluation split to evaluate on", config.data.dataset.name());
+  FT_CHECK(run.test_loader, "the data ({}) has no evaluation split to evaluate on",
+           config.data.dataset.name());
   load_module_safetensors(run.model.module(), weights_path);
   auto trainer = run.make_trainer();
   return trainer->evaluate(*run.test_loader);
@@ -281,14 +291,16 @@ EvalResult eval_run(const Config& config, const std::string& weights_path) {
 std::string generate_run(const Config& config, const std::string& weights_path, const std::string& prompt,
                          GenerateOptions options) {
   const ModelRecipe& recipe = model_registry().at(config.model.name());
-  FT_CONFIG_CHECK(recipe.sequence_length,
-                  "fasttrain generate needs a sequence model over bytes (such as gpt); the config has model.name = "
-                  "\"{}\"",
-                  config.model.name());
+  FT_CONFIG_CHECK(
+      recipe.sequence_length,
+      "fasttrain generate needs a sequence model over bytes (such as gpt); the config has model.name = "
+      "\"{}\"",
+      config.model.name());
   FT_CHECK(fs::is_regular_file(weights_path), "weights file '{}' does not exist", weights_path);
   const int64_t context = recipe.sequence_length(config.model.options());
   const torch::Device device = parse_device(config.train.device());
-  Model model = make_model(config.model.name(), DataShape::tokens(context, kByteVocabulary), &config.model.options());
+  Model model =
+      make_model(config.model.name(), DataShape::tokens(context, kByteVocabulary), &config.model.options());
   const AutoResolution resolved = resolve_auto(config, detect_hardware(device), 1, model.has_convolutions());
   set_intra_op_threads(resolved.config.train.threads());
   set_blas_threads(resolved.config.train.blas_threads());

@@ -90,8 +90,9 @@ std::optional<SavedParameter> saved_parameter(const Optimizer& optimizer, const 
 }  // namespace
 
 void load_optimizer_state(Optimizer& optimizer, const SafetensorsFile& file) {
-  FT_CHECK(metadata(file, "optimizer") == optimizer.name(), "optimizer state was saved for {}, but the run uses {}",
-           metadata(file, "optimizer"), optimizer.name());
+  FT_CHECK(metadata(file, "optimizer") == optimizer.name(),
+           "optimizer state was saved for {}, but the run uses {}", metadata(file, "optimizer"),
+           optimizer.name());
   const auto& groups = optimizer.groups();
   const nlohmann::json saved = saved_groups(file, groups.size());
 
@@ -105,14 +106,14 @@ void load_optimizer_state(Optimizer& optimizer, const SafetensorsFile& file) {
              groups[g].params.size());
     for (size_t i = 0; i < groups[g].params.size(); ++i) {
       const std::string& name = groups[g].names[i];
-      FT_CHECK(saved_names[i] == name, "optimizer state group {} position {} is '{}', the optimizer has '{}'", g,
-               i, saved_names[i].dump(), name);
+      FT_CHECK(saved_names[i] == name, "optimizer state group {} position {} is '{}', the optimizer has '{}'",
+               g, i, saved_names[i].dump(), name);
       states[g].push_back(saved_parameter(optimizer, file, name, groups[g].params[i], used));
     }
   }
   for (const auto& entry : file.tensors()) {
-    FT_CHECK(used.count(entry.first) > 0, "optimizer state has '{}', which no parameter of the optimizer uses",
-             entry.first);
+    FT_CHECK(used.count(entry.first) > 0,
+             "optimizer state has '{}', which no parameter of the optimizer uses", entry.first);
   }
   std::vector<nlohmann::json> before;
   for (size_t g = 0; g < groups.size(); ++g) before.push_back(optimizer.group_options(g));

@@ -39,7 +39,8 @@ std::pair<torch::Tensor, torch::Tensor> ClassificationTask::logits_and_targets(c
            "task.name = \"regression\"",
            name(), c10::toString(targets.scalar_type()), fmt::join(targets.sizes(), ", "));
   FT_CHECK(torch::isFloatingType(logits.scalar_type()) && logits.dim() >= 2,
-           "task '{}' takes logits [N, classes] from the model, but its output is {}", name(), output.describe());
+           "task '{}' takes logits [N, classes] from the model, but its output is {}", name(),
+           output.describe());
   if (logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0)) return {logits, targets};
   // Sequences: [B, T, C] against [B, T] or [B * T].
   const int64_t classes = logits.size(-1);

@@ -20,7 +20,8 @@ void check_same_shape(const std::string& task, const ModelOutput& output, const 
   const torch::Tensor& prediction = output.tensor();
   FT_CHECK(torch::isFloatingType(prediction.scalar_type()) && prediction.sizes() == target.sizes(),
            "task '{}': the model's output {} does not match the {} [{}] {} (they need the same shape)", task,
-           output.describe(), target_name, fmt::join(target.sizes(), ", "), c10::toString(target.scalar_type()));
+           output.describe(), target_name, fmt::join(target.sizes(), ", "),
+           c10::toString(target.scalar_type()));
 }
 
 // [numel] as a float64 tensor beside `like`.
@@ -38,7 +39,8 @@ RegressionTask::RegressionTask(RegressionOptions options, int64_t outputs)
 
 std::pair<torch::Tensor, torch::Tensor> RegressionTask::prediction_and_targets(const ModelOutput& output,
                                                                                const Batch& batch) const {
-  FT_CHECK(batch.targets.defined(), "task 'regression' needs the batch's targets, and it has none (it has: {})",
+  FT_CHECK(batch.targets.defined(),
+           "task 'regression' needs the batch's targets, and it has none (it has: {})",
            fmt::join(batch.names(), ", "));
   FT_CHECK(torch::isFloatingType(batch.targets.scalar_type()),
            "task 'regression' takes value targets (floating point), but the batch's targets are {} [{}]: for "
@@ -117,9 +119,10 @@ std::vector<std::string> ReconstructionTask::sum_names() const {
 }
 
 torch::Tensor ReconstructionTask::evaluation_sums(const ModelOutput& output, const Batch& batch) {
-  const torch::Tensor error = reconstruction(output, batch).to(torch::kDouble) - batch.inputs.to(torch::kDouble);
-  return torch::cat({error.square().sum().reshape({1}), error.abs().sum().reshape({1}),
-                     count_of(error, error.numel())});
+  const torch::Tensor error =
+      reconstruction(output, batch).to(torch::kDouble) - batch.inputs.to(torch::kDouble);
+  return torch::cat(
+      {error.square().sum().reshape({1}), error.abs().sum().reshape({1}), count_of(error, error.numel())});
 }
 
 Metrics ReconstructionTask::metrics(const std::vector<double>& totals) const {

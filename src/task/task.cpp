@@ -75,10 +75,11 @@ Registry<TaskRecipe>& task_registry() {
               task_recipe<ClassificationOptions>([](const ClassificationOptions& options, const DataShape&) {
                 return std::make_shared<ClassificationTask>(options);
               }));
-    tasks.add("language_modeling", "next-token cross-entropy over sequences; loss, accuracy, bits per byte",
-              task_recipe<ClassificationOptions>([](const ClassificationOptions& options, const DataShape& shape) {
-                return std::make_shared<LanguageModelTask>(options, shape.bytes_per_target);
-              }));
+    tasks.add(
+        "language_modeling", "next-token cross-entropy over sequences; loss, accuracy, bits per byte",
+        task_recipe<ClassificationOptions>([](const ClassificationOptions& options, const DataShape& shape) {
+          return std::make_shared<LanguageModelTask>(options, shape.bytes_per_target);
+        }));
     tasks.add("regression", "values: MSE, L1 or Huber loss; loss, rmse, mae, r2",
               task_recipe<RegressionOptions>([](const RegressionOptions& options, const DataShape& shape) {
                 int64_t outputs = 1;

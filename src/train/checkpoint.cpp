@@ -17,16 +17,16 @@
 #include <chrono>
 #include <filesystem>
 
+#include "fasttrain/detail/compat.h"
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/detail/json.h"
 #include "fasttrain/detail/loss_tracker.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
-#include "fasttrain/detail/json.h"
 #include "fasttrain/util/rng.h"
 
 namespace fasttrain {
@@ -81,7 +81,8 @@ struct SavedRunState {
   int zero = 0;
 };
 
-SavedRunState read_run_state(const std::string& dir, const CheckpointManifest& manifest, int64_t train_batches) {
+SavedRunState read_run_state(const std::string& dir, const CheckpointManifest& manifest,
+                             int64_t train_batches) {
   const std::string what = "checkpoint " + dir + "/state.json";
   nlohmann::json state;
   try {
@@ -222,7 +223,8 @@ std::string Trainer::save_checkpoint() {
 
 std::string Trainer::commit_replicated_state(CheckpointWriter& writer) {
   save_safetensors(writer.file("model.safetensors"), module_state(model_.module()));
-  if (ema_) save_safetensors(writer.file("ema.safetensors"), named(state_names(model_.module()), ema_->shadow()));
+  if (ema_)
+    save_safetensors(writer.file("ema.safetensors"), named(state_names(model_.module()), ema_->shadow()));
   if (progress_.window_done > 0) {
     NamedTensors window{{"loss", window_loss_}};
     for (const auto& item : model_.module().named_parameters()) {
@@ -283,8 +285,9 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
         "checkpoint '{}' was written by a run with another training config (fingerprint {} vs {})", dir,
         saved.fingerprint.substr(0, 12), checkpoints_->fingerprint().substr(0, 12));
   }
-  FT_CHECK(saved.ema.is_null() == (ema_ == nullptr), "{}: the checkpoint was written {} EMA, the run has it {}",
-           what, saved.ema.is_null() ? "without" : "with", ema_ ? "on" : "off");
+  FT_CHECK(saved.ema.is_null() == (ema_ == nullptr),
+           "{}: the checkpoint was written {} EMA, the run has it {}", what,
+           saved.ema.is_null() ? "without" : "with", ema_ ? "on" : "off");
   const int zero = parallel_ ? parallel_->zero() : 0;
   FT_CONFIG_CHECK(saved.world_size == world_size() && saved.zero == zero,
                   "checkpoint '{}' was written by {} rank(s) with dist.zero = {}, but this run has {} with "
@@ -339,7 +342,8 @@ void Trainer::restore_window(const std::optional<SafetensorsFile>& window_file) 
     const torch::Tensor& saved = window_file->at(key);
     FT_CHECK(saved.sizes() == item.value().sizes(), "window.safetensors '{}' has shape {}, the parameter {}",
              key, saved.sizes(), item.value().sizes());
-    item.value().mutable_grad() = saved.to(item.value().options()).contiguous(item.value().suggest_memory_format());
+    item.value().mutable_grad() =
+        saved.to(item.value().options()).contiguous(item.value().suggest_memory_format());
   }
 }
 

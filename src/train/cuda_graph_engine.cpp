@@ -43,9 +43,10 @@ class CudaGraphEngine : public StepEngine {
     try {
       staged.copy_from(batch, /*non_blocking=*/true);
     } catch (const Error& error) {
-      FT_FAIL("a captured step takes batches of one shape: {}; set train.cuda_graphs = false for batches that "
-              "change shape",
-              error.what());
+      FT_FAIL(
+          "a captured step takes batches of one shape: {}; set train.cuda_graphs = false for batches that "
+          "change shape",
+          error.what());
     }
   }
 

@@ -23,8 +23,8 @@ void RunLogger::on_fit_start(Trainer& trainer, int64_t total_steps) {
   Reporter& reporter = reporter_or_quiet(reporter_);
   // How the steps run, said once on a GPU: captured, or why train.cuda_graphs = "auto" could not.
   if (trainer.device().is_cuda()) {
-    reporter.note(fmt::format("steps: {}; optimizer {}, {}", trainer.engine_name(), trainer.optimizer().name(),
-                              trainer.optimizer().describe_kernel()));
+    reporter.note(fmt::format("steps: {}; optimizer {}, {}", trainer.engine_name(),
+                              trainer.optimizer().name(), trainer.optimizer().describe_kernel()));
   }
   reporter.training_started(total_steps);
   if (trainer.step() > 0) events_.purge_from(trainer.step() + 1);  // resumed: hide the repeated steps

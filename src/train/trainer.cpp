@@ -10,8 +10,8 @@
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/optim/clip.h"
 #include "fasttrain/precision/autocast.h"
-#include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/state/checkpoint_dir.h"
+#include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/train/guards.h"
 #include "fasttrain/train/signals.h"
@@ -100,12 +100,14 @@ Trainer::Trainer(Model model, std::shared_ptr<Task> task, std::unique_ptr<Optimi
       clip_parameters_(parameters_),
       losses_(std::make_unique<LossTracker>(device_)) {
   check_keys(options_, "train");
-  FT_CHECK(task_, "the Trainer needs a task: what the loss of a batch is (task/tasks.h has the built-in ones)");
+  FT_CHECK(task_,
+           "the Trainer needs a task: what the loss of a batch is (task/tasks.h has the built-in ones)");
   FT_CHECK(optimizer_, "the Trainer needs an optimizer (make_optimizer)");
   check_precision(options_.precision(), device_);
   target_ = options_.resolved_target();
   if (!schedule_) {
-    schedule_ = make_schedule(ScheduleOptions("constant"), optimizer_->options().lr(), optimizer_->momentum(), 1);
+    schedule_ =
+        make_schedule(ScheduleOptions("constant"), optimizer_->options().lr(), optimizer_->momentum(), 1);
   }
   const auto on_device = torch::TensorOptions().device(device_);
   device_step_ = torch::zeros({}, on_device.dtype(torch::kLong));
@@ -241,9 +243,9 @@ void Trainer::warm_up(const Batch& batch) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
   }
-  RngStateGuard keep_random_streams;                        // dropout draws
+  RngStateGuard keep_random_streams;                          // dropout draws
   TensorValuesGuard keep_buffers(model_.module().buffers());  // BatchNorm statistics
-  backward_micro_batch(batch, 1, /*ends_window=*/false);    // nothing communicated
+  backward_micro_batch(batch, 1, /*ends_window=*/false);      // nothing communicated
   window_loss_.zero_();
   // The model's gradients, not the optimizer's: under ZeRO the optimizer steps other tensors.
   for (const auto& parameter : parameters_) parameter.mutable_grad() = torch::Tensor();
@@ -312,7 +314,8 @@ struct Trainer::Snapshot {
   explicit Snapshot(Trainer& trainer)
       : step(trainer.step_), progress(trainer.progress_), scaler(trainer.scaler_.state()) {
     torch::NoGradGuard no_grad;
-    for (const auto& tensor : trainer.model_.module().parameters()) weights.push_back(tensor.detach().clone());
+    for (const auto& tensor : trainer.model_.module().parameters())
+      weights.push_back(tensor.detach().clone());
     for (const auto& tensor : trainer.model_.module().buffers()) weights.push_back(tensor.detach().clone());
     optimizer = optimizer_state(*trainer.optimizer_);
     for (auto& [name, tensor] : optimizer.tensors) tensor = tensor.clone();
@@ -413,11 +416,12 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   const int64_t total_steps = planned_steps(options_, batches_per_epoch);
   if (checkpoints_ && step_ == 0) {
     const auto earlier = list_checkpoints(checkpoints_->root());
-    FT_CHECK(earlier.empty(),
-             "{} holds an earlier run's checkpoints (up to step {}): continue that run (load_checkpoint), clear "
-             "the run directory first (fasttrain::clear_run_dir, what `fasttrain train --fresh` does), or "
-             "choose another",
-             checkpoints_->root(), earlier.empty() ? 0 : earlier.back().step);
+    FT_CHECK(
+        earlier.empty(),
+        "{} holds an earlier run's checkpoints (up to step {}): continue that run (load_checkpoint), clear "
+        "the run directory first (fasttrain::clear_run_dir, what `fasttrain train --fresh` does), or "
+        "choose another",
+        checkpoints_->root(), earlier.empty() ? 0 : earlier.back().step);
   }
   plan_steps(total_steps);
   choose_engine(train);
@@ -474,7 +478,8 @@ void Trainer::choose_engine(const DataLoader& loader) {
   const auto blocker = capture_blocker(capture_facts(
       device_, parallel_ != nullptr, loader, options_.accumulation(), schedule_.get(), *optimizer_,
       ema_ ? std::optional<int64_t>(ema_->options().every()) : std::nullopt, options_.detect_anomaly()));
-  FT_CONFIG_CHECK(!blocker, "train.cuda_graphs = true, but the step cannot be captured: {}", blocker.value_or(""));
+  FT_CONFIG_CHECK(!blocker, "train.cuda_graphs = true, but the step cannot be captured: {}",
+                  blocker.value_or(""));
   engine_ = make_cuda_graph_engine(*this);
 }
 

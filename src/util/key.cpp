@@ -113,7 +113,8 @@ void read_key_value(const KeyValue& value, const std::string& name, double& out)
   FT_CONFIG_CHECK(std::isfinite(out), "{} must be finite, got {}", name, out);
 }
 void read_key_value(const KeyValue& value, const std::string& name, std::string& out) {
-  FT_CONFIG_CHECK(value.kind == KeyValue::Kind::kString, "{} must be a string, got {}", name, value.describe());
+  FT_CONFIG_CHECK(value.kind == KeyValue::Kind::kString, "{} must be a string, got {}", name,
+                  value.describe());
   out = value.string;
 }
 

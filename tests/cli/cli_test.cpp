@@ -67,10 +67,13 @@ TEST(Cli, TrainsAFewHundredStepsAndWritesTheRunDirectory) {
   EXPECT_EQ(train_records, 6);
   EXPECT_EQ(eval_records, 2);
   EXPECT_EQ(checkpoint_records, 1);  // the end of the run
-  EXPECT_TRUE(nlohmann::json::parse(testing::read_text(run_dir + "/metrics.jsonl").substr(0, testing::read_text(run_dir + "/metrics.jsonl").find('\n')))["grad_norm"].is_null());
+  EXPECT_TRUE(nlohmann::json::parse(
+                  testing::read_text(run_dir + "/metrics.jsonl")
+                      .substr(0, testing::read_text(run_dir + "/metrics.jsonl").find('\n')))["grad_norm"]
+                  .is_null());
   // The terminal gets a closing statement, not the summary: the target, its step and time, the metrics.
-  EXPECT_TRUE(testing::contains_all(result.output, {"fasttrain: reached accuracy >= 0.7 at step", "test loss",
-                                                    "run directory " + run_dir}))
+  EXPECT_TRUE(testing::contains_all(
+      result.output, {"fasttrain: reached accuracy >= 0.7 at step", "test loss", "run directory " + run_dir}))
       << result.output;
   EXPECT_EQ(result.output.find("\"train_samples_per_s\""), std::string::npos) << "no JSON on the terminal";
 

@@ -28,10 +28,10 @@ nlohmann::json last_json(const std::string& output) {
 
 // Skips, naming what is missing, where FASTTRAIN_PYTHON lacks a package; scripts/test installs them,
 // so CI never skips.
-#define FT_REQUIRE_PYTHON_WITH(modules)                                                                   \
-  if (run_command(kPython + " -c 'import " modules "'").exit_code != 0) {                                 \
-    GTEST_SKIP() << "needs " << kPython << " with " modules " (scripts/install-deps makes .venv; or "     \
-                 << "configure with -DFASTTRAIN_PYTHON=<a python that has them>)";                      \
+#define FT_REQUIRE_PYTHON_WITH(modules)                                                               \
+  if (run_command(kPython + " -c 'import " modules "'").exit_code != 0) {                             \
+    GTEST_SKIP() << "needs " << kPython << " with " modules " (scripts/install-deps makes .venv; or " \
+                 << "configure with -DFASTTRAIN_PYTHON=<a python that has them>)";                    \
   }
 
 TEST(Interop, SafetensorsWeightsScoreTheSameInThePyTorchPeer) {
@@ -47,8 +47,9 @@ TEST(Interop, SafetensorsWeightsScoreTheSameInThePyTorchPeer) {
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   for (const char* weights : {"final/model.safetensors", "final/model_ema.safetensors"}) {
     // The peer evaluates in fp32 NCHW on the CPU: so does fasttrain here (training may have run on a GPU).
-    auto ours = run_command(kCli + " eval " + run + "/config.toml --set train.precision=fp32 --set train.device=cpu" +
-                            " --set train.channels_last=false --weights " + run + "/" + weights);
+    auto ours =
+        run_command(kCli + " eval " + run + "/config.toml --set train.precision=fp32 --set train.device=cpu" +
+                    " --set train.channels_last=false --weights " + run + "/" + weights);
     ASSERT_EQ(ours.exit_code, 0) << ours.output;
     auto peer = run_command(kPython + " " + kInterop + "safetensors_peer.py " + run + "/config.toml " + run +
                             "/" + weights);
@@ -98,10 +99,12 @@ TEST(Interop, TheSafetensorsPackageAndFasttrainReadEachOthersFilesByteForByte) {
   testing::TempDir dir;
   // fasttrain writes, safetensors.torch.load_file and safe_open read (values, dtypes, shapes, metadata).
   save_safetensors(dir.file("ours.safetensors"), roundtrip_tensors(), kRoundtripMetadata);
-  auto checked = run_command(kPython + " " + kInterop + "safetensors_roundtrip.py check " + dir.file("ours.safetensors"));
+  auto checked = run_command(kPython + " " + kInterop + "safetensors_roundtrip.py check " +
+                             dir.file("ours.safetensors"));
   EXPECT_EQ(checked.exit_code, 0) << checked.output;
   // safetensors.torch.save_file writes, fasttrain reads.
-  auto written = run_command(kPython + " " + kInterop + "safetensors_roundtrip.py write " + dir.file("theirs.safetensors"));
+  auto written = run_command(kPython + " " + kInterop + "safetensors_roundtrip.py write " +
+                             dir.file("theirs.safetensors"));
   ASSERT_EQ(written.exit_code, 0) << written.output;
   SafetensorsFile theirs = load_safetensors(dir.file("theirs.safetensors"));
   EXPECT_EQ(theirs.metadata(), kRoundtripMetadata);
@@ -114,7 +117,8 @@ TEST(Interop, TheSafetensorsPackageAndFasttrainReadEachOthersFilesByteForByte) {
     EXPECT_TRUE(torch::equal(read, tensor)) << name;
   }
   // The same tensors and metadata make the same file: the layout follows the reference exactly.
-  EXPECT_TRUE(read_binary_file(dir.file("ours.safetensors")) == read_binary_file(dir.file("theirs.safetensors")));
+  EXPECT_TRUE(read_binary_file(dir.file("ours.safetensors")) ==
+              read_binary_file(dir.file("theirs.safetensors")));
 }
 
 // metrics.jsonl's values by TensorBoard tag: {tag: [(step, value)]}, in the file's order. A value that was
@@ -122,8 +126,11 @@ TEST(Interop, TheSafetensorsPackageAndFasttrainReadEachOthersFilesByteForByte) {
 std::map<std::string, std::vector<std::pair<int64_t, double>>> metrics_by_tag(const std::string& path) {
   const std::map<std::string, std::vector<std::pair<std::string, std::string>>> tags{
       {"train",
-       {{"loss", "train/loss"}, {"lr", "train/lr"}, {"grad_norm", "train/grad_norm"},
-        {"samples_per_s", "train/samples_per_s"}, {"data_wait_fraction", "train/data_wait_fraction"}}},
+       {{"loss", "train/loss"},
+        {"lr", "train/lr"},
+        {"grad_norm", "train/grad_norm"},
+        {"samples_per_s", "train/samples_per_s"},
+        {"data_wait_fraction", "train/data_wait_fraction"}}},
       {"eval", {{"test_loss", "test/loss"}, {"test_accuracy", "test/accuracy"}}}};
   std::map<std::string, std::vector<std::pair<int64_t, double>>> values;
   std::istringstream lines(testing::read_text(path));
@@ -144,7 +151,8 @@ TEST(Interop, TensorBoardsOwnReaderReturnsTheScalarsOfMetricsJsonlAcrossAResume)
   testing::TempDir dir;
   const std::string run = dir.file("run");
   // 25 steps an epoch, 2 epochs, a record every step, an evaluation each epoch, a checkpoint every 10.
-  const std::string job = kCli + " train --set model.name=mlp --set model.hidden=[32] --set data.train_limit=1600" +
+  const std::string job = kCli +
+                          " train --set model.name=mlp --set model.hidden=[32] --set data.train_limit=1600" +
                           " --set data.batch_size=64 --set data.workers=0 --set train.epochs=2" +
                           " --set train.threads=1 --set log.every_steps=1 --set log.progress=none" +
                           " --set checkpoint.every_steps=10 --set checkpoint.keep=10 --run-dir " + run;

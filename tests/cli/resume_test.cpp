@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/log/tensorboard.h"
 #include "fasttrain/optim/schedule.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/safetensors.h"
 #include "support.h"
 
@@ -257,35 +257,43 @@ TEST_F(CliResume, ALongerRunResumesAFinishedOneAndRecomputesTheSchedule) {
   testing::TempDir dir;
   // A constant LR does not depend on the total: 10 steps, then 10 more, equal 20 straight.
   const std::string constant = kRun + " --set schedule.name=constant";
-  auto straight = run_command(kCli + " train" + constant + " --set train.max_steps=20 --run-dir " + dir.file("straight"));
+  auto straight =
+      run_command(kCli + " train" + constant + " --set train.max_steps=20 --run-dir " + dir.file("straight"));
   ASSERT_EQ(straight.exit_code, 0) << straight.output;
-  auto first = run_command(kCli + " train" + constant + " --set train.max_steps=10 --run-dir " + dir.file("run"));
+  auto first =
+      run_command(kCli + " train" + constant + " --set train.max_steps=10 --run-dir " + dir.file("run"));
   ASSERT_EQ(first.exit_code, 0) << first.output;
-  auto longer = run_command(kCli + " train" + constant + " --set train.max_steps=20 --resume --run-dir " + dir.file("run"));
+  auto longer = run_command(kCli + " train" + constant + " --set train.max_steps=20 --resume --run-dir " +
+                            dir.file("run"));
   ASSERT_EQ(longer.exit_code, 0) << longer.output;
-  EXPECT_TRUE(testing::contains_all(longer.output, {"extending the run", "train.max_steps 10 -> 20",
-                                                    "schedule is recomputed"}))
+  EXPECT_TRUE(testing::contains_all(
+      longer.output, {"extending the run", "train.max_steps 10 -> 20", "schedule is recomputed"}))
       << longer.output;
   EXPECT_EQ(nlohmann::json::parse(read_text_file(dir.file("run/summary.json")))["steps"], 20);
   for (const char* file : {"final/model.safetensors", "final/model_ema.safetensors"}) {
-    EXPECT_TRUE(bytes_of(dir.file("run/") + file) == bytes_of(dir.file("straight/") + file)) << file << " differs";
+    EXPECT_TRUE(bytes_of(dir.file("run/") + file) == bytes_of(dir.file("straight/") + file))
+        << file << " differs";
   }
 
   // A shorter run is refused, naming the key; so is any other change to the training.
-  auto shorter = run_command(kCli + " train" + constant + " --set train.max_steps=15 --resume --run-dir " + dir.file("run"));
+  auto shorter = run_command(kCli + " train" + constant + " --set train.max_steps=15 --resume --run-dir " +
+                             dir.file("run"));
   EXPECT_EQ(shorter.exit_code, 2);
-  EXPECT_TRUE(testing::contains_all(shorter.output, {"shorter", "train.max_steps 20 -> 15"})) << shorter.output;
-  auto other = run_command(kCli + " train" + constant +
-                           " --set train.max_steps=30 --set optim.lr=0.01 --resume --run-dir " + dir.file("run"));
+  EXPECT_TRUE(testing::contains_all(shorter.output, {"shorter", "train.max_steps 20 -> 15"}))
+      << shorter.output;
+  auto other =
+      run_command(kCli + " train" + constant +
+                  " --set train.max_steps=30 --set optim.lr=0.01 --resume --run-dir " + dir.file("run"));
   EXPECT_EQ(other.exit_code, 2);
   EXPECT_TRUE(testing::contains_all(other.output, {"optim.lr", "0.003", "0.01"})) << other.output;
 
   // One-cycle over 20 steps, extended to 30: the schedule is laid out again over 30, and the LR after
   // the resume follows it (the finished run had annealed to its floor).
-  auto cycle = run_command(kCli + " train" + kRun + " --set train.max_steps=20 --run-dir " + dir.file("cycle"));
+  auto cycle =
+      run_command(kCli + " train" + kRun + " --set train.max_steps=20 --run-dir " + dir.file("cycle"));
   ASSERT_EQ(cycle.exit_code, 0) << cycle.output;
-  auto cycle_longer =
-      run_command(kCli + " train" + kRun + " --set train.max_steps=30 --resume --run-dir " + dir.file("cycle"));
+  auto cycle_longer = run_command(kCli + " train" + kRun + " --set train.max_steps=30 --resume --run-dir " +
+                                  dir.file("cycle"));
   ASSERT_EQ(cycle_longer.exit_code, 0) << cycle_longer.output;
   const auto schedule = make_schedule(ScheduleOptions("one-cycle"), 3e-3, 0.9, 30);
   std::ifstream metrics(dir.file("cycle/metrics.jsonl"));

@@ -5,9 +5,9 @@
 #include <functional>
 #include <type_traits>
 
-#include "fasttrain/util/bytes.h"
-#include "fasttrain/task/tasks.h"
 #include "fasttrain/data/loader.h"
+#include "fasttrain/task/tasks.h"
+#include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 
@@ -76,7 +76,8 @@ TEST(ConfigKeys, ASectionListsItsKeysInDeclarationOrderWithHelpRuleAndMember) {
   EXPECT_EQ(seen[3].help, "A fraction written over two lines");
   expect_config_error(seen[0].check_bad_value, {"sample.name 'c' is not allowed; valid: a, b"});
   expect_config_error(seen[1].check_bad_value, {"sample.steps must be >= 1, got 0"});
-  expect_config_error(seen[2].check_bad_value, {"sample.workers must be an integer >= 0 or \"auto\", got -2"});
+  expect_config_error(seen[2].check_bad_value,
+                      {"sample.workers must be an integer >= 0 or \"auto\", got -2"});
   expect_config_error(seen[3].check_bad_value, {"sample.fraction must be in [0, 1], got 1.5"});
   // Still an options struct: chained setters, getters.
   EXPECT_EQ(SampleSection("b").steps(5).not_a_key(), 7);
@@ -137,8 +138,9 @@ TEST(Config, AComponentsKeysFollowItsName) {
   apply_override(config, "model.widths=[8, 8]");
   apply_override(config, "model.name=gpt");
   EXPECT_EQ(config.model.as<GptOptions>().layers(), 4);
-  expect_config_error([&] { apply_override(config, "model.widths=[8]"); },
-                      {"unknown config key model.widths", "(name = \"gpt\")", "layers, heads, embed, context"});
+  expect_config_error(
+      [&] { apply_override(config, "model.widths=[8]"); },
+      {"unknown config key model.widths", "(name = \"gpt\")", "layers, heads, embed, context"});
   apply_override(config, "model.name=gpt");  // the same name keeps the keys set
   apply_override(config, "model.layers=2");
   apply_override(config, "model.name=gpt");
@@ -151,15 +153,17 @@ TEST(Config, AComponentsKeysFollowItsName) {
                       {"task.label_smoothing", "(name = \"auto\")"});
   apply_toml(config, "[task]\nlabel_smoothing = 0.1\nname = \"classification\"\n", "task.toml");
   EXPECT_DOUBLE_EQ(config.task.as<ClassificationOptions>().label_smoothing(), 0.1);
-  expect_config_error([&] { apply_override(config, "task.name=ranking"); },
-                      {"task.name 'ranking'", "auto, classification, language_modeling, regression, reconstruction"});
+  expect_config_error(
+      [&] { apply_override(config, "task.name=ranking"); },
+      {"task.name 'ranking'", "auto, classification, language_modeling, regression, reconstruction"});
   // A key that moved says where to.
   expect_config_error([&] { apply_override(config, "train.label_smoothing=0.1"); },
                       {"train.label_smoothing has moved", "task.label_smoothing", "classification"});
   // The dataset's keys: text's are not the images'.
   apply_override(config, "data.dataset=text");
   apply_override(config, "data.include=\"*.c\"");
-  expect_config_error([&] { apply_override(config, "data.hflip=0.5"); }, {"data.hflip", "(dataset = \"text\")"});
+  expect_config_error([&] { apply_override(config, "data.hflip=0.5"); },
+                      {"data.hflip", "(dataset = \"text\")"});
 }
 
 // A library caller who builds the options meets the rules a config file does, checked by the
@@ -168,12 +172,20 @@ TEST(ConfigKeys, ComponentsCheckTheKeysTheConfigChecks) {
   expect_config_error([] { make_schedule(ScheduleOptions("one-cycle").pct_start(1.0), 0.1, 0.9, 100); },
                       {"schedule.pct_start", "(0, 1)", "1"});
   expect_config_error(
-      [] { make_optimizer(torch::OrderedDict<std::string, torch::Tensor>(), OptimizerOptions("sgd").momentum(1.0)); },
+      [] {
+        make_optimizer(torch::OrderedDict<std::string, torch::Tensor>(),
+                       OptimizerOptions("sgd").momentum(1.0));
+      },
       {"optim.momentum", "[0, 1)", "1"});
-  expect_config_error([] { DataLoader(testing::synthetic_images(8), TransformPipeline({0.5f}, {0.25f}), LoaderOptions(4).prefetch(0)); },
-                      {"data.prefetch", ">= 1", "0"});
+  expect_config_error(
+      [] {
+        DataLoader(testing::synthetic_images(8), TransformPipeline({0.5f}, {0.25f}),
+                   LoaderOptions(4).prefetch(0));
+      },
+      {"data.prefetch", ">= 1", "0"});
   expect_config_error([] { check_keys(EmaOptions(1.5), "ema"); }, {"ema.decay", "[0, 1]", "1.5"});
-  expect_config_error([] { check_keys(TrainOptions().accumulation(0), "train"); }, {"train.accumulation", "0"});
+  expect_config_error([] { check_keys(TrainOptions().accumulation(0), "train"); },
+                      {"train.accumulation", "0"});
   // The same bound in the config and in the component: a beta of 1 is refused by both.
   Config config;
   expect_config_error([&] { apply_override(config, "optim.beta1=1.0"); }, {"optim.beta1", "[0, 1)"});
@@ -184,10 +196,10 @@ TEST(ConfigKeys, ComponentsCheckTheKeysTheConfigChecks) {
 TEST(ConfigKeys, TheFingerprintLeavesOutNeutralAndRunLengthKeys) {
   Config base;
   const std::string fingerprint = training_fingerprint(base);
-  for (const char* neutral : {"data.workers=2", "data.prefetch=8", "train.threads=1", "train.device=\"cpu\"",
-                              "train.eval_every_steps=5", "train.target=\"loss <= 1\"", "optim.kernel=foreach",
-                              "log.every_steps=7", "checkpoint.keep=5", "memory.checkpoint=blocks",
-                              "train.epochs=9", "dist.zero=2", "run.name=other"}) {
+  for (const char* neutral :
+       {"data.workers=2", "data.prefetch=8", "train.threads=1", "train.device=\"cpu\"",
+        "train.eval_every_steps=5", "train.target=\"loss <= 1\"", "optim.kernel=foreach", "log.every_steps=7",
+        "checkpoint.keep=5", "memory.checkpoint=blocks", "train.epochs=9", "dist.zero=2", "run.name=other"}) {
     Config changed = base;
     apply_override(changed, neutral);
     EXPECT_EQ(training_fingerprint(changed), fingerprint) << neutral;
@@ -201,8 +213,9 @@ TEST(ConfigKeys, TheFingerprintLeavesOutNeutralAndRunLengthKeys) {
   }
   Config other_model = base;
   apply_override(other_model, "model.name=mlp");
-  EXPECT_TRUE(testing::contains_all(fmt::format("{}", fmt::join(training_differences(base, other_model), "; ")),
-                                    {"model.name (\"cnn\" vs \"mlp\")", "model.widths ([32, 64] vs (none))"}));
+  EXPECT_TRUE(
+      testing::contains_all(fmt::format("{}", fmt::join(training_differences(base, other_model), "; ")),
+                            {"model.name (\"cnn\" vs \"mlp\")", "model.widths ([32, 64] vs (none))"}));
 }
 
 TEST(Config, OverridesTakeTomlValuesAndBareWords) {
@@ -321,7 +334,8 @@ TEST(Config, MissingFileIsNamed) {
 // Every shipped config loads, and its effective config reads back as written.
 TEST(Config, ShippedConfigsLoad) {
   int configs = 0;
-  for (const auto& entry : std::filesystem::directory_iterator(std::string(FASTTRAIN_SOURCE_DIR) + "/configs")) {
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(FASTTRAIN_SOURCE_DIR) + "/configs")) {
     if (entry.path().extension() != ".toml") continue;
     SCOPED_TRACE(entry.path().string());
     const Config config = load_config(entry.path().string());

@@ -239,6 +239,28 @@ TEST(DataLoader, StartEpochResumesMidEpochExactly) {
   }
 }
 
+// A program's source that forgets Batch::count: its first batch is an error naming the source, not zero
+// samples counted in samples/s. Batch(inputs, targets) counts the rows itself.
+struct CountlessRows : BatchSource {
+  int64_t size() const override { return 8; }
+  Batch build(const BatchRequest& request) const override {
+    Batch batch;
+    batch.inputs = torch::zeros({request.count, 2});
+    return batch;
+  }
+  std::string describe() const override { return "countless rows"; }
+};
+
+TEST(DataLoader, ABatchWithoutItsCountIsAnErrorNamingTheSource) {
+  for (int workers : {0, 1}) {
+    DataLoader loader(std::make_shared<CountlessRows>(), LoaderOptions(4).workers(workers));
+    loader.start_epoch(0);
+    EXPECT_TRUE(contains_all(error_message([&] { loader.next(); }),
+                             {"countless rows", "Batch::count = 0", "4 samples"}));
+  }
+  EXPECT_EQ(Batch(torch::zeros({5, 3}), torch::zeros({5})).count, 5);
+}
+
 TEST(DataLoader, WorkerExceptionIsRethrownByNextInOrder) {
   ImageDataset dataset = make_dataset(40);
   // Sample 17 (batch 3 of 5 when not shuffled) carries the marker; no other sample starts with it.

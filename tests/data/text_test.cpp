@@ -263,7 +263,8 @@ TEST(TextWindows, CannotBeDeviceResidentAndSaysSo) {
   EXPECT_EQ(source->resident_bytes(), 0);
   const std::string message =
       testing::error_message([&] { DataLoader loader(source, LoaderOptions(2).device_resident(true)); });
-  EXPECT_TRUE(testing::contains_all(message, {"data.device_resident", "set data.device_resident = false"})) << message;
+  EXPECT_TRUE(testing::contains_all(message, {"data.device_resident", "set data.device_resident = false"}))
+      << message;
 }
 
 }  // namespace

@@ -12,10 +12,10 @@
 #include <nlohmann/json.hpp>
 
 #include "fasttrain/data/loader.h"
+#include "fasttrain/detail/file_io.h"
 #include "fasttrain/dist/launcher.h"
 #include "fasttrain/dist/process_group.h"
 #include "fasttrain/state/checkpoint_dir.h"
-#include "fasttrain/detail/file_io.h"
 #include "fasttrain/state/safetensors.h"
 #include "support.h"
 
@@ -62,8 +62,9 @@ nlohmann::json summary_of(const std::string& run_dir) {
 class RendezvousEnv : public testing::ScopedEnv {
  public:
   explicit RendezvousEnv(const std::map<std::string, std::string>& values)
-      : ScopedEnv(values, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) {}
+      : ScopedEnv(values,
+                  {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                   "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"}) {}
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -77,11 +78,11 @@ TEST(DistEnv, NoVariablesMeanOneProcess) {
 
 TEST(DistEnv, ReadsTorchrunsVariables) {
   RendezvousEnv env({{"RANK", "3"},
-                 {"WORLD_SIZE", "4"},
-                 {"LOCAL_RANK", "1"},
-                 {"LOCAL_WORLD_SIZE", "2"},
-                 {"MASTER_ADDR", "node0"},
-                 {"MASTER_PORT", "29400"}});
+                     {"WORLD_SIZE", "4"},
+                     {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "2"},
+                     {"MASTER_ADDR", "node0"},
+                     {"MASTER_PORT", "29400"}});
   auto read = DistEnv::from_environment();
   ASSERT_TRUE(read.has_value());
   EXPECT_EQ(read->rank, 3);
@@ -95,10 +96,10 @@ TEST(DistEnv, ReadsTorchrunsVariables) {
 
 TEST(DistEnv, ReadsSlurmsVariablesWithTheDefaultPort) {
   RendezvousEnv env({{"SLURM_PROCID", "5"},
-                 {"SLURM_NTASKS", "8"},
-                 {"SLURM_LOCALID", "1"},
-                 {"SLURM_NTASKS_PER_NODE", "4(x2)"},
-                 {"MASTER_ADDR", "n1"}});
+                     {"SLURM_NTASKS", "8"},
+                     {"SLURM_LOCALID", "1"},
+                     {"SLURM_NTASKS_PER_NODE", "4(x2)"},
+                     {"MASTER_ADDR", "n1"}});
   auto read = DistEnv::from_environment();
   ASSERT_TRUE(read.has_value());
   EXPECT_EQ(read->rank, 5);
@@ -144,7 +145,8 @@ TEST(DistEnv, TheDefaultGroupKeepsItsOptionsAndRefusesOthers) {
   ASSERT_NE(group, nullptr);
   EXPECT_EQ(group->size(), 1);
   EXPECT_EQ(default_process_group(options), group);
-  EXPECT_EQ(default_process_group(DistOptions(options).zero(2)), group) << "zero is the trainer's, not the group's";
+  EXPECT_EQ(default_process_group(DistOptions(options).zero(2)), group)
+      << "zero is the trainer's, not the group's";
   EXPECT_TRUE(testing::contains_all(
       testing::error_message([&] { default_process_group(DistOptions(options).timeout_s(30)); }),
       {"dist.timeout_s = 20", "dist.timeout_s = 30"}));
@@ -304,7 +306,8 @@ TEST(DistText, FullyShardedGptWithCheckpointingAndBf16EqualsDdp) {
   std::map<int, nlohmann::json> dist;
   for (int zero : {0, 3}) {
     const std::string run = dir.file("zero" + std::to_string(zero));
-    auto result = run_command(launch(2) + text + " --set dist.zero=" + std::to_string(zero) + " --run-dir " + run);
+    auto result =
+        run_command(launch(2) + text + " --set dist.zero=" + std::to_string(zero) + " --run-dir " + run);
     ASSERT_EQ(result.exit_code, 0) << result.output;
     dist[zero] = summary_of(run);
   }

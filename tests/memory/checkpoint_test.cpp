@@ -134,8 +134,7 @@ TEST(Checkpoint, EveryKthBlockMatches) {
     auto checkpointed = mlp_blocks(7, 8, 0.2);
     RunResult expected = run(plain, x, CheckpointPolicy());
     for (auto& p : plain->parameters()) p.mutable_grad() = torch::Tensor();
-    expect_same(expected,
-                run(checkpointed, x, CheckpointPolicy::parse("every_k", k)));
+    expect_same(expected, run(checkpointed, x, CheckpointPolicy::parse("every_k", k)));
   }
 }
 

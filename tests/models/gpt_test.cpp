@@ -5,12 +5,12 @@
 #include <cmath>
 
 #include "fasttrain/data/batch_source.h"
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/models/attention.h"
 #include "fasttrain/models/generate.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 #include "support.h"
 
 namespace fasttrain {
@@ -218,9 +218,8 @@ TEST(Gpt, GenerationIsSeededAndGreedyFollowsTheArgmax) {
 }
 
 TEST(Gpt, BadSizesAreConfigErrors) {
-  EXPECT_TRUE(
-      testing::contains_all(testing::error_message([] { make_gpt(small_gpt().embed(18).heads(4)); }),
-                            {"model.embed (18)", "model.heads (4)"}));
+  EXPECT_TRUE(testing::contains_all(testing::error_message([] { make_gpt(small_gpt().embed(18).heads(4)); }),
+                                    {"model.embed (18)", "model.heads (4)"}));
   EXPECT_TRUE(testing::contains_all(testing::error_message([] { make_gpt(small_gpt().layers(0)); }),
                                     {"model.layers must be >= 1"}));
   auto model = make_gpt(small_gpt());

@@ -42,9 +42,11 @@ TEST(Models, RegressionTargetsSizeTheOutputLayer) {
   shape.input = {13};
   shape.target = {2};
   shape.target_dtype = torch::kFloat;
-  EXPECT_EQ(forward(make_mlp(MlpOptions(), shape), torch::randn({4, 13})).sizes(), (std::vector<int64_t>{4, 2}));
+  EXPECT_EQ(forward(make_mlp(MlpOptions(), shape), torch::randn({4, 13})).sizes(),
+            (std::vector<int64_t>{4, 2}));
   DataShape unsized = DataShape::images(1, 8, 8, 0);  // class ids, but how many is unknown
-  EXPECT_TRUE(contains_all(error_message([&] { make_mlp(MlpOptions(), unsized); }), {"mlp", "how many classes"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { make_mlp(MlpOptions(), unsized); }), {"mlp", "how many classes"}));
 }
 
 TEST(Models, ClassicCnnHasTheTextbookParameterCount) {
@@ -112,11 +114,18 @@ TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
 TEST(Models, BadOptionsAndDataAreNamed) {
   EXPECT_TRUE(contains_all(error_message([] { make_model("transformer", kFashion); }),
                            {"model.name 'transformer'", "cnn, gpt, mlp, resnet"}));
-  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().widths({8, 0}), kFashion); }), {"model.widths"}));
-  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().widths({}), kFashion); }), {"model.widths"}));
-  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().widths({4, 4, 4, 4, 4, 4}), kFashion); }),
+  EXPECT_TRUE(contains_all(error_message([] {
+                             make_cnn(CnnOptions().widths({8, 0}), kFashion);
+                           }),
+                           {"model.widths"}));
+  EXPECT_TRUE(
+      contains_all(error_message([] { make_cnn(CnnOptions().widths({}), kFashion); }), {"model.widths"}));
+  EXPECT_TRUE(contains_all(error_message([] {
+                             make_cnn(CnnOptions().widths({4, 4, 4, 4, 4, 4}), kFashion);
+                           }),
                            {"pooling stages"}));
-  EXPECT_TRUE(contains_all(error_message([] { make_mlp(MlpOptions().dropout(1.0), kFashion); }), {"model.dropout"}));
+  EXPECT_TRUE(
+      contains_all(error_message([] { make_mlp(MlpOptions().dropout(1.0), kFashion); }), {"model.dropout"}));
   EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions(), DataShape::tokens(16, 256)); }),
                            {"model 'cnn'", "images", "[16] Long"}));
   EXPECT_TRUE(contains_all(error_message([] { make_gpt(GptOptions(), kFashion); }),
@@ -135,7 +144,9 @@ TEST(Models, DropoutIsOffInEvalMode) {
 // ---- a program's own module ----
 
 struct TwoTowersImpl : torch::nn::Module {
-  TwoTowersImpl() : left(register_module("left", torch::nn::Linear(3, 2))), right(register_module("right", torch::nn::Linear(4, 2))) {}
+  TwoTowersImpl()
+      : left(register_module("left", torch::nn::Linear(3, 2))),
+        right(register_module("right", torch::nn::Linear(4, 2))) {}
   torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) { return left(a) + right(b); }
   torch::nn::Linear left, right;
 };
@@ -143,11 +154,14 @@ TORCH_MODULE(TwoTowers);
 
 TEST(Model, AnyModuleWithHowABatchEntersIt) {
   TwoTowers towers;
-  Model model(towers, [](TwoTowersImpl& net, const Batch& batch) { return net.forward(batch.inputs, batch.at("side")); });
+  Model model(towers, [](TwoTowersImpl& net, const Batch& batch) {
+    return net.forward(batch.inputs, batch.at("side"));
+  });
   Batch batch;
   batch.inputs = torch::randn({5, 3});
   batch.fields["side"] = torch::randn({5, 4});
-  EXPECT_TRUE(torch::allclose(model.forward(batch).tensor(), towers->forward(batch.inputs, batch.fields["side"])));
+  EXPECT_TRUE(
+      torch::allclose(model.forward(batch).tensor(), towers->forward(batch.inputs, batch.fields["side"])));
   EXPECT_NE(model.name().find("TwoTowers"), std::string::npos) << model.name();
   EXPECT_EQ(model.parameter_count(), 3 * 2 + 2 + 4 * 2 + 2);
   // A module's own forward(inputs), from a holder or a shared_ptr.
@@ -157,7 +171,8 @@ TEST(Model, AnyModuleWithHowABatchEntersIt) {
   EXPECT_EQ(shared.forward(batch).tensor().sizes(), (std::vector<int64_t>{5, 2}));
   // Named outputs: a task picks what it needs by name.
   Model heads(towers, [](TwoTowersImpl& net, const Batch& batch) {
-    return std::map<std::string, torch::Tensor>{{"left", net.left(batch.inputs)}, {"right", net.right(batch.at("side"))}};
+    return std::map<std::string, torch::Tensor>{{"left", net.left(batch.inputs)},
+                                                {"right", net.right(batch.at("side"))}};
   });
   const ModelOutput output = heads.forward(batch);
   EXPECT_EQ(output.names(), (std::vector<std::string>{"left", "right"}));
@@ -187,21 +202,25 @@ struct WideOptions {
 
 TEST(ModelRegistry, AProgramsModelIsBuiltByNameWithItsOwnKeys) {
   if (!model_registry().contains("test_wide")) {
-    model_registry().add("test_wide", "a test's model",
-                         model_recipe<WideOptions>([](const WideOptions& options, const DataShape& shape) {
-                           return Model(torch::nn::Sequential(torch::nn::Flatten(),
-                                                              torch::nn::Linear(shape.input[0] * shape.input[1] * shape.input[2], options.width()),
-                                                              torch::nn::Linear(options.width(), shape.classes)));
-                         }));
+    model_registry().add(
+        "test_wide", "a test's model",
+        model_recipe<WideOptions>([](const WideOptions& options, const DataShape& shape) {
+          return Model(torch::nn::Sequential(
+              torch::nn::Flatten(),
+              torch::nn::Linear(shape.input[0] * shape.input[1] * shape.input[2], options.width()),
+              torch::nn::Linear(options.width(), shape.classes)));
+        }));
   }
   AnyOptions options = AnyOptions::of(WideOptions().width(5));
   Model model = make_model("test_wide", kFashion, &options);
   EXPECT_EQ(model.name(), "test_wide");
   EXPECT_EQ(model.parameter_count(), 784 * 5 + 5 + 5 * 10 + 10);
   AnyOptions bad = AnyOptions::of(WideOptions().width(0));
-  EXPECT_TRUE(contains_all(error_message([&] { make_model("test_wide", kFashion, &bad); }), {"model.width", "0"}));
-  EXPECT_TRUE(contains_all(error_message([] { model_registry().add("cnn", "again", model_registry().at("cnn")); }),
-                           {"model.name 'cnn' is already registered"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { make_model("test_wide", kFashion, &bad); }), {"model.width", "0"}));
+  EXPECT_TRUE(
+      contains_all(error_message([] { model_registry().add("cnn", "again", model_registry().at("cnn")); }),
+                   {"model.name 'cnn' is already registered"}));
 }
 
 }  // namespace
@@ -241,11 +260,23 @@ ForwardBackward forward_backward(const std::function<Model()>& build, const Chec
 // without it, with dropout and in-place ReLUs in the checkpointed blocks.
 TEST(Models, CheckpointedModelsMatchTheirPlainGradients) {
   const std::vector<std::pair<std::string, std::function<Model()>>> models = {
-      {"mlp", [] { return make_mlp(MlpOptions().hidden({64, 64, 32}).dropout(0.2), kFashion); }},
-      {"cnn", [] { return make_cnn(CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).dropout(0.1), kFashion); }},
+      {"mlp",
+       [] {
+         return make_mlp(MlpOptions().hidden({64, 64, 32}).dropout(0.2), kFashion);
+       }},
+      {"cnn",
+       [] {
+         return make_cnn(CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).dropout(0.1), kFashion);
+       }},
       {"cnn pool_first",
-       [] { return make_cnn(CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).pool_first(true), kFashion); }},
-      {"resnet", [] { return make_resnet(ResnetOptions().widths({8, 16}).blocks(2).hidden({16}).dropout(0.1), kFashion); }},
+       [] {
+         return make_cnn(CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).pool_first(true),
+                         kFashion);
+       }},
+      {"resnet",
+       [] {
+         return make_resnet(ResnetOptions().widths({8, 16}).blocks(2).hidden({16}).dropout(0.1), kFashion);
+       }},
   };
   const torch::Tensor images = torch::randn({6, 1, 28, 28});
   for (const auto& [name, build] : models) {

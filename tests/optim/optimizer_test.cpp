@@ -9,9 +9,9 @@
 #include <cmath>
 #include <string>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 namespace {

@@ -1,5 +1,4 @@
 #include "fasttrain/precision/autocast.h"
-#include "fasttrain/util/hardware.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -7,6 +6,7 @@
 #include <thread>
 
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/hardware.h"
 
 namespace fasttrain {
 namespace {

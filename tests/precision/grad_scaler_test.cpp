@@ -13,9 +13,9 @@
 #include <limits>
 #include <memory>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 
 namespace fasttrain {
 namespace {
@@ -25,7 +25,7 @@ const double kInf = std::numeric_limits<double>::infinity();
 enum class LibTorchOptimizer { kSgd, kSgdMomentum, kAdam };
 
 std::unique_ptr<torch::optim::Optimizer> make_libtorch_optimizer(LibTorchOptimizer kind,
-                                                        const std::vector<torch::Tensor>& params) {
+                                                                 const std::vector<torch::Tensor>& params) {
   switch (kind) {
     case LibTorchOptimizer::kSgd:
       return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(1.0));
@@ -593,8 +593,9 @@ TEST(GradScaler, FusedKernelsMatchPortablePath_CUDA) {
 // that would overflow fp32.
 TEST(GradScaler, PortableArithmeticEqualsAtensFusedKernelsOnTheCpu) {
   if (!compat::has_amp_kernels(torch::kCPU)) {
-    GTEST_SKIP() << "LibTorch " << TORCH_VERSION << " registers no CPU kernels for _amp_foreach_non_finite_check_"
-                 << "and_unscale_ / _amp_update_scale_ (they came with 2.x); the _CUDA test checks them on a GPU";
+    GTEST_SKIP()
+        << "LibTorch " << TORCH_VERSION << " registers no CPU kernels for _amp_foreach_non_finite_check_"
+        << "and_unscale_ / _amp_update_scale_ (they came with 2.x); the _CUDA test checks them on a GPU";
   }
   const double nan = std::nan("");
   const std::vector<std::vector<torch::Tensor>> unscale_cases = {
@@ -609,13 +610,16 @@ TEST(GradScaler, PortableArithmeticEqualsAtensFusedKernelsOnTheCpu) {
         fused.push_back(g.clone());
         portable.push_back(g.clone());
       }
-      torch::Tensor found_fused = torch::full({1}, found_before), found_portable = torch::full({1}, found_before);
+      torch::Tensor found_fused = torch::full({1}, found_before),
+                    found_portable = torch::full({1}, found_before);
       const torch::Tensor inv_scale = torch::full({1}, 1.0f / 1024.0f);
       at::_amp_foreach_non_finite_check_and_unscale_(fused, found_fused, inv_scale);
       portable_amp::non_finite_check_and_unscale(portable, found_portable, inv_scale);
-      EXPECT_TRUE(torch::equal(found_fused, found_portable)) << "case " << c << ": " << found_fused << found_portable;
+      EXPECT_TRUE(torch::equal(found_fused, found_portable))
+          << "case " << c << ": " << found_fused << found_portable;
       for (size_t i = 0; i < fused.size(); ++i) {
-        EXPECT_TRUE(torch::allclose(fused[i], portable[i], 0, 0, /*equal_nan=*/true)) << "case " << c << " grad " << i;
+        EXPECT_TRUE(torch::allclose(fused[i], portable[i], 0, 0, /*equal_nan=*/true))
+            << "case " << c << " grad " << i;
       }
     }
   }
@@ -623,7 +627,8 @@ TEST(GradScaler, PortableArithmeticEqualsAtensFusedKernelsOnTheCpu) {
   // 3e38, where growing overflows fp32 and the scale must stay.
   for (float start : {32768.0f, 3e38f}) {
     torch::Tensor scale_fused = torch::full({1}, start), scale_portable = torch::full({1}, start);
-    torch::Tensor tracker_fused = torch::zeros({1}, torch::kInt32), tracker_portable = torch::zeros({1}, torch::kInt32);
+    torch::Tensor tracker_fused = torch::zeros({1}, torch::kInt32),
+                  tracker_portable = torch::zeros({1}, torch::kInt32);
     for (float found : {0.0f, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 0.0f, 0.0f, 0.0f}) {
       const torch::Tensor found_inf = torch::full({1}, found);
       at::_amp_update_scale_(scale_fused, tracker_fused, found_inf, 2.0, 0.5, 2);

@@ -75,10 +75,12 @@ TEST(Doctor, NamesEachPlantedProblem) {
   for (const char* rule : {"conv_bias_before_batchnorm", "anomaly_detection", "small_batch", "constant_lr"}) {
     EXPECT_TRUE(rules(debug).count(rule)) << rule << "\n" << debug.text();
   }
-  EXPECT_EQ(debug.findings.front().severity(), Severity::kHigh) << "ranked: the costly findings first\n" << debug.text();
+  EXPECT_EQ(debug.findings.front().severity(), Severity::kHigh) << "ranked: the costly findings first\n"
+                                                                << debug.text();
 
   // A host read per step from a callback, on an otherwise clean run.
-  DoctorReport synced = diagnose(builder, clean_config(), dir.path(), options, {std::make_shared<SyncEveryStep>()});
+  DoctorReport synced =
+      diagnose(builder, clean_config(), dir.path(), options, {std::make_shared<SyncEveryStep>()});
   EXPECT_TRUE(rules(synced).count("host_sync")) << synced.text();
 
   // What the report draws: doctor.json's shape.

@@ -7,10 +7,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/run/run.h"
 #include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
-#include "fasttrain/detail/compat.h"
 #include "support.h"
 
 namespace fasttrain {
@@ -27,7 +27,8 @@ Config small_config() {
 }
 
 ProfileOptions measuring(int64_t steps, int64_t warmup = 5, double min_seconds = 0) {
-  return ProfileOptions().measure(MeasureOptions().steps(steps).warmup_steps(warmup).min_seconds(min_seconds));
+  return ProfileOptions().measure(
+      MeasureOptions().steps(steps).warmup_steps(warmup).min_seconds(min_seconds));
 }
 
 // A Chrome trace's events: the legacy profiler writes an array, Kineto an object with traceEvents.
@@ -103,7 +104,8 @@ TEST(Profile, MinSecondsTimesPastTheStepsUntilThatLong) {
   const auto timed = measuring(3, 1).record(false);
   const ProfileResult exact = profile_run(builder, config, dir.file("exact"), timed);
   EXPECT_EQ(exact.steps, 3);
-  const ProfileResult longer = profile_run(builder, config, dir.file("longer"), measuring(3, 1, 0.5).record(false));
+  const ProfileResult longer =
+      profile_run(builder, config, dir.file("longer"), measuring(3, 1, 0.5).record(false));
   EXPECT_GT(longer.steps, 3);
   EXPECT_GE(longer.phases.total(), 0.45);  // the phases cover the steps' time, not the callbacks between
   EXPECT_EQ(longer.samples, longer.steps * 64);
@@ -118,7 +120,8 @@ TEST(Profile, OperatorStatsSubtractNestedTime) {
   nlohmann::json trace = nlohmann::json::array(
       {span("outer", 0, 100, 1), span("inner", 10, 30, 1), span("leaf", 15, 5, 1), span("inner", 50, 20, 1),
        span("outer", 0, 7, 2), nlohmann::json{{"name", "meta"}, {"ph", "M"}},
-      nlohmann::json{{"name", "PyTorch Profiler (0)"}, {"ph", "X"}, {"cat", "Trace"}, {"ts", 0}, {"dur", 500}}});
+       nlohmann::json{
+           {"name", "PyTorch Profiler (0)"}, {"ph", "X"}, {"cat", "Trace"}, {"ts", 0}, {"dur", 500}}});
   std::map<std::string, OperatorStat> stats;
   for (const auto& stat : operator_stats(trace)) stats[stat.name] = stat;
   EXPECT_EQ(stats.at("outer").calls, 2);

@@ -175,10 +175,11 @@ TEST(Report, AbsentOptionalInputsSayTheyWereNotRecordedAndWhichCommandRecordsThe
   write(dir.file("metrics.jsonl"), fixture_metrics());
   std::string html = render_report(dir.path());
   EXPECT_TRUE(contains_all(
-      html, {"Not recorded: summary.json is absent", "<code>fasttrain train</code>",
-             "Not recorded: memory_timeline.csv is absent",
-             "<code>fasttrain profile CONFIG --run-dir RUN_DIR</code>", "Not recorded: doctor.json is absent",
-             "<code>fasttrain doctor CONFIG --run-dir RUN_DIR</code>", "Not recorded: config.toml is absent"}));
+      html,
+      {"Not recorded: summary.json is absent", "<code>fasttrain train</code>",
+       "Not recorded: memory_timeline.csv is absent",
+       "<code>fasttrain profile CONFIG --run-dir RUN_DIR</code>", "Not recorded: doctor.json is absent",
+       "<code>fasttrain doctor CONFIG --run-dir RUN_DIR</code>", "Not recorded: config.toml is absent"}));
   EXPECT_EQ(html.find("data-chart=\"memory\""), std::string::npos);
   EXPECT_EQ(chart_data(report_data(html), "memory"), nullptr);
 
@@ -385,10 +386,10 @@ std::vector<std::string> page_problems(const std::string& dom, const std::vector
 
 // Skips, visibly, where Chromium is absent (the GPU machine has none); scripts/test installs it, so CI
 // never skips.
-#define FT_REQUIRE_CHROMIUM()                                                                         \
-  if (testing::run_command("command -v chromium").exit_code != 0) {                                   \
+#define FT_REQUIRE_CHROMIUM()                                                                             \
+  if (testing::run_command("command -v chromium").exit_code != 0) {                                       \
     GTEST_SKIP() << "chromium is not installed: run scripts/install-deps (it installs Debian's chromium " \
-                    "package, which the report test renders the page with)";                          \
+                    "package, which the report test renders the page with)";                              \
   }
 
 TEST(Report, HeadlessChromiumDrawsEveryChartWithoutScriptErrors) {

@@ -20,13 +20,16 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   config.model.select("cnn").as<CnnOptions>().widths({8, 16}).hidden({32});
   config.train.threads(1);
   RunBuilder builder;
-  TuneResult result = tune(builder, config, dir.path(),
-                           TuneOptions().measure(MeasureOptions().steps(6).warmup_steps(2).min_seconds(0.3)).batch(true));
+  TuneResult result =
+      tune(builder, config, dir.path(),
+           TuneOptions().measure(MeasureOptions().steps(6).warmup_steps(2).min_seconds(0.3)).batch(true));
 
   ASSERT_FALSE(result.trials.empty());
   bool failed_reported = false;
   for (const auto& trial : result.trials) {
-    if (trial.kept) EXPECT_GE(trial.speedup, TuneOptions().min_gain()) << trial.change;
+    if (trial.kept) {
+      EXPECT_GE(trial.speedup, TuneOptions().min_gain()) << trial.change;
+    }
     if (trial.change.rfind("data.batch_size x4", 0) == 0) {
       // 4 x 128 exceeds the 300 samples: the trial fails, is reported and changes nothing.
       EXPECT_FALSE(trial.kept);
@@ -39,11 +42,14 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   // The tuned config is the given one with exactly the kept changes applied.
   int kept = 0;
   for (const auto& trial : result.trials) kept += trial.kept ? 1 : 0;
-  // (The trials start from "auto" resolved for this run here: train.blas_threads and task.name made concrete.)
+  // (The trials start from "auto" resolved for this run here: train.blas_threads and task.name made
+  // concrete.)
   const Config resolved = build_run(builder, config).config;
   EXPECT_EQ(kept == 0, to_toml(result.tuned) == to_toml(resolved)) << result.table();
   // Nothing kept: the tuned speed is the baseline's (its re-measures refine both alike).
-  if (kept == 0) EXPECT_EQ(result.tuned_samples_per_s, result.baseline_samples_per_s);
+  if (kept == 0) {
+    EXPECT_EQ(result.tuned_samples_per_s, result.baseline_samples_per_s);
+  }
   // tuned.toml is the tuned config, loadable as it is; tune.md the table.
   EXPECT_EQ(to_toml(load_config(dir.file("tuned.toml"))), to_toml(result.tuned));
   EXPECT_EQ(testing::read_text(dir.file("tune.md")), result.table());
@@ -54,8 +60,9 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
       resolved.train.blas_threads() > 0 ? resolved.train.blas_threads() : blas.threads_at_start;
   for (const auto& trial : result.trials) {
     EXPECT_NE(trial.change, "train.threads = 1") << result.table();
-    if (!blas.name.empty())
+    if (!blas.name.empty()) {
       EXPECT_NE(trial.change, fmt::format("train.blas_threads = {}", blas_in_effect)) << result.table();
+    }
     if (trial.kept) break;
   }
   // This CPU's bf16 is proposed only where it is native.

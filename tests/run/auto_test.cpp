@@ -36,7 +36,8 @@ Config auto_config() {
 }
 
 // How a run resolves: the model's convolutions decide which pool gets the cores.
-AutoResolution resolve(const Config& config, const Hardware& hardware, int processes = 1, bool convolutions = true) {
+AutoResolution resolve(const Config& config, const Hardware& hardware, int processes = 1,
+                       bool convolutions = true) {
   return resolve_auto(config, hardware, processes, convolutions);
 }
 
@@ -98,7 +99,8 @@ TEST(Auto, ExplicitValuesAreKeptAndEmulatedBf16Warns) {
   EXPECT_EQ(emulated.config.train.blas_threads(), 2);
   EXPECT_TRUE(emulated.choices.empty());
   ASSERT_EQ(emulated.warnings.size(), 1u);
-  EXPECT_TRUE(testing::contains_all(emulated.warnings[0], {"train.precision", "emulated", "\"fp32\"", "auto"}));
+  EXPECT_TRUE(
+      testing::contains_all(emulated.warnings[0], {"train.precision", "emulated", "\"fp32\"", "auto"}));
   EXPECT_TRUE(resolve(config, cpu(/*native_bf16=*/true)).warnings.empty());
   EXPECT_TRUE(resolve(config, gpu(75)).warnings.empty());  // CUDA autocast runs bf16 on any GPU
 }
@@ -117,8 +119,9 @@ TEST(Auto, TheEffectiveConfigWritesAutoAndReadsItBack) {
   // 0 is still accepted for train.threads (it meant the cores before "auto" existed).
   apply_override(config, "train.threads=0");
   EXPECT_EQ(config.train.threads(), 0);
-  EXPECT_TRUE(testing::contains_all(testing::error_message([&] { apply_override(config, "train.blas_threads=-2"); }),
-                                    {"train.blas_threads", "auto", "-2"}));
+  EXPECT_TRUE(
+      testing::contains_all(testing::error_message([&] { apply_override(config, "train.blas_threads=-2"); }),
+                            {"train.blas_threads", "auto", "-2"}));
 }
 
 TEST(Auto, TheEnvironmentCanHideOrGrantNativeBf16) {

@@ -58,7 +58,8 @@ TEST(TextRun, TrainsOnWindowsAndReportsBitsPerByte) {
   EXPECT_LT(bits_per_byte, 4.0) << "8 bits per byte is chance; the corpus is repetitive";
   EXPECT_EQ(summary.padding_fraction, 0.0);
   // The task was the data's own: language modelling, recorded in the effective config.
-  EXPECT_NE(read_text_file(dir.file("run/config.toml")).find("[task]\nname = \"language_modeling\""), std::string::npos);
+  EXPECT_NE(read_text_file(dir.file("run/config.toml")).find("[task]\nname = \"language_modeling\""),
+            std::string::npos);
   // samples/s counts target tokens: 60 steps of 8 windows of 32.
   const auto json = nlohmann::json::parse(read_text_file(dir.file("run/summary.json")));
   EXPECT_NEAR(json["test_bits_per_byte"].get<double>(), bits_per_byte, 1e-9);
@@ -104,7 +105,8 @@ TEST(TextRun, TokenBucketsTrainWithLittlePaddingAndMemoryWarmUpAtTheLongest) {
 TEST(TextRun, BlasThreadsChangeNoLoss) {
   TempDir dir;
   Config config = text_config(write_text_corpus(dir));
-  config.model.as<GptOptions>().embed(64);  // matmuls large enough for OpenBLAS to split them over its threads
+  config.model.as<GptOptions>().embed(
+      64);  // matmuls large enough for OpenBLAS to split them over its threads
   config.train.options.max_steps(20).eval_every_steps(0);
   if (blas_library().name.empty()) {  // MKL and others follow train.threads: the key is an error
     config.train.blas_threads(1);
@@ -216,17 +218,22 @@ TEST(TextRun, ModelAndDataMustMatch) {
   EXPECT_TRUE(contains_all(error_message([&] { build(config); }), {"text", "sequence model", "gpt"}));
   Config images;
   images.model.select("gpt");
-  if (testing::have_fashion_mnist())
-    EXPECT_TRUE(contains_all(error_message([&] { build(images); }), {"model 'gpt'", "token sequences", "[1, 28, 28]"}));
+  if (testing::have_fashion_mnist()) {
+    EXPECT_TRUE(contains_all(error_message([&] { build(images); }),
+                             {"model 'gpt'", "token sequences", "[1, 28, 28]"}));
+  }
   config = text_config(write_text_corpus(dir));
   text_options(config).batching("tokens").max_tokens(16);
-  EXPECT_TRUE(contains_all(error_message([&] { build(config); }), {"data.max_tokens = 16", "model.context = 32"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { build(config); }), {"data.max_tokens = 16", "model.context = 32"}));
   config = text_config(dir.file("nowhere"));
-  EXPECT_TRUE(contains_all(error_message([&] { build(config); }), {"data.path", "nowhere", "does not exist"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { build(config); }), {"data.path", "nowhere", "does not exist"}));
   // A task that does not fit the data: regression on next-token classes.
   config = text_config(write_text_corpus(dir));
   config.task.select("regression");
-  EXPECT_TRUE(contains_all(error_message([&] { build(config); }), {"model 'gpt'", "task 'regression'", "Long"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] { build(config); }), {"model 'gpt'", "task 'regression'", "Long"}));
 }
 
 }  // namespace

@@ -14,8 +14,8 @@
 #include <thread>
 
 #include "fasttrain/detail/file_io.h"
-#include "fasttrain/state/safetensors.h"
 #include "fasttrain/detail/sha256.h"
+#include "fasttrain/state/safetensors.h"
 #include "state/state_test_util.h"
 
 namespace fasttrain {

@@ -53,7 +53,8 @@ TEST(Loss, LabelSmoothedCrossEntropyMatchesLibTorchs) {
   // bf16 logits (autocast's output) are computed in fp32.
   torch::Tensor logits = torch::randn({33, 7});
   EXPECT_NEAR(cross_entropy(logits.to(torch::kBFloat16), targets, 0.1).item<double>(),
-              cross_entropy(logits.to(torch::kBFloat16).to(torch::kFloat), targets, 0.1).item<double>(), 1e-6);
+              cross_entropy(logits.to(torch::kBFloat16).to(torch::kFloat), targets, 0.1).item<double>(),
+              1e-6);
 }
 
 TEST(ClassificationTask, LossAndMetricsAreCrossEntropyAndAccuracyOverTheBatches) {
@@ -67,7 +68,8 @@ TEST(ClassificationTask, LossAndMetricsAreCrossEntropyAndAccuracyOverTheBatches)
   const Metrics metrics = evaluate(task, {{logits.slice(0, 0, 12), first}, {logits.slice(0, 12), second}});
   // Evaluation reports the plain cross-entropy, not the smoothed training loss.
   EXPECT_NEAR(metrics.at("loss"), torch::nn::functional::cross_entropy(logits, targets).item<double>(), 1e-6);
-  EXPECT_DOUBLE_EQ(metrics.at("accuracy"), logits.argmax(1).eq(targets).to(torch::kDouble).mean().item<double>());
+  EXPECT_DOUBLE_EQ(metrics.at("accuracy"),
+                   logits.argmax(1).eq(targets).to(torch::kDouble).mean().item<double>());
   EXPECT_EQ(metrics.names(), (std::vector<std::string>{"loss", "accuracy"}));
   EXPECT_TRUE(task.higher_is_better("accuracy"));
   EXPECT_FALSE(task.higher_is_better("loss"));
@@ -93,13 +95,20 @@ TEST(ClassificationTask, SequencesAndPaddingAreClassesPerToken) {
 TEST(ClassificationTask, TargetsAndOutputsThatDoNotFitAreErrorsNamingBoth) {
   ClassificationTask task;
   const Batch values = batch_of(torch::zeros({4, 3}), torch::zeros({4, 1}));
-  EXPECT_TRUE(contains_all(error_message([&] { task.loss(torch::zeros({4, 10}), values); }),
+  EXPECT_TRUE(contains_all(error_message([&] {
+                             task.loss(torch::zeros({4, 10}), values);
+                           }),
                            {"classification", "class ids", "Float", "regression"}));
   const Batch labels = batch_of(torch::zeros({4, 3}), torch::zeros({4}, torch::kLong));
-  EXPECT_TRUE(contains_all(error_message([&] { task.loss(torch::zeros({3, 10}), labels); }),
+  EXPECT_TRUE(contains_all(error_message([&] {
+                             task.loss(torch::zeros({3, 10}), labels);
+                           }),
                            {"classification", "[3, 10]", "[4]"}));
-  EXPECT_TRUE(contains_all(error_message([&] { task.loss(std::map<std::string, torch::Tensor>{{"a", torch::zeros({4, 2})}}, labels); }),
-                           {"named outputs", "a"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] {
+                     task.loss(std::map<std::string, torch::Tensor>{{"a", torch::zeros({4, 2})}}, labels);
+                   }),
+                   {"named outputs", "a"}));
   EXPECT_THROW(LanguageModelTask(ClassificationOptions(), 0.0), ConfigError);
   EXPECT_THROW(ClassificationTask(ClassificationOptions().label_smoothing(1.0)), ConfigError);
 }
@@ -108,7 +117,8 @@ TEST(ClassificationTask, TargetsAndOutputsThatDoNotFitAreErrorsNamingBoth) {
 TEST(RegressionTask, MetricsAreRmseMaeAndR2PerOutput) {
   torch::manual_seed(3);
   RegressionTask task(RegressionOptions(), /*outputs=*/2);
-  const torch::Tensor targets = torch::randn({30, 2}) * torch::tensor({1.0, 5.0}) + torch::tensor({3.0, -2.0});
+  const torch::Tensor targets =
+      torch::randn({30, 2}) * torch::tensor({1.0, 5.0}) + torch::tensor({3.0, -2.0});
   const torch::Tensor prediction = targets + 0.3 * torch::randn({30, 2});
   const Batch first = batch_of(torch::zeros({10, 4}), targets.slice(0, 0, 10));
   const Batch second = batch_of(torch::zeros({20, 4}), targets.slice(0, 10));
@@ -132,7 +142,9 @@ TEST(RegressionTask, LossesAreTorchsAndShapesMustAgree) {
   namespace F = torch::nn::functional;
   EXPECT_NEAR(RegressionTask(RegressionOptions().loss("l1")).loss(prediction, batch).item<double>(),
               F::l1_loss(prediction, targets).item<double>(), 1e-7);
-  EXPECT_NEAR(RegressionTask(RegressionOptions().loss("huber").huber_delta(0.5)).loss(prediction, batch).item<double>(),
+  EXPECT_NEAR(RegressionTask(RegressionOptions().loss("huber").huber_delta(0.5))
+                  .loss(prediction, batch)
+                  .item<double>(),
               F::huber_loss(prediction, targets, F::HuberLossFuncOptions().delta(0.5)).item<double>(), 1e-7);
   RegressionTask task;
   EXPECT_TRUE(contains_all(error_message([&] { task.loss(torch::zeros({8}), batch); }),
@@ -152,7 +164,9 @@ TEST(ReconstructionTask, ScoresTheOutputAgainstTheInputs) {
   EXPECT_NEAR(metrics.at("loss"), (output - inputs).square().mean().item<double>(), 1e-7);
   EXPECT_NEAR(metrics.at("rmse"), std::sqrt(metrics.at("loss")), 1e-12);
   EXPECT_NEAR(task.loss(output, batch).item<double>(), metrics.at("loss"), 1e-6);
-  EXPECT_TRUE(contains_all(error_message([&] { task.loss(torch::zeros({6, 16}), batch); }),
+  EXPECT_TRUE(contains_all(error_message([&] {
+                             task.loss(torch::zeros({6, 16}), batch);
+                           }),
                            {"reconstruction", "[6, 16]", "[6, 1, 4, 4]"}));
 }
 
@@ -162,14 +176,15 @@ TEST(Task, ALossAloneEvaluatesToItsMean) {
     std::string name() const override { return "mean"; }
     torch::Tensor loss(const ModelOutput& output, const Batch&) override { return output.tensor().mean(); }
   } task;
-  Batch a = batch_of(torch::zeros({2, 1}), torch::Tensor()), b = batch_of(torch::zeros({6, 1}), torch::Tensor());
+  Batch a = batch_of(torch::zeros({2, 1}), torch::Tensor()),
+        b = batch_of(torch::zeros({6, 1}), torch::Tensor());
   const Metrics metrics = evaluate(task, {{torch::full({2}, 1.0), a}, {torch::full({6}, 3.0), b}});
   EXPECT_DOUBLE_EQ(metrics.at("loss"), (2 * 1.0 + 6 * 3.0) / 8);
 }
 
 TEST(TaskRegistry, BuiltInsByNameAndUnknownNamesListTheRegistered) {
-  EXPECT_EQ(task_registry().names(),
-            (std::vector<std::string>{"classification", "language_modeling", "regression", "reconstruction"}));
+  EXPECT_EQ(task_registry().names(), (std::vector<std::string>{"classification", "language_modeling",
+                                                               "regression", "reconstruction"}));
   EXPECT_EQ(make_task("regression", DataShape())->name(), "regression");
   EXPECT_TRUE(contains_all(error_message([&] { make_task("ranking", DataShape()); }),
                            {"task.name 'ranking'", "classification, language_modeling"}));

@@ -40,8 +40,8 @@ struct TrainingRun {
 // Stage, with dropout.
 struct ScaledRegressorImpl : torch::nn::Module {
   ScaledRegressorImpl() {
-    layers = register_module("layers", Stage(torch::nn::Linear(6, 16), torch::nn::ReLU(), torch::nn::Dropout(0.3),
-                                             torch::nn::Linear(16, 1)));
+    layers = register_module("layers", Stage(torch::nn::Linear(6, 16), torch::nn::ReLU(),
+                                             torch::nn::Dropout(0.3), torch::nn::Linear(16, 1)));
   }
   torch::Tensor forward(const torch::Tensor& features, const torch::Tensor& scale) {
     return layers->forward(features) * scale;  // [B, 1]
@@ -68,9 +68,11 @@ std::shared_ptr<const BatchSource> source_of(Kind kind) {
       std::map<std::string, torch::Tensor>{{"inputs", features}, {"scale", scale}, {"targets", targets}});
 }
 
-TrainingRun make_run(uint64_t seed, const std::string& checkpoint_root = "", Kind kind = Kind::kImageClassifier) {
+TrainingRun make_run(uint64_t seed, const std::string& checkpoint_root = "",
+                     Kind kind = Kind::kImageClassifier) {
   TrainingRun run;
-  run.loader = std::make_unique<DataLoader>(source_of(kind), LoaderOptions(8).workers(2).shuffle(true).seed(11));
+  run.loader =
+      std::make_unique<DataLoader>(source_of(kind), LoaderOptions(8).workers(2).shuffle(true).seed(11));
   torch::manual_seed(seed);
   std::shared_ptr<Task> task;
   if (kind == Kind::kImageClassifier) {
@@ -84,11 +86,12 @@ TrainingRun make_run(uint64_t seed, const std::string& checkpoint_root = "", Kin
   }
   const int64_t total = planned_steps(TrainOptions().epochs(kEpochs).accumulation(kAccumulation),
                                       run.loader->batches_per_epoch());
-  auto optimizer =
-      make_optimizer(run.model.module().named_parameters(), OptimizerOptions("adamw").lr(3e-3).weight_decay(0.1));
+  auto optimizer = make_optimizer(run.model.module().named_parameters(),
+                                  OptimizerOptions("adamw").lr(3e-3).weight_decay(0.1));
   auto schedule = make_schedule(ScheduleOptions("one-cycle"), 3e-3, 0.9, total);
-  run.trainer = std::make_unique<Trainer>(run.model, task, std::move(optimizer), std::move(schedule),
-                                          TrainOptions().epochs(kEpochs).accumulation(kAccumulation).clip_norm(1.0));
+  run.trainer =
+      std::make_unique<Trainer>(run.model, task, std::move(optimizer), std::move(schedule),
+                                TrainOptions().epochs(kEpochs).accumulation(kAccumulation).clip_norm(1.0));
   run.trainer->enable_ema(EmaOptions(0.9));
   if (!checkpoint_root.empty())
     run.trainer->enable_checkpoints(RunCheckpointOptions(checkpoint_root).keep(2));
@@ -126,8 +129,7 @@ void expect_same_run_state(TrainingRun& resumed, TrainingRun& straight, const to
   EXPECT_EQ(resumed.trainer->progress().samples_seen, straight.trainer->progress().samples_seen);
   expect_identical(module_state(resumed.model.module()), module_state(straight.model.module()), "weights");
   expect_identical(optimizer_state(resumed.trainer->optimizer()).tensors,
-                   optimizer_state(straight.trainer->optimizer()).tensors,
-                   "optimizer state");
+                   optimizer_state(straight.trainer->optimizer()).tensors, "optimizer state");
   EXPECT_EQ(resumed.trainer->ema()->updates(), straight.trainer->ema()->updates());
   for (size_t i = 0; i < resumed.trainer->ema()->shadow().size(); ++i) {
     EXPECT_TRUE(torch::equal(resumed.trainer->ema()->shadow()[i], straight.trainer->ema()->shadow()[i]))
@@ -158,7 +160,8 @@ TEST_P(ResumeTest, StoppedAndResumedByNewObjectsEqualsTheStraightRun) {
   {
     TrainingRun first = make_run(5, root, point.kind);
     first.trainer->add_callback(std::make_shared<StopAt>(point.step, point.window_done));
-    first.trainer->set_logging(LogOptions().every_steps(1));  // on_log after every step: stops at a step boundary
+    first.trainer->set_logging(
+        LogOptions().every_steps(1));  // on_log after every step: stops at a step boundary
     FitSummary summary = first.trainer->fit(*first.loader, nullptr);
     ASSERT_TRUE(summary.interrupted);
     EXPECT_EQ(summary.steps, point.step);
@@ -181,7 +184,8 @@ INSTANTIATE_TEST_SUITE_P(Points, ResumeTest,
                                            StopPoint{"InsideAccumulationWindow", 4, 3},
                                            StopPoint{"InsideTheShortLastWindow", 5, 1},
                                            StopPoint{"UserRegressorMidEpoch", 4, 0, Kind::kUserRegressor},
-                                           StopPoint{"UserRegressorInsideWindow", 4, 3, Kind::kUserRegressor}),
+                                           StopPoint{"UserRegressorInsideWindow", 4, 3,
+                                                     Kind::kUserRegressor}),
                          [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Resume, APeriodicCheckpointHoldsTheWholeRunState) {
@@ -277,7 +281,8 @@ TEST(Resume, ANonFiniteLossStopsTheRunNamingTheStepAndNothingOfItIsSaved) {
                   make_schedule(ScheduleOptions("constant"), 0.1, 0.9, 100), TrainOptions().epochs(2));
   testing::TempDir dir;
   trainer.enable_checkpoints(RunCheckpointOptions(dir.file("checkpoints")).every_steps(5).keep(3));
-  trainer.set_logging(LogOptions().every_steps(1000));  // the check before the checkpoint at step 10 must find it
+  trainer.set_logging(
+      LogOptions().every_steps(1000));  // the check before the checkpoint at step 10 must find it
   EXPECT_TRUE(
       testing::contains_all(testing::error_message([&] { trainer.fit(loader, nullptr); }),
                             {"training loss became nan at step 7", "no checkpoint of this state", "step-5"}));

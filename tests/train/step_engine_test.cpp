@@ -110,7 +110,9 @@ struct TrainerCase {
 enum class Kind { kConvClassifier, kUserRegressor };
 
 struct TwoInputsImpl : torch::nn::Module {
-  TwoInputsImpl() : features(register_module("features", torch::nn::Linear(6, 8))), head(register_module("head", torch::nn::Linear(8, 1))) {}
+  TwoInputsImpl()
+      : features(register_module("features", torch::nn::Linear(6, 8))),
+        head(register_module("head", torch::nn::Linear(8, 1))) {}
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& scale) {
     return head(torch::relu(features(x))) * scale;
   }
@@ -133,19 +135,22 @@ TrainerCase make_case(torch::Device device, bool cuda_graphs, torch::ScalarType 
   TrainerCase c;
   std::shared_ptr<Task> task;
   if (kind == Kind::kConvClassifier) {
-    c.model = make_cnn(CnnOptions().widths({4, 8}).hidden({16}).batchnorm(true), DataShape::images(1, 8, 8, 4));
+    c.model =
+        make_cnn(CnnOptions().widths({4, 8}).hidden({16}).batchnorm(true), DataShape::images(1, 8, 8, 4));
     task = std::make_shared<ClassificationTask>();
   } else {
-    c.model = Model(TwoInputs(), [](TwoInputsImpl& net, const Batch& b) { return net.forward(b.inputs, b.at("scale")); });
+    c.model = Model(TwoInputs(),
+                    [](TwoInputsImpl& net, const Batch& b) { return net.forward(b.inputs, b.at("scale")); });
     task = std::make_shared<RegressionTask>();
   }
   c.model.module().to(device);
-  auto optimizer =
-      make_optimizer(c.model.module().named_parameters(), OptimizerOptions("adamw").lr(1e-2).weight_decay(0.01));
+  auto optimizer = make_optimizer(c.model.module().named_parameters(),
+                                  OptimizerOptions("adamw").lr(1e-2).weight_decay(0.01));
   auto schedule = make_schedule(ScheduleOptions("one-cycle").cycle_momentum(false), 1e-2, 0.9, steps);
   c.trainer = std::make_unique<Trainer>(
       c.model, task, std::move(optimizer), std::move(schedule),
-      TrainOptions().max_steps(steps).accumulation(2).clip_norm(0.5).precision(precision).cuda_graphs(cuda_graphs));
+      TrainOptions().max_steps(steps).accumulation(2).clip_norm(0.5).precision(precision).cuda_graphs(
+          cuda_graphs));
   c.trainer->enable_ema(EmaOptions(0.9));
   return c;
 }
@@ -191,10 +196,11 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
       std::vector<TrainerCase> runs;
       for (const bool graphs : {false, true}) {
         // Images resident on the GPU; the regression's tensors copied from pinned memory.
-        auto loader = kind == Kind::kConvClassifier
-                          ? std::make_unique<DataLoader>(images, plain_pipeline(),
-                                                         LoaderOptions(16).device(cuda).device_resident(true).seed(3))
-                          : std::make_unique<DataLoader>(regression_data(), LoaderOptions(16).device(cuda).seed(3));
+        auto loader =
+            kind == Kind::kConvClassifier
+                ? std::make_unique<DataLoader>(images, plain_pipeline(),
+                                               LoaderOptions(16).device(cuda).device_resident(true).seed(3))
+                : std::make_unique<DataLoader>(regression_data(), LoaderOptions(16).device(cuda).seed(3));
         runs.push_back(make_case(cuda, graphs, precision.dtype, steps, kind));
         summaries.push_back(runs.back().trainer->fit(*loader, nullptr));
       }
@@ -205,8 +211,10 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
       const double tolerance = precision.dtype == torch::kFloat ? 1e-5 : 1e-3;
       expect_close(runs[0].model.module().parameters(), runs[1].model.module().parameters(), tolerance,
                    what + " weights");
-      expect_close(runs[0].model.module().buffers(), runs[1].model.module().buffers(), tolerance, what + " buffers");
-      expect_close(runs[0].trainer->ema()->shadow(), runs[1].trainer->ema()->shadow(), tolerance, what + " EMA");
+      expect_close(runs[0].model.module().buffers(), runs[1].model.module().buffers(), tolerance,
+                   what + " buffers");
+      expect_close(runs[0].trainer->ema()->shadow(), runs[1].trainer->ema()->shadow(), tolerance,
+                   what + " EMA");
       EXPECT_EQ(runs[0].trainer->ema()->updates(), runs[1].trainer->ema()->updates());
       const Optimizer& eager = runs[0].trainer->optimizer();
       const Optimizer& captured = runs[1].trainer->optimizer();

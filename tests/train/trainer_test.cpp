@@ -70,7 +70,8 @@ TEST(Trainer, ClippingBoundsTheUpdateToLrTimesNorm) {
   const double lr = 0.5, clip = 1e-3;
   auto opt = make_optimizer(model.module().named_parameters(), OptimizerOptions("sgd").lr(lr).momentum(0));
   Trainer trainer(model, std::make_shared<ClassificationTask>(), std::move(opt),
-                  make_schedule(ScheduleOptions("constant"), lr, 0, 10), TrainOptions().max_steps(1).clip_norm(clip));
+                  make_schedule(ScheduleOptions("constant"), lr, 0, 10),
+                  TrainOptions().max_steps(1).clip_norm(clip));
   trainer.fit(loader, nullptr);
   std::vector<torch::Tensor> flat;
   for (auto& p : model.module().parameters()) flat.push_back(p.detach().flatten());
@@ -131,7 +132,8 @@ TEST(Trainer, EvaluateRunsInEvalModeAndRestoresIt) {
   EvalResult second = trainer->evaluate(loader);
   EXPECT_TRUE(model.module().is_training());
   EXPECT_EQ(first.samples, 64);
-  EXPECT_DOUBLE_EQ(first.metrics.at("accuracy"), second.metrics.at("accuracy"));  // dropout off: deterministic
+  EXPECT_DOUBLE_EQ(first.metrics.at("accuracy"),
+                   second.metrics.at("accuracy"));  // dropout off: deterministic
   EXPECT_DOUBLE_EQ(first.metrics.at("loss"), second.metrics.at("loss"));
 }
 
@@ -148,7 +150,8 @@ TEST(Trainer, EmaWeightsAreWhatEvaluationSees) {
   EvalResult without_ema = make_trainer(model, TrainOptions())->evaluate(test);
   EvalResult again = trainer->evaluate(test);
   EXPECT_NE(with_ema.metrics.at("loss"), without_ema.metrics.at("loss"));
-  EXPECT_DOUBLE_EQ(with_ema.metrics.at("loss"), again.metrics.at("loss"));  // the guard swapped the live weights back
+  EXPECT_DOUBLE_EQ(with_ema.metrics.at("loss"),
+                   again.metrics.at("loss"));  // the guard swapped the live weights back
 }
 
 TEST(Trainer, StopAtTargetEndsTheRunAndRecordsTheTime) {
@@ -172,13 +175,15 @@ TEST(Trainer, TargetIsAnyMetricOfTheTask) {
   auto data = testing::synthetic_images(64);
   DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));
   DataLoader test(data, plain_pipeline(), LoaderOptions(64).workers(0).shuffle(false).drop_last(false));
-  FitSummary summary = make_trainer(small_mlp(4), TrainOptions().epochs(5).eval_every_steps(2).target(
-                                                      "loss <= 100").stop_at_target(true))
-                           ->fit(train, &test);
+  FitSummary summary =
+      make_trainer(small_mlp(4),
+                   TrainOptions().epochs(5).eval_every_steps(2).target("loss <= 100").stop_at_target(true))
+          ->fit(train, &test);
   EXPECT_EQ(summary.steps, 2) << "a loss below 100 is reached at the first evaluation";
   ASSERT_TRUE(summary.best_test.has("loss") && summary.test.has("accuracy"));
   EXPECT_LE(summary.best_test.at("loss"), summary.test.at("loss"));
-  auto unknown = make_trainer(small_mlp(4), TrainOptions().max_steps(2).eval_every_steps(2).target("rmse <= 1"));
+  auto unknown =
+      make_trainer(small_mlp(4), TrainOptions().max_steps(2).eval_every_steps(2).target("rmse <= 1"));
   EXPECT_TRUE(testing::contains_all(testing::error_message([&] { unknown->fit(train, &test); }),
                                     {"rmse", "loss, accuracy"}));
   EXPECT_TRUE(testing::contains_all(
@@ -335,7 +340,8 @@ TEST(Trainer, WarmUpLeavesTheRunBitIdentical) {
   auto data = testing::synthetic_images(96, 1, 8, 8);
   auto train = [&](bool warm_up) {
     torch::manual_seed(4);
-    auto model = make_cnn(CnnOptions().widths({4}).hidden({16}).batchnorm(true).dropout(0.3), testing::small_images());
+    auto model =
+        make_cnn(CnnOptions().widths({4}).hidden({16}).batchnorm(true).dropout(0.3), testing::small_images());
     auto trainer = make_trainer(model, TrainOptions().max_steps(6), 0.05, "adam");
     DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0).seed(2));
     torch::manual_seed(5);
@@ -407,4 +413,3 @@ TEST(Run, CheckpointedRunTrainsTheSameWeights) {
 
 }  // namespace
 }  // namespace fasttrain
-

@@ -122,8 +122,8 @@ struct TrainConfig {
   FT_KEY(bool, channels_last,
          "Conv kernels and input batches in channels_last (NHWC) layout: faster conv kernels (needs a model "
          "with 4-d weights)") = false;
-  FT_KEY(bool, cudnn_benchmark, "CUDA: let cuDNN benchmark the conv algorithms per shape and keep the fastest") =
-      true;
+  FT_KEY(bool, cudnn_benchmark,
+         "CUDA: let cuDNN benchmark the conv algorithms per shape and keep the fastest") = true;
   FT_KEY(bool, tf32, "CUDA: TF32 tensor cores for fp32 matmuls and convolutions (Ampere and later)") = true;
   FT_KEY(bool, deterministic,
          "Deterministic algorithms only (an error for ops without one); disables cudnn_benchmark") = false;
@@ -158,10 +158,11 @@ struct EmaConfig {
 // [memory]
 struct MemoryConfig {
   FT_KEYS(MemoryConfig);
-  FT_KEY(std::string, checkpoint,
-         "Activation checkpointing: none, blocks (every block of the model's Stages recomputed in backward) or "
-         "every_k (every checkpoint_every-th block)",
-         KeyRule<std::string>(one_of({"none", "blocks", "every_k"}), KeyTrait::kNeutral)) = "none";
+  FT_KEY(
+      std::string, checkpoint,
+      "Activation checkpointing: none, blocks (every block of the model's Stages recomputed in backward) or "
+      "every_k (every checkpoint_every-th block)",
+      KeyRule<std::string>(one_of({"none", "blocks", "every_k"}), KeyTrait::kNeutral)) = "none";
   FT_KEY(int64_t, checkpoint_every, "every_k: checkpoint blocks 0, k, 2k, ... of each stage", at_least(1),
          KeyTrait::kNeutral) = 2;
   FT_KEY(std::string, budget,
@@ -182,7 +183,9 @@ struct MemoryConfig {
          KeyTrait::kNeutral) = false;
 
  public:
-  CheckpointPolicy checkpoint_policy() const { return CheckpointPolicy::parse(checkpoint_, checkpoint_every_); }
+  CheckpointPolicy checkpoint_policy() const {
+    return CheckpointPolicy::parse(checkpoint_, checkpoint_every_);
+  }
   // budget in bytes, 0 = none.
   int64_t budget_bytes() const;
 };

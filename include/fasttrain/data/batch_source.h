@@ -30,6 +30,10 @@ namespace fasttrain {
 // any others it has (a mask, a second input, per-sample weights) to `fields`, and the loader pins,
 // copies and prefetches them alike.
 struct Batch {
+  Batch() = default;
+  // A batch of inputs.size(0) samples (count set; a token batch's count is its target tokens instead).
+  Batch(torch::Tensor inputs, torch::Tensor targets);
+
   torch::Tensor inputs;   // images [B, C, H, W] float32, tokens [B, T] int64, features [B, F] float32
   torch::Tensor targets;  // [B] int64 labels, [B * T] next tokens (kIgnoreTarget on padding), [B, K] values
   std::map<std::string, torch::Tensor> fields;
@@ -100,11 +104,11 @@ struct DataShape {
   std::vector<int64_t> input;                     // one sample's inputs: [C, H, W], [T] tokens, [F] features
   torch::ScalarType input_dtype = torch::kFloat;  // kLong: token ids in [0, vocabulary)
   int64_t vocabulary = 0;
-  std::vector<int64_t> target;                     // one sample's targets: [] a class, [T] tokens, [K] values
-  torch::ScalarType target_dtype = torch::kLong;   // kLong: class ids in [0, classes); kFloat: values
-  int64_t classes = 0;                             // 0: not class ids, or not known
-  double bytes_per_target = 0;  // text: raw bytes per target (bits per byte); 0: not text
-  std::string task;             // the task the samples are for: "classification", "language_modeling", ...
+  std::vector<int64_t> target;                    // one sample's targets: [] a class, [T] tokens, [K] values
+  torch::ScalarType target_dtype = torch::kLong;  // kLong: class ids in [0, classes); kFloat: values
+  int64_t classes = 0;                            // 0: not class ids, or not known
+  double bytes_per_target = 0;                    // text: raw bytes per target (bits per byte); 0: not text
+  std::string task;  // the task the samples are for: "classification", "language_modeling", ...
   // "inputs [1, 28, 28] Float, targets [] Long in 10 classes"
   std::string describe() const;
 

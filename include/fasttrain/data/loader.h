@@ -41,10 +41,11 @@ struct LoaderOptions {
   FT_ARG(int64_t, batch_size);
   // Worker threads building batches ahead of the trainer; 0 = build them in the caller's thread.
   FT_ARG(int, workers) = auto_worker_count();
-  FT_KEY(int, prefetch,
-         "Batches kept ready ahead of the step (bounded queue); give at least the workers, so that each has a "
-         "batch to build",
-         at_least(1), KeyTrait::kNeutral) = 4;
+  FT_KEY(
+      int, prefetch,
+      "Batches kept ready ahead of the step (bounded queue); give at least the workers, so that each has a "
+      "batch to build",
+      at_least(1), KeyTrait::kNeutral) = 4;
   FT_KEY(bool, shuffle, "Shuffle the training set each epoch (order keyed on seed and epoch)") = true;
   FT_KEY(bool, drop_last, "Drop the last incomplete training batch of each epoch") = true;
   FT_KEY(bool, pin_memory, "On CUDA, build batches in pinned memory and copy them non_blocking",

@@ -41,8 +41,7 @@ inline void zero_grad_to_none(torch::optim::Optimizer& optimizer) {
 // The key of Optimizer::state(): the parameter's TensorImpl address as text (the form
 // c10::guts::to_string wrote) in 1.13, the TensorImpl* itself in later releases (which also drop
 // c10::guts::to_string). Chosen from the map's own key type, so no release number is guessed.
-using OptimizerStateKey =
-    std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
+using OptimizerStateKey = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>::key_type;
 
 namespace detail {
 template <typename Key>
@@ -270,21 +269,21 @@ inline constexpr bool kUnknownForm = false;
 // bucket_bytes_cap_list (per-bucket caps for rebuilt buckets; empty = PyTorch DDP's default of
 // first_bucket_bytes_cap, then bucket_bytes_cap, which is what 1.13 does).
 template <typename Reducer, typename Group>
-std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> parameters, std::vector<std::vector<size_t>> buckets,
-                                      std::vector<size_t> bucket_limits, Group group, std::vector<bool> sparse,
-                                      int64_t bucket_bytes, bool gradient_as_bucket_view,
-                                      std::unordered_map<size_t, std::string> names, int64_t first_bucket_bytes) {
+std::shared_ptr<Reducer> make_reducer(
+    std::vector<at::Tensor> parameters, std::vector<std::vector<size_t>> buckets,
+    std::vector<size_t> bucket_limits, Group group, std::vector<bool> sparse, int64_t bucket_bytes,
+    bool gradient_as_bucket_view, std::unordered_map<size_t, std::string> names, int64_t first_bucket_bytes) {
   using Names = std::unordered_map<size_t, std::string>;
   using Buckets = std::vector<std::vector<size_t>>;
   if constexpr (std::is_constructible_v<Reducer, std::vector<at::Tensor>, Buckets, std::vector<size_t>, Group,
                                         std::vector<bool>, int64_t, bool, bool, Names, int64_t>) {
     return std::make_shared<Reducer>(std::move(parameters), std::move(buckets), std::move(bucket_limits),
                                      std::move(group), std::move(sparse), bucket_bytes,
-                                     /*find_unused_parameters=*/false, gradient_as_bucket_view, std::move(names),
-                                     first_bucket_bytes);
-  } else if constexpr (std::is_constructible_v<Reducer, std::vector<at::Tensor>, Buckets, Group, std::vector<bool>,
-                                               int64_t, bool, bool, Names, int64_t, bool, bool,
-                                               std::vector<int64_t>>) {
+                                     /*find_unused_parameters=*/false, gradient_as_bucket_view,
+                                     std::move(names), first_bucket_bytes);
+  } else if constexpr (std::is_constructible_v<Reducer, std::vector<at::Tensor>, Buckets, Group,
+                                               std::vector<bool>, int64_t, bool, bool, Names, int64_t, bool,
+                                               bool, std::vector<int64_t>>) {
     (void)bucket_limits;  // the Reducer derives them from the caps
     return std::make_shared<Reducer>(std::move(parameters), std::move(buckets), std::move(group),
                                      std::move(sparse), bucket_bytes, /*find_unused_parameters=*/false,
@@ -292,8 +291,9 @@ std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> parameters, std::v
                                      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
                                      /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
   } else {
-    static_assert(detail::kUnknownForm<Reducer>,
-                  "this LibTorch's c10d::Reducer constructor is neither 1.13's nor 2.11's: add its form here");
+    static_assert(
+        detail::kUnknownForm<Reducer>,
+        "this LibTorch's c10d::Reducer constructor is neither 1.13's nor 2.11's: add its form here");
   }
 }
 
@@ -302,8 +302,8 @@ std::shared_ptr<Reducer> make_reducer(std::vector<at::Tensor> parameters, std::v
 // host). In 1.13 ProcessGroupGloo is itself a ProcessGroup; in 2.x it is a c10d::Backend, which a
 // ProcessGroup dispatches to by device type.
 template <typename ProcessGroup, typename Store, typename Backend>
-c10::intrusive_ptr<ProcessGroup> gloo_process_group(const c10::intrusive_ptr<Store>& store, int rank, int size,
-                                                    c10::intrusive_ptr<Backend> backend) {
+c10::intrusive_ptr<ProcessGroup> gloo_process_group(const c10::intrusive_ptr<Store>& store, int rank,
+                                                    int size, c10::intrusive_ptr<Backend> backend) {
   if constexpr (std::is_base_of_v<ProcessGroup, Backend>) {
     (void)store, (void)rank, (void)size;
     return backend;
@@ -363,13 +363,16 @@ inline void fused_adam(bool decoupled_weight_decay, at::TensorList params, at::T
                        const at::Tensor& lr, double beta1, double beta2, double weight_decay, double eps,
                        const at::Tensor& found_inf) {
 #if FASTTRAIN_TORCH_AT_LEAST(2, 4)
-  const std::optional<at::Tensor> inf = found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+  const std::optional<at::Tensor> inf =
+      found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
   if (decoupled_weight_decay) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
-                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, inf);
+                      weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                      inf);
   } else {
     at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, beta1, beta2,
-                     weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt, inf);
+                     weight_decay, eps, /*amsgrad=*/false, /*maximize=*/false, /*grad_scale=*/std::nullopt,
+                     inf);
   }
 #else
   (void)decoupled_weight_decay, (void)params, (void)grads, (void)exp_avgs, (void)exp_avg_sqs, (void)steps,
@@ -381,15 +384,16 @@ inline void fused_adam(bool decoupled_weight_decay, at::TensorList params, at::T
 // One SGD update (momentum buffers created from the gradient when `first_step`), skipped where
 // found_inf is 1. Only where has_fused_optimizer_kernel says so.
 inline void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momentum_buffers,
-                      const at::Tensor& lr, double weight_decay, double momentum, bool nesterov, bool first_step,
-                      const at::Tensor& found_inf) {
+                      const at::Tensor& lr, double weight_decay, double momentum, bool nesterov,
+                      bool first_step, const at::Tensor& found_inf) {
 #if FASTTRAIN_TORCH_AT_LEAST(2, 4)
-  const std::optional<at::Tensor> inf = found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
+  const std::optional<at::Tensor> inf =
+      found_inf.defined() ? std::optional<at::Tensor>(found_inf) : std::nullopt;
   at::_fused_sgd_(params, grads, momentum_buffers, weight_decay, momentum, lr, /*dampening=*/0.0, nesterov,
                   /*maximize=*/false, first_step, /*grad_scale=*/std::nullopt, inf);
 #else
-  (void)params, (void)grads, (void)momentum_buffers, (void)lr, (void)weight_decay, (void)momentum, (void)nesterov,
-      (void)first_step, (void)found_inf;
+  (void)params, (void)grads, (void)momentum_buffers, (void)lr, (void)weight_decay, (void)momentum,
+      (void)nesterov, (void)first_step, (void)found_inf;
   TORCH_CHECK(false, "fused optimizer kernels need LibTorch >= 2.4, this is ", TORCH_VERSION);
 #endif
 }

@@ -28,9 +28,9 @@ class LossTracker {
   void reset();
 
  private:
-  torch::Tensor sum_;         // 0-dim fp32
-  torch::Tensor first_bad_;   // 0-dim int64: the first non-finite step since the last check, or -1
-  torch::Tensor bad_value_;   // 0-dim fp32: its loss
+  torch::Tensor sum_;        // 0-dim fp32
+  torch::Tensor first_bad_;  // 0-dim int64: the first non-finite step since the last check, or -1
+  torch::Tensor bad_value_;  // 0-dim fp32: its loss
 };
 
 }  // namespace fasttrain

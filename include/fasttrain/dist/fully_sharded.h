@@ -4,9 +4,9 @@
 //
 // The model is cut into units: one per block of its Stages (models/model.h: the blocks activation
 // checkpointing uses: a GPT's transformer blocks, a ResNet's residual blocks), and the root, every
-// parameter outside them (a GPT's embeddings and final norm). A module without Stages is all root. For each unit and each
-// optimizer group the parameters are laid out in one flat buffer padded to a multiple of the world
-// size; rank r keeps the r-th contiguous part of it (its shard), and the optimizer steps the shards.
+// parameter outside them (a GPT's embeddings and final norm). A module without Stages is all root. For each
+// unit and each optimizer group the parameters are laid out in one flat buffer padded to a multiple of the
+// world size; rank r keeps the r-th contiguous part of it (its shard), and the optimizer steps the shards.
 //
 //   forward   before a block: its shards all-gathered into the flat buffer (the parameters are views
 //             into it); after the block: the buffer's memory freed, a hook put on the block's output.

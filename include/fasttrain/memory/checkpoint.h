@@ -12,7 +12,8 @@
 //   torch::Tensor y = fasttrain::checkpoint([&](const torch::Tensor& x) { return block->forward(x); }, x,
 //                                           block->parameters());
 //   // A Sequential, every block checkpointed ("blocks") or every k-th one ("every_k"):
-//   torch::Tensor out = fasttrain::checkpoint_sequential(*layers, x, fasttrain::CheckpointPolicy::every_k(2));
+//   torch::Tensor out = fasttrain::checkpoint_sequential(*layers, x,
+//   fasttrain::CheckpointPolicy::every_k(2));
 //
 // Limits, as in PyTorch's reentrant variant: use loss.backward(), not torch::autograd::grad (the
 // recompute accumulates into .grad); the block must not modify its input in place (an in-place ReLU

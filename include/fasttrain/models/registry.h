@@ -72,8 +72,8 @@ struct CnnOptions {
          positive_sizes(false)) = std::vector<int64_t>{32, 64};
   FT_KEY(std::vector<int64_t>, hidden, "Hidden fully connected layers before the output layer",
          positive_sizes(true)) = std::vector<int64_t>{128};
-  FT_KEY(bool, batchnorm, "BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it)") =
-      false;
+  FT_KEY(bool, batchnorm,
+         "BatchNorm after each conv (the conv then has no bias: BatchNorm's shift replaces it)") = false;
   FT_KEY(bool, bias_before_norm,
          "Keep the conv bias before BatchNorm (as PyTorch's Conv2d(bias=True) has it, to load its weights); "
          "wasted work otherwise") = false;

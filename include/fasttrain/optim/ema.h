@@ -28,8 +28,10 @@ struct EmaOptions {
   EmaOptions() = default;
   explicit EmaOptions(double decay) : decay_(decay) {}
   FT_KEY(double, decay, "EMA decay per update", in_unit_interval()) = 0.999;
-  FT_KEY(bool, warmup, "Use decay min(decay, (1 + t) / (10 + t)) so early averages are not stuck at init") = true;
-  FT_KEY(int64_t, every, "Update the average every N optimizer steps (decay applied as decay^N)", at_least(1)) = 1;
+  FT_KEY(bool, warmup,
+         "Use decay min(decay, (1 + t) / (10 + t)) so early averages are not stuck at init") = true;
+  FT_KEY(int64_t, every, "Update the average every N optimizer steps (decay applied as decay^N)",
+         at_least(1)) = 1;
 };
 
 class Ema {

@@ -45,7 +45,8 @@ const std::vector<std::string>& optimizer_kernel_names();
 struct OptimizerOptions {
   FT_KEYS(OptimizerOptions);
   explicit OptimizerOptions(std::string name = "adam") : name_(std::move(name)) {}
-  FT_KEY(std::string, name, "Optimizer: sgd, adam, adamw, or one a program registered", one_of(optimizer_names));
+  FT_KEY(std::string, name, "Optimizer: sgd, adam, adamw, or one a program registered",
+         one_of(optimizer_names));
   FT_KEY(double, lr, "Learning rate (the peak of one-cycle and cyclic schedules)", at_least(0)) = 1e-3;
   FT_KEY(double, momentum, "sgd momentum", below_one()) = 0.9;
   FT_KEY(bool, nesterov, "sgd Nesterov momentum") = false;
@@ -126,13 +127,15 @@ class Optimizer {
 
  protected:
   // `fused_kernel`: the ATen kernel update_fused calls ("aten::_fused_adamw_"), whose presence for
-  // the parameters' device decides optim.kernel = "auto". `momentum`: the option momentum-cycling
-  // schedules move (SGD's momentum, Adam's beta1: the kind's OptimizerRecipe::momentum).
-  Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel, double momentum);
+  // the parameters' device decides optim.kernel = "auto"; null for an optimizer with only the foreach
+  // path (a program's own: update_foreach alone, with torch ops on the device). `momentum`: the option
+  // momentum-cycling schedules move (SGD's momentum, Adam's beta1: the kind's OptimizerRecipe::momentum).
+  Optimizer(std::vector<ParamGroup> groups, OptimizerOptions options, const char* fused_kernel,
+            double momentum);
   // The update of group `group`'s parameters at `with_grad` (indices into the group; their state
   // exists), through the fused kernel or the foreach ops.
   virtual void update_fused(size_t group, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
-                            const torch::Tensor& found_inf) = 0;
+                            const torch::Tensor& found_inf);
   virtual void update_foreach(size_t group, const std::vector<size_t>& with_grad,
                               const torch::Tensor& lr) = 0;
   // `lr` as the fused kernels read it: fp32 on a GPU (the CUDA kernels read a float), as it is on the
@@ -149,7 +152,7 @@ class Optimizer {
   void set_weight_decay(size_t group, double weight_decay) { groups_[group].weight_decay = weight_decay; }
 
  private:
-  void resolve_kernel(const char* fused_kernel);
+  void resolve_kernel();
   // Sizes the state of every group (once), then creates that of parameters stepped for the first
   // time: zeros like the parameter, step 0.
   void ensure_state(size_t group, const std::vector<size_t>& with_grad);

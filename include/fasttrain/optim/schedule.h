@@ -43,7 +43,8 @@ std::vector<std::string> schedule_names();
 struct ScheduleOptions {
   FT_KEYS(ScheduleOptions);
   explicit ScheduleOptions(std::string name = "constant") : name_(std::move(name)) {}
-  FT_KEY(std::string, name, "Schedule: constant, step, cosine, one-cycle, cyclic, or one a program registered",
+  FT_KEY(std::string, name,
+         "Schedule: constant, step, cosine, one-cycle, cyclic, or one a program registered",
          one_of(schedule_names));
   // ---- step ----
   FT_KEY(int64_t, step_size, "step: optimizer steps between decays", at_least(1)) = 1000;
@@ -82,8 +83,8 @@ class Schedule {
 };
 
 // A registered schedule: built from its options, the peak LR and the run's optimizer steps.
-using ScheduleRecipe =
-    std::function<std::unique_ptr<Schedule>(const ScheduleOptions& options, double max_lr, int64_t total_steps)>;
+using ScheduleRecipe = std::function<std::unique_ptr<Schedule>(const ScheduleOptions& options, double max_lr,
+                                                               int64_t total_steps)>;
 // The registry behind schedule.name, with the built-in schedules.
 Registry<ScheduleRecipe>& schedule_registry();
 

@@ -125,10 +125,10 @@ class GradScaler {
   OptimizerState& prepare_step(const void* key, const std::function<void()>& unscale);
 
   GradScalerOptions options_;
-  torch::Tensor scale_;           // 0-dim fp32, created by the first scale()
-  torch::Tensor growth_tracker_;  // 0-dim int32, same device
-  int64_t skipped_steps_ = 0;      // counted on the host (torch::optim optimizers)
-  torch::Tensor skipped_on_device_;  // counted on the device (fasttrain's optimizers)
+  torch::Tensor scale_;                 // 0-dim fp32, created by the first scale()
+  torch::Tensor growth_tracker_;        // 0-dim int32, same device
+  int64_t skipped_steps_ = 0;           // counted on the host (torch::optim optimizers)
+  torch::Tensor skipped_on_device_;     // counted on the device (fasttrain's optimizers)
   int64_t initial_growth_tracker_ = 0;  // from load_state() before the first scale()
   std::unordered_map<const void*, OptimizerState> per_optimizer_;  // keyed by the optimizer's address
   std::function<void(torch::Tensor&)> found_inf_reducer_;

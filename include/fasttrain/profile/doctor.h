@@ -80,10 +80,10 @@ struct DoctorContext {
   // The model's matrix and conv sizes that are not multiples of 8 ("fc.weight [100, 256]": its 100
   // outputs), the data's own input and output counts left out.
   std::vector<std::string> odd_layer_sizes;
-  int64_t train_size = 0;             // samples per epoch
-  int64_t alloc_retries = 0;          // CUDA: caching-allocator retries during the profile
-  bool anomaly_mode = false;          // autograd anomaly detection was on before the doctor ran
-  bool profiler_was_on = false;       // RecordFunction callbacks were active before the doctor ran
+  int64_t train_size = 0;        // samples per epoch
+  int64_t alloc_retries = 0;     // CUDA: caching-allocator retries during the profile
+  bool anomaly_mode = false;     // autograd anomaly detection was on before the doctor ran
+  bool profiler_was_on = false;  // RecordFunction callbacks were active before the doctor ran
   // Times `changed` (named `name` in the measurements) against the config as given.
   std::function<Comparison(const std::string& name, const Config& changed, double threshold)> compare;
 };

@@ -3,7 +3,8 @@
 //
 //   fasttrain::RunBuilder builder;   // or a program's own: its model and data (run/run.h)
 //   fasttrain::ProfileResult result = fasttrain::profile_run(
-//       builder, config, "runs/default", fasttrain::ProfileOptions().measure(fasttrain::MeasureOptions().steps(20)));
+//       builder, config, "runs/default",
+//       fasttrain::ProfileOptions().measure(fasttrain::MeasureOptions().steps(20)));
 //   std::cout << result.table();   // phases per step, the operators that took the most time
 //
 // The run is built as `fasttrain train` builds it; `warmup_steps` run first (optimizer state,
@@ -74,7 +75,8 @@ ProfileResult profile_run(RunBuilder& builder, const Config& config, const std::
                           const ProfileOptions& options = ProfileOptions(),
                           const std::vector<std::shared_ptr<Callback>>& callbacks = {});
 // The same on a run already built (its config's batch size resolved).
-ProfileResult profile_built_run(Run& run, const std::string& out_dir, const ProfileOptions& options = ProfileOptions(),
+ProfileResult profile_built_run(Run& run, const std::string& out_dir,
+                                const ProfileOptions& options = ProfileOptions(),
                                 const std::vector<std::shared_ptr<Callback>>& callbacks = {});
 
 // `config` with room for any number of profiled steps (train.max_steps off, at least 1000 epochs):

@@ -44,7 +44,8 @@ AutoChoice auto_precision(const Hardware& hardware);
 void resolve_precision(AutoResolution& resolved, const Hardware& hardware);
 // train.threads and train.blas_threads (after resolve_precision): `processes_sharing` ranks on this
 // machine split its cores; `convolutions`: the model's bulk is convolutions (4-d weights).
-void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing, bool convolutions);
+void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int processes_sharing,
+                     bool convolutions);
 // Both, as a run resolves them.
 AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int processes_sharing,
                             bool convolutions);

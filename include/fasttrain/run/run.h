@@ -20,8 +20,9 @@
 //   fasttrain::DoctorReport report = fasttrain::diagnose(builder, config, "runs/mine");
 //
 // The measuring tools (find-lr, find-batch, profile, doctor, tune) build several runs of one config,
-// each with a change (another precision, thread count or batch size): a builder may be asked for the
-// same parts more than once, and the default data() keeps what it loaded.
+// each with a change (another precision, thread count or batch size): a builder is asked for the model
+// and the task once per run, and for the data once per dataset (the keys of data.dataset and the
+// model's sequence length): every later run of the same builder reuses the splits it gave.
 #include <map>
 #include <memory>
 #include <string>
@@ -44,7 +45,7 @@ class RunBuilder {
  public:
   virtual ~RunBuilder() = default;
   // The splits to train and evaluate on. Default: the registered dataset data.dataset names, loaded with
-  // its keys (kept for the next call with the same keys).
+  // its keys.
   virtual DataSplits data(const Config& config);
   // The model, on the CPU, initialised from the seed the run has set. Default: the registered model
   // model.name names, built with its keys for data of `shape`.
@@ -53,8 +54,13 @@ class RunBuilder {
   // DataShape::task).
   virtual std::shared_ptr<Task> task(const Config& config, const DataShape& shape);
 
+  // What build_run asks for: data(), or the splits it gave this builder for the same dataset keys and
+  // model sequence length (one dataset kept at a time).
+  DataSplits reused_data(const Config& config);
+
  private:
-  std::map<std::string, DataSplits> loaded_;  // by the dataset's keys and what the model asks of it
+  std::string loaded_key_;
+  DataSplits loaded_;
 };
 
 // Everything a run is made of, built from a config.
@@ -63,7 +69,7 @@ struct Run {
   torch::Device device = torch::kCPU;
   Hardware hardware;
   int threads = 1;
-  BlasLibrary blas;  // its threads as train.blas_threads set them
+  BlasLibrary blas;                 // its threads as train.blas_threads set them
   std::vector<AutoChoice> choices;  // what each "auto" became, and why
   std::vector<std::string> warnings;
   DataSplits data;

@@ -47,7 +47,8 @@ struct RunOptions {
 FitSummary train_run(RunBuilder& builder, const Config& config, const std::string& run_dir,
                      const RunOptions& options = RunOptions());
 // The same from the registries (the CLI's).
-FitSummary train_run(const Config& config, const std::string& run_dir, const RunOptions& options = RunOptions());
+FitSummary train_run(const Config& config, const std::string& run_dir,
+                     const RunOptions& options = RunOptions());
 
 // Removes what a run wrote into `run_dir` (checkpoints, metrics, TensorBoard events, final weights,
 // summary): what `fasttrain train --fresh` does before a new run there. Nothing else is touched.

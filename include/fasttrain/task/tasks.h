@@ -24,7 +24,8 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 // [task] keys of classification and language_modeling.
 struct ClassificationOptions {
   FT_KEYS(ClassificationOptions);
-  FT_KEY(double, label_smoothing, "Cross-entropy label smoothing (training loss only; evaluation reports the plain loss)",
+  FT_KEY(double, label_smoothing,
+         "Cross-entropy label smoothing (training loss only; evaluation reports the plain loss)",
          below_one()) = 0.0;
 };
 
@@ -42,7 +43,8 @@ class ClassificationTask : public Task {
 
  protected:
   // The output's logits [N, C] and the targets [N], checked against each other.
-  std::pair<torch::Tensor, torch::Tensor> logits_and_targets(const ModelOutput& output, const Batch& batch) const;
+  std::pair<torch::Tensor, torch::Tensor> logits_and_targets(const ModelOutput& output,
+                                                             const Batch& batch) const;
 
  private:
   ClassificationOptions options_;
@@ -86,7 +88,8 @@ class RegressionTask : public Task {
 
  private:
   // The prediction and the targets [B, K], float32, checked against each other and K.
-  std::pair<torch::Tensor, torch::Tensor> prediction_and_targets(const ModelOutput& output, const Batch& batch) const;
+  std::pair<torch::Tensor, torch::Tensor> prediction_and_targets(const ModelOutput& output,
+                                                                 const Batch& batch) const;
   RegressionOptions options_;
   int64_t outputs_;
 };

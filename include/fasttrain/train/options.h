@@ -46,15 +46,16 @@ struct TrainOptions {
          "No evaluation before this optimizer step, but at the end of the run (in a race to a target, early "
          "evaluations only cost time)",
          at_least(0), KeyTrait::kNeutral) = 0;
-  FT_KEY(std::string, target,
-         "A metric of the task reaching a value, \"METRIC >= VALUE\" or \"METRIC <= VALUE\" (\"rmse <= 0.5\"): "
-         "its first crossing is time_to_target_s (\"\" = none)",
-         KeyRule<std::string>([](const std::string& key, const std::string& value) {
-           if (!value.empty()) Target::parse(value, key);
-         }),
-         KeyTrait::kNeutral) = "";
-  FT_KEY(double, target_accuracy, "Shorthand for target = \"accuracy >= VALUE\" (0 = none)", in_unit_interval(),
-         KeyTrait::kNeutral) = 0.0;
+  FT_KEY(
+      std::string, target,
+      "A metric of the task reaching a value, \"METRIC >= VALUE\" or \"METRIC <= VALUE\" (\"rmse <= 0.5\"): "
+      "its first crossing is time_to_target_s (\"\" = none)",
+      KeyRule<std::string>([](const std::string& key, const std::string& value) {
+        if (!value.empty()) Target::parse(value, key);
+      }),
+      KeyTrait::kNeutral) = "";
+  FT_KEY(double, target_accuracy, "Shorthand for target = \"accuracy >= VALUE\" (0 = none)",
+         in_unit_interval(), KeyTrait::kNeutral) = 0.0;
   FT_KEY(bool, stop_at_target, "End the run when the target is reached", KeyTrait::kNeutral) = false;
   // ---- resolved by the run layer from [train]'s precision and cuda_graphs ----
   // The autocast dtype of forward and loss: kFloat (off), kBFloat16 or kHalf (with a GradScaler).

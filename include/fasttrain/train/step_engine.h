@@ -67,15 +67,15 @@ class StepEngine {
 
 // What decides whether the step can be captured (see capture_blocker).
 struct CaptureFacts {
-  bool cuda_device = false;            // the model trains on a CUDA device
-  bool cuda_build = false;             // the LibTorch (and fasttrain) were built with CUDA
-  bool distributed = false;            // DDP / ZeRO over a process group
-  bool fixed_shapes = true;            // every training batch has the same shape
-  bool whole_windows = true;           // every epoch's batches split into full accumulation windows
-  bool momentum_cycles = false;        // the schedule moves momentum / beta1 each step
-  bool fused_optimizer = true;         // the optimizer steps through ATen's fused kernels
-  bool ema_every_step = true;          // EMA is off or updates every step (ema.every = 1)
-  bool detect_anomaly = false;         // train.detect_anomaly
+  bool cuda_device = false;      // the model trains on a CUDA device
+  bool cuda_build = false;       // the LibTorch (and fasttrain) were built with CUDA
+  bool distributed = false;      // DDP / ZeRO over a process group
+  bool fixed_shapes = true;      // every training batch has the same shape
+  bool whole_windows = true;     // every epoch's batches split into full accumulation windows
+  bool momentum_cycles = false;  // the schedule moves momentum / beta1 each step
+  bool fused_optimizer = true;   // the optimizer steps through ATen's fused kernels
+  bool ema_every_step = true;    // EMA is off or updates every step (ema.every = 1)
+  bool detect_anomaly = false;   // train.detect_anomaly
 };
 
 // Why the step cannot be captured under `facts` (nullopt: it can).

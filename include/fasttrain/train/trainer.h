@@ -76,8 +76,8 @@ struct StepRecord {
   double loss = 0;  // mean training loss over the interval
   double lr = 0;
   std::optional<double> grad_norm;  // last step's pre-clip global norm (measured only with clipping)
-  double samples_per_s = 0;       // over the interval
-  double data_wait_fraction = 0;  // of the interval's wall time
+  double samples_per_s = 0;         // over the interval
+  double data_wait_fraction = 0;    // of the interval's wall time
   double elapsed_s = 0;
   StepPhases phases;  // the interval's training time by phase (evaluation and checkpoints excluded)
 };
@@ -140,8 +140,8 @@ struct RunCheckpointOptions {
   // The directory of step-N checkpoints (a run's <run dir>/checkpoints).
   FT_ARG(std::string, root);
   FT_KEY(int64_t, every_steps,
-         "Save the run state every N optimizer steps (0 = only at the end and on SIGINT/SIGTERM)", at_least(0),
-         KeyTrait::kNeutral) = 0;
+         "Save the run state every N optimizer steps (0 = only at the end and on SIGINT/SIGTERM)",
+         at_least(0), KeyTrait::kNeutral) = 0;
   FT_KEY(int, keep, "Newest checkpoints kept (>= 2: if the newest is damaged, the one before it resumes)",
          at_least(2), KeyTrait::kNeutral) = 3;
   // Stored in each checkpoint: the effective config (config.toml) and its training_fingerprint; a

@@ -18,14 +18,14 @@ struct Hardware {
   torch::Device device = torch::kCPU;  // where the run computes
   std::string cpu_model;               // /proc/cpuinfo "model name" ("unknown" when absent)
   bool cpu_avx2 = false;
-  bool cpu_avx512 = false;             // AVX512F
-  bool cpu_native_bf16 = false;        // AVX512-BF16 or AMX-BF16: oneDNN's bf16 kernels run natively
-  bool native_bf16_overridden = false; // FASTTRAIN_NATIVE_BF16 decided cpu_native_bf16
+  bool cpu_avx512 = false;              // AVX512F
+  bool cpu_native_bf16 = false;         // AVX512-BF16 or AMX-BF16: oneDNN's bf16 kernels run natively
+  bool native_bf16_overridden = false;  // FASTTRAIN_NATIVE_BF16 decided cpu_native_bf16
   int physical_cores = 1;
-  bool openblas_pool = false;          // LibTorch's fp32 matmuls run in OpenBLAS's own thread pool
-  std::string gpu_name;                // CUDA devices only
-  int cuda_capability = 0;             // major * 10 + minor, e.g. 90 for an H100; 0 on CPU
-  int64_t gpu_memory_bytes = 0;        // the CUDA device's memory; 0 on CPU
+  bool openblas_pool = false;    // LibTorch's fp32 matmuls run in OpenBLAS's own thread pool
+  std::string gpu_name;          // CUDA devices only
+  int cuda_capability = 0;       // major * 10 + minor, e.g. 90 for an H100; 0 on CPU
+  int64_t gpu_memory_bytes = 0;  // the CUDA device's memory; 0 on CPU
 
   // bf16 matmuls and convolutions run in hardware on `device`: CUDA compute capability >= 8.0
   // (Ampere and later), or a CPU with AVX512-BF16 / AMX.

@@ -261,7 +261,8 @@ T read_key(const KeyValue& value, const std::string& name, const KeyRule<T>& rul
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     if (rule.auto_value) {
       if (value.kind == KeyValue::Kind::kString) {
-        FT_CONFIG_CHECK(value.string == "auto", "{} must be {}, got {}", name, rule.expected, value.describe());
+        FT_CONFIG_CHECK(value.string == "auto", "{} must be {}, got {}", name, rule.expected,
+                        value.describe());
         return *rule.auto_value;
       }
       FT_CONFIG_CHECK(value.kind == KeyValue::Kind::kInteger, "{} must be {}, got {}", name, rule.expected,
