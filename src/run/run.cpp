@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "fasttrain/detail/compat.h"
@@ -134,6 +135,12 @@ void make_loaders(Run& run, int local_ranks) {
 
 // The model's output on two training samples, through the task's loss and evaluation, before anything
 // trains: a model and a task that do not fit each other fail here, with the task's message.
+// An error's message without ATen's C++ backtrace.
+std::string message_of(const std::exception& error) {
+  if (const auto* aten = dynamic_cast<const c10::Error*>(&error)) return aten->what_without_backtrace();
+  return error.what();
+}
+
 void check_model_fits_task(const Run& run) {
   std::vector<int64_t> samples = {0, std::min<int64_t>(1, run.data.train->size() - 1)};
   BatchRequest request;
@@ -146,13 +153,21 @@ void check_model_fits_task(const Run& run) {
   EvalGuard eval(run.model.module());
   torch::NoGradGuard no_grad;
   AutocastGuard autocast(run.device, parse_precision(run.config.train.precision(), run.device));
+  std::optional<ModelOutput> output;
   try {
-    const ModelOutput output = run.model.forward(batch);
-    run.task->loss(output, batch);
-    run.task->evaluation_sums(output, batch);
-  } catch (const Error& error) {
+    output.emplace(run.model.forward(batch));
+  } catch (const std::exception& error) {
+    if (is_out_of_memory(error)) throw;
+    FT_FAIL("model '{}' fails on two training samples ({}): {}", run.model.name(), run.shape.describe(),
+            message_of(error));
+  }
+  try {
+    run.task->loss(*output, batch);
+    run.task->evaluation_sums(*output, batch);
+  } catch (const std::exception& error) {
+    if (is_out_of_memory(error)) throw;
     FT_FAIL("model '{}' and task '{}' do not fit each other on the data's samples ({}): {}", run.model.name(),
-            run.task->name(), run.shape.describe(), error.what());
+            run.task->name(), run.shape.describe(), message_of(error));
   }
 }
 

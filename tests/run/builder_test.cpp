@@ -104,6 +104,13 @@ TEST(RunBuilder, AModelThatDoesNotFitTheTaskIsAnErrorBeforeAnythingIsWritten) {
   EXPECT_FALSE(fs::exists(dir.file("new"))) << "nothing is made for a run that cannot start";
   error_message([&] { train_run(wrong, user_config(), dir.file("new")); });
   EXPECT_FALSE(fs::exists(dir.file("new")));
+  // A forward that fails on the data (a layer of the wrong width) names the model, not ATen's frames.
+  struct WrongWidth : UserRun {
+    Model model(const Config&, const DataShape&) override { return Model(torch::nn::Linear(8, 2)); }
+  } wrong_width;
+  const std::string failed = error_message([&] { build_run(wrong_width, user_config()); });
+  EXPECT_TRUE(contains_all(failed, {"fails on two training samples", "inputs [16] Float", "2x16"})) << failed;
+  EXPECT_EQ(failed.find("Exception raised from"), std::string::npos) << failed;
   // A switch the model cannot take is named the same way: no convolutions to lay out.
   Config channels_last = user_config();
   channels_last.train.channels_last(true);
