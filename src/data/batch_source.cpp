@@ -32,6 +32,16 @@ bool Batch::has(const std::string& name) const {
   return found != fields.end() && found->second.defined();
 }
 
+void Batch::set(const std::string& name, torch::Tensor tensor) {
+  if (name == "inputs") {
+    inputs = std::move(tensor);
+  } else if (name == "targets") {
+    targets = std::move(tensor);
+  } else {
+    fields[name] = std::move(tensor);
+  }
+}
+
 std::vector<std::string> Batch::names() const {
   std::vector<std::string> result;
   if (inputs.defined()) result.push_back("inputs");

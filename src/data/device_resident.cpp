@@ -11,8 +11,8 @@ namespace fasttrain {
 
 ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline,
                                            torch::Device device)
-    : pipeline_(pipeline),
-      device_(device),
+    : ResidentSamples(device),
+      pipeline_(pipeline),
       shape_{dataset.channels(), dataset.height(), dataset.width()},
       augmented_(pipeline.has_augmentations()) {
   FT_CHECK(
@@ -53,13 +53,13 @@ torch::Tensor ResidentImageBatches::normalise(const torch::Tensor& pixels) const
   return table_.take(codes);
 }
 
-void ResidentImageBatches::start_epoch(const EpochPlan& plan) {
+void ResidentSamples::start_epoch(const EpochPlan& plan) {
   plan_begin_ = plan.samples.data();
   plan_end_ = plan_begin_ + plan.samples.size();
   plan_indices_ = to_device(plan_begin_, static_cast<int64_t>(plan.samples.size()));
 }
 
-torch::Tensor ResidentImageBatches::to_device(const int64_t* values, int64_t count) const {
+torch::Tensor ResidentSamples::to_device(const int64_t* values, int64_t count) const {
   torch::Tensor host = torch::from_blob(const_cast<int64_t*>(values), {count}, torch::kLong);
   if (device_.is_cpu()) return host.clone();
   // From pinned memory the copy is asynchronous: the host does not wait for the device's queue.
@@ -84,11 +84,33 @@ torch::Tensor ResidentImageBatches::pixel_sources(const BatchRequest& request) c
   return to_device(sources.data(), count * h * w).reshape({count, 1, h * w});
 }
 
-torch::Tensor ResidentImageBatches::sample_indices(const BatchRequest& request) const {
+torch::Tensor ResidentSamples::sample_indices(const BatchRequest& request) const {
   const bool in_plan =
       plan_begin_ && request.samples >= plan_begin_ && request.samples + request.count <= plan_end_;
   if (in_plan) return plan_indices_.narrow(0, request.samples - plan_begin_, request.count);
   return to_device(request.samples, request.count);
+}
+
+ResidentTensorBatches::ResidentTensorBatches(const std::map<std::string, torch::Tensor>& tensors,
+                                             torch::Device device)
+    : ResidentSamples(device) {
+  for (const auto& [name, tensor] : tensors) {
+    tensors_[name] = tensor.to(device_).contiguous();
+    bytes_ += static_cast<int64_t>(tensor.nbytes());
+  }
+}
+
+Batch ResidentTensorBatches::build(const BatchRequest& request) const {
+  torch::NoGradGuard no_grad;
+  const torch::Tensor indices = sample_indices(request);  // [B] int64
+  Batch batch;
+  batch.count = request.count;
+  for (const auto& [name, tensor] : tensors_) {
+    torch::Tensor rows = tensor.index_select(0, indices);  // [B, ...]
+    if (request.channels_last && rows.dim() == 4) rows = rows.contiguous(torch::MemoryFormat::ChannelsLast);
+    batch.set(name, std::move(rows));
+  }
+  return batch;
 }
 
 Batch ResidentImageBatches::build(const BatchRequest& request) const {

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "fasttrain/data/device_resident.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -80,17 +81,18 @@ torch::Tensor gather_rows(const torch::Tensor& from, const BatchRequest& request
 Batch TensorSource::build(const BatchRequest& request) const {
   Batch batch;
   batch.count = request.count;
-  for (const auto& [name, tensor] : tensors_) {
-    torch::Tensor rows = gather_rows(tensor, request);
-    if (name == "inputs") {
-      batch.inputs = rows;
-    } else if (name == "targets") {
-      batch.targets = rows;
-    } else {
-      batch.fields[name] = rows;
-    }
-  }
+  for (const auto& [name, tensor] : tensors_) batch.set(name, gather_rows(tensor, request));
   return batch;
+}
+
+int64_t TensorSource::resident_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& item : tensors_) bytes += static_cast<int64_t>(item.second.nbytes());
+  return bytes;
+}
+
+std::unique_ptr<ResidentBatches> TensorSource::make_resident(torch::Device device) const {
+  return std::make_unique<ResidentTensorBatches>(tensors_, device);
 }
 
 DataShape TensorSource::shape() const {

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "fasttrain/data/loader.h"
+#include "fasttrain/data/tensor_source.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 
@@ -25,8 +26,11 @@ void expect_same_batches(DataLoader& built, DataLoader& resident, int64_t epoch,
   ASSERT_EQ(a.size(), b.size()) << what;
   ASSERT_FALSE(a.empty()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(torch::equal(a[i].inputs, b[i].inputs.cpu())) << what << ": batch " << i << " inputs";
-    EXPECT_TRUE(torch::equal(a[i].targets, b[i].targets.cpu())) << what << ": batch " << i << " targets";
+    ASSERT_EQ(a[i].names(), b[i].names()) << what;
+    for (const std::string& name : a[i].names()) {
+      EXPECT_TRUE(torch::equal(a[i].at(name), b[i].at(name).cpu())) << what << ": batch " << i << " " << name;
+      EXPECT_EQ(b[i].at(name).device(), b[i].inputs.device()) << what << ": " << name;
+    }
     EXPECT_EQ(a[i].inputs.is_contiguous(torch::MemoryFormat::ChannelsLast),
               b[i].inputs.is_contiguous(torch::MemoryFormat::ChannelsLast))
         << what;
@@ -70,6 +74,28 @@ TEST(DeviceResident, BatchesEqualThoseTheWorkersBuild) {
     ASSERT_NE(resident.resident(), nullptr);
     EXPECT_GE(resident.resident()->bytes(), data.images.numel());
     for (int64_t epoch : {0, 1}) expect_same_batches(built, resident, epoch, c.name);
+  }
+}
+
+// A program's tensors (a TensorSource: 4-d inputs, values, a field) are resident alike: every named
+// tensor of every batch equals the workers' copy, in either layout.
+std::shared_ptr<TensorSource> program_tensors() {
+  torch::manual_seed(6);
+  return std::make_shared<TensorSource>(
+      std::map<std::string, torch::Tensor>{{"inputs", torch::randn({45, 3, 4, 5})},
+                                           {"targets", torch::randn({45, 2})},
+                                           {"mask", torch::randint(0, 2, {45}, torch::kLong)}});
+}
+
+TEST(DeviceResident, AProgramsTensorsGiveTheWorkersBatches) {
+  const auto source = program_tensors();
+  EXPECT_EQ(source->resident_bytes(), (45 * 60 + 45 * 2) * 4 + 45 * 8);
+  for (const bool channels_last : {false, true}) {
+    const auto options = LoaderOptions(8).seed(3).drop_last(false).channels_last(channels_last);
+    DataLoader built(source, LoaderOptions(options).workers(2));
+    DataLoader resident(source, LoaderOptions(options).device_resident(true));
+    ASSERT_NE(resident.resident(), nullptr);
+    for (int64_t epoch : {0, 1}) expect_same_batches(built, resident, epoch, channels_last ? "nhwc" : "nchw");
   }
 }
 
@@ -205,6 +231,10 @@ TEST(DeviceResident, BatchesOnTheGpuEqualTheHostsBatches_CUDA) {
     EXPECT_TRUE(first->targets.is_cuda());
     for (int64_t epoch : {0, 1}) expect_same_batches(built, resident, epoch, c.name);
   }
+  const auto source = program_tensors();
+  DataLoader built(source, LoaderOptions(8).seed(3).workers(1));
+  DataLoader resident(source, LoaderOptions(8).seed(3).device(cuda).device_resident(true));
+  expect_same_batches(built, resident, 0, "a program's tensors");
 }
 
 }  // namespace

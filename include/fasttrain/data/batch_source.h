@@ -48,6 +48,8 @@ struct Batch {
   // "inputs", "targets" or a field; an Error naming the batch's tensors when there is none.
   const torch::Tensor& at(const std::string& name) const;
   bool has(const std::string& name) const;
+  // Sets "inputs", "targets" or the field `name`.
+  void set(const std::string& name, torch::Tensor tensor);
   // "inputs", "targets" (when defined), then the fields in name order.
   std::vector<std::string> names() const;
   // The same batch with every tensor through `fn` (a copy to a device, a clone).

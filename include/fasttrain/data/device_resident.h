@@ -15,34 +15,63 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "fasttrain/data/batch_source.h"
 
 namespace fasttrain {
 
-// Image batches built on a device from a copy of an ImageDataset held there.
-class ResidentImageBatches : public ResidentBatches {
+// What every resident source shares: its device, and a request's samples as indices there.
+class ResidentSamples : public ResidentBatches {
  public:
-  // Copies the images and labels to `device`; every augmentation of `pipeline` must have a PixelMap
-  // form (an Error names the one that has not).
-  ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline, torch::Device device);
+  explicit ResidentSamples(torch::Device device) : device_(device) {}
   void start_epoch(const EpochPlan& plan) override;
-  Batch build(const BatchRequest& request) const override;
-  int64_t bytes() const override { return bytes_; }
 
- private:
+ protected:
   // `count` int64 values as a tensor on the device (through pinned memory on CUDA).
   torch::Tensor to_device(const int64_t* values, int64_t count) const;
   // The request's samples on the device: a slice of the epoch's order when they lie in it.
   torch::Tensor sample_indices(const BatchRequest& request) const;
+
+  torch::Device device_;
+
+ private:
+  // The epoch's order on the device (start_epoch) and the host range it was copied from.
+  torch::Tensor plan_indices_;
+  const int64_t* plan_begin_ = nullptr;
+  const int64_t* plan_end_ = nullptr;
+};
+
+// Named tensors (a TensorSource's) held on a device: a batch is one index_select of each, 4-d ones in
+// channels_last when the request asks.
+class ResidentTensorBatches : public ResidentSamples {
+ public:
+  ResidentTensorBatches(const std::map<std::string, torch::Tensor>& tensors, torch::Device device);
+  Batch build(const BatchRequest& request) const override;
+  int64_t bytes() const override { return bytes_; }
+
+ private:
+  std::map<std::string, torch::Tensor> tensors_;
+  int64_t bytes_ = 0;
+};
+
+// Image batches built on a device from a copy of an ImageDataset held there.
+class ResidentImageBatches : public ResidentSamples {
+ public:
+  // Copies the images and labels to `device`; every augmentation of `pipeline` must have a PixelMap
+  // form (an Error names the one that has not).
+  ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline, torch::Device device);
+  Batch build(const BatchRequest& request) const override;
+  int64_t bytes() const override { return bytes_; }
+
+ private:
   // [B, C, P] uint8 pixels -> their normalised float values (the pipeline's table).
   torch::Tensor normalise(const torch::Tensor& pixels) const;
   // [B, H * W] flat source pixel of each output pixel (H * W: the zero pixel), drawn on the host.
   torch::Tensor pixel_sources(const BatchRequest& request) const;
 
   TransformPipeline pipeline_;
-  torch::Device device_;
   SampleShape shape_;
   bool augmented_;
   // Augmented: [N, C, H * W + 1] uint8 (the last pixel 0: crop padding), normalised per batch through
@@ -52,10 +81,6 @@ class ResidentImageBatches : public ResidentBatches {
   torch::Tensor labels_;  // [N] int64
   torch::Tensor table_;
   torch::Tensor channel_offset_;  // [1, C, 1] int64: c * 256 where each channel has its own table
-  // The epoch's order on the device (start_epoch) and the host range it was copied from.
-  torch::Tensor plan_indices_;
-  const int64_t* plan_begin_ = nullptr;
-  const int64_t* plan_end_ = nullptr;
   int64_t bytes_ = 0;
 };
 

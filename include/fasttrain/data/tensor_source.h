@@ -11,7 +11,8 @@
 //   fasttrain::DataLoader loader(source, fasttrain::LoaderOptions(64));
 //
 // The rows are copied by the loader's workers with plain memcpy (no torch operator: workers stay off
-// the intra-op pool the trainer computes on). 4-d float inputs follow BatchRequest::channels_last.
+// the intra-op pool the trainer computes on). 4-d tensors follow BatchRequest::channels_last. With
+// data.device_resident the tensors live on the device and each batch is gathered there (the same values).
 #include <torch/types.h>
 
 #include <map>
@@ -30,6 +31,9 @@ class TensorSource : public BatchSource {
 
   int64_t size() const override { return size_; }
   Batch build(const BatchRequest& request) const override;
+  // data.device_resident: every tensor copied to the device, a batch one index_select of each there.
+  int64_t resident_bytes() const override;
+  std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const override;
   DataShape shape() const override;
   std::string describe() const override;
   const torch::Tensor& tensor(const std::string& name) const;
