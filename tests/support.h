@@ -189,4 +189,33 @@ inline bool wait_until(const std::function<bool()>& condition, double timeout_s)
   return condition();
 }
 
+// Modules written in Python (tests/models/scripted_models.py: cnn, cnn_traced, cnn_7_classes, regressor,
+// heads, no_forward), saved as DIR/<name>.pt by FASTTRAIN_TORCH_PYTHON, the PyTorch release of the LibTorch
+// under test: made once per test process. `missing` says why there are none (that Python lacks torch).
+struct ScriptedModels {
+  std::string dir;
+  std::string missing;
+  std::string path(const std::string& name) const { return dir + "/" + name + ".pt"; }
+};
+
+inline const ScriptedModels& scripted_models() {
+  static TempDir dir;
+  static const ScriptedModels models = [] {
+    const std::string python = FASTTRAIN_TORCH_PYTHON;
+    const CommandResult made =
+        run_command(python + " " + FASTTRAIN_SOURCE_DIR + "/tests/models/scripted_models.py " + dir.path());
+    if (made.exit_code == 0) return ScriptedModels{dir.path(), ""};
+    return ScriptedModels{"", python +
+                                  " could not save the TorchScript modules (it needs the torch of this "
+                                  "LibTorch's release; scripts/install-deps installs it): " +
+                                  made.output};
+  }();
+  return models;
+}
+
+#define FT_REQUIRE_SCRIPTED_MODELS()                                 \
+  if (!::fasttrain::testing::scripted_models().missing.empty()) {    \
+    GTEST_SKIP() << ::fasttrain::testing::scripted_models().missing; \
+  }
+
 }  // namespace fasttrain::testing

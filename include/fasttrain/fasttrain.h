@@ -20,6 +20,7 @@
 #include "fasttrain/models/generate.h"
 #include "fasttrain/models/model.h"
 #include "fasttrain/models/registry.h"
+#include "fasttrain/models/torchscript.h"
 #include "fasttrain/optim/clip.h"
 #include "fasttrain/optim/ema.h"
 #include "fasttrain/optim/lr_finder.h"

@@ -94,6 +94,13 @@ Registry<DatasetRecipe>& dataset_registry() {
     datasets.add("idx", "any MNIST-format IDX image files under data.path", image_dataset("idx"));
     datasets.add("text", "byte-level documents for a sequence model (model.name = \"gpt\")",
                  dataset_recipe<TextDataOptions>(text_splits));
+    datasets.add(
+        "csv",
+        "a CSV table's numeric columns: data.targets to predict (values or class labels) from data.features",
+        dataset_recipe<CsvDataOptions>(csv_splits));
+    datasets.add("safetensors",
+                 "a .safetensors file of named tensors: \"inputs\", \"targets\" and any other a model reads",
+                 dataset_recipe<TensorFileDataOptions>(tensor_file_splits));
     return datasets;
   }();
   return registry;

@@ -11,7 +11,7 @@
 
 namespace fasttrain {
 
-TensorSource::TensorSource(std::map<std::string, torch::Tensor> tensors, std::string what)
+TensorSource::TensorSource(std::map<std::string, torch::Tensor> tensors, std::string what, int64_t classes)
     : tensors_(std::move(tensors)), what_(std::move(what)) {
   FT_CHECK(tensors_.count("inputs") && tensors_.at("inputs").defined(),
            "{}: a TensorSource needs a tensor named 'inputs' (it has: {})", what_, [&] {
@@ -33,7 +33,10 @@ TensorSource::TensorSource(std::map<std::string, torch::Tensor> tensors, std::st
     if (targets.dim() == 1 && !torch::isFloatingType(targets.scalar_type())) {
       FT_CHECK(targets.min().item<int64_t>() >= 0, "{}: class targets must be >= 0, the smallest is {}",
                what_, targets.min().item<int64_t>());
-      classes_ = targets.max().item<int64_t>() + 1;
+      const int64_t largest = targets.max().item<int64_t>();
+      FT_CHECK(classes == 0 || largest < classes, "{}: class target {} is out of the {} classes", what_,
+               largest, classes);
+      classes_ = classes > 0 ? classes : largest + 1;
     }
   }
 }

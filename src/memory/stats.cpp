@@ -207,7 +207,17 @@ std::vector<MemorySample> stop_memory_timeline(int64_t* dropped) {
 }
 
 bool is_out_of_memory(const std::exception& error) {
-  return dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr;
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&error) != nullptr) return true;
+  // The TorchScript interpreter rethrows whatever an op raised as a std::runtime_error carrying its
+  // message (torch/csrc/jit/runtime/interpreter.cpp, handleError): an allocation failure inside a
+  // scripted model's forward or backward is known by its words.
+  const std::string message = error.what();
+  if (message.find("failed in the TorchScript interpreter") == std::string::npos) return false;
+  for (const char* words :
+       {"memory budget exceeded", "out of memory", "not enough memory", "can't allocate memory"}) {
+    if (message.find(words) != std::string::npos) return true;
+  }
+  return false;
 }
 
 int64_t peak_resident_bytes() {

@@ -86,13 +86,17 @@ std::vector<StageImpl*> Model::stages() const {
 }
 
 void Model::set_checkpointing(const CheckpointPolicy& policy) const {
-  const auto stages = this->stages();
-  FT_CONFIG_CHECK(!policy.enabled() || !stages.empty(),
-                  "memory.checkpoint needs the model's blocks, and {} has none: build its layer stack as a "
-                  "fasttrain::Stage (a drop-in for torch::nn::Sequential, models/model.h), or set "
-                  "memory.checkpoint = \"none\"",
-                  module().name());
-  for (StageImpl* stage : stages) stage->set_checkpointing(policy);
+  if (policy.enabled()) require_blocks("memory.checkpoint", "memory.checkpoint = \"none\"");
+  for (StageImpl* stage : stages()) stage->set_checkpointing(policy);
+}
+
+void Model::require_blocks(const std::string& setting, const std::string& otherwise) const {
+  const std::string reason = no_blocks_reason_.empty()
+                                 ? "build its layer stack as a fasttrain::Stage (a drop-in for "
+                                   "torch::nn::Sequential, models/model.h)"
+                                 : no_blocks_reason_;
+  FT_CONFIG_CHECK(!stages().empty(), "{} needs the model's blocks, and {} has none: {}; or set {}", setting,
+                  name(), reason, otherwise);
 }
 
 void Model::set_block_hooks(BlockHooks* hooks) const {

@@ -2,6 +2,7 @@
 
 #include <torch/nn.h>
 
+#include "fasttrain/models/torchscript.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -26,6 +27,10 @@ Registry<ModelRecipe>& model_registry() {
     models.add("mlp", "fully connected layers over the flattened inputs", model_recipe<MlpOptions>(make_mlp));
     models.add("resnet", "a small ResNet (basic blocks, global average pool)",
                model_recipe<ResnetOptions>(make_resnet));
+    models.add("torchscript", "a module written in Python, scripted or traced and saved with torch.jit.save",
+               model_recipe<TorchScriptOptions>([](const TorchScriptOptions& options, const DataShape&) {
+                 return load_torchscript(options.path());
+               }));
     return models;
   }();
   return registry;

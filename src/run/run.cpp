@@ -135,12 +135,6 @@ void make_loaders(Run& run, int local_ranks) {
 
 // The model's output on two training samples, through the task's loss and evaluation, before anything
 // trains: a model and a task that do not fit each other fail here, with the task's message.
-// An error's message without ATen's C++ backtrace.
-std::string message_of(const std::exception& error) {
-  if (const auto* aten = dynamic_cast<const c10::Error*>(&error)) return aten->what_without_backtrace();
-  return error.what();
-}
-
 void check_model_fits_task(const Run& run) {
   std::vector<int64_t> samples = {0, std::min<int64_t>(1, run.data.train->size() - 1)};
   BatchRequest request;

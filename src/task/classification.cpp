@@ -24,7 +24,8 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
   return (losses * valid).sum() / valid.sum().clamp_min(1);  // mean over the real targets, on device
 }
 
-ClassificationTask::ClassificationTask(ClassificationOptions options) : options_(std::move(options)) {
+ClassificationTask::ClassificationTask(ClassificationOptions options, int64_t classes)
+    : options_(std::move(options)), classes_(classes) {
   check_keys(options_, "task");
 }
 
@@ -41,6 +42,10 @@ std::pair<torch::Tensor, torch::Tensor> ClassificationTask::logits_and_targets(c
   FT_CHECK(torch::isFloatingType(logits.scalar_type()) && logits.dim() >= 2,
            "task '{}' takes logits [N, classes] from the model, but its output is {}", name(),
            output.describe());
+  FT_CHECK(classes_ == 0 || logits.size(-1) == classes_,
+           "task '{}': the model's output {} has {} logits per prediction, and the data has {} classes: its "
+           "output layer needs one logit per class",
+           name(), output.describe(), logits.size(-1), classes_);
   if (logits.dim() == 2 && targets.dim() == 1 && logits.size(0) == targets.size(0)) return {logits, targets};
   // Sequences: [B, T, C] against [B, T] or [B * T].
   const int64_t classes = logits.size(-1);
@@ -86,8 +91,8 @@ bool ClassificationTask::higher_is_better(const std::string& metric) const {
   return metric == "accuracy";
 }
 
-LanguageModelTask::LanguageModelTask(ClassificationOptions options, double bytes_per_target)
-    : ClassificationTask(std::move(options)), bytes_per_target_(bytes_per_target) {
+LanguageModelTask::LanguageModelTask(ClassificationOptions options, double bytes_per_target, int64_t classes)
+    : ClassificationTask(std::move(options), classes), bytes_per_target_(bytes_per_target) {
   FT_CONFIG_CHECK(bytes_per_target_ > 0,
                   "task.name = \"language_modeling\" scores text in bits per byte, but the data is not text "
                   "(its samples say no bytes per target): use task.name = \"classification\"");

@@ -71,14 +71,15 @@ bool Task::higher_is_better(const std::string&) const {
 Registry<TaskRecipe>& task_registry() {
   static Registry<TaskRecipe> registry = [] {
     Registry<TaskRecipe> tasks("task.name");
-    tasks.add("classification", "class ids from logits: cross-entropy with label smoothing; loss, accuracy",
-              task_recipe<ClassificationOptions>([](const ClassificationOptions& options, const DataShape&) {
-                return std::make_shared<ClassificationTask>(options);
-              }));
+    tasks.add(
+        "classification", "class ids from logits: cross-entropy with label smoothing; loss, accuracy",
+        task_recipe<ClassificationOptions>([](const ClassificationOptions& options, const DataShape& shape) {
+          return std::make_shared<ClassificationTask>(options, shape.classes);
+        }));
     tasks.add(
         "language_modeling", "next-token cross-entropy over sequences; loss, accuracy, bits per byte",
         task_recipe<ClassificationOptions>([](const ClassificationOptions& options, const DataShape& shape) {
-          return std::make_shared<LanguageModelTask>(options, shape.bytes_per_target);
+          return std::make_shared<LanguageModelTask>(options, shape.bytes_per_target, shape.classes);
         }));
     tasks.add("regression", "values: MSE, L1 or Huber loss; loss, rmse, mae, r2",
               task_recipe<RegressionOptions>([](const RegressionOptions& options, const DataShape& shape) {

@@ -104,12 +104,32 @@ class CudaGraphEngine : public StepEngine {
       // Thread-local capture: the loader's worker threads may allocate pinned memory meanwhile, which
       // a global capture would count as an unsafe call and fail (seen on an H100: text windows).
       graph_->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
-      for (size_t i = 0; i < static_window_.size(); ++i) {
-        step_.backward_micro_batch(static_window_[i], window_size_, i + 1 == static_window_.size());
+      try {
+        for (size_t i = 0; i < static_window_.size(); ++i) {
+          step_.backward_micro_batch(static_window_[i], window_size_, i + 1 == static_window_.size());
+        }
+        step_.optimizer_step(step_.next_lr_on_device(), /*keep_gradients=*/true);
+      } catch (const std::exception& error) {
+        end_failed_capture();
+        FT_FAIL(
+            "train.cuda_graphs: the step could not be captured as a CUDA graph: {}\nAn op of the model's "
+            "forward or loss forbids capture (a host synchronisation such as .item() or a print of a CUDA "
+            "tensor, a CPU tensor, a shape that depends on the data; in a TorchScript model, any of these in "
+            "its forward); set train.cuda_graphs = false",
+            message_of(error));
       }
-      step_.optimizer_step(step_.next_lr_on_device(), /*keep_gradients=*/true);
       graph_->capture_end();
     });
+  }
+
+  // As torch.cuda.graph's __exit__ after an error: the capture ends so the stream can be used again;
+  // what ending it raises adds nothing to the error that stopped it.
+  void end_failed_capture() {
+    try {
+      graph_->capture_end();
+    } catch (const std::exception&) {
+    }
+    graph_.reset();
   }
 
   StepFunctions& step_;

@@ -136,6 +136,7 @@ void Trainer::enable_data_parallel(std::shared_ptr<ProcessGroup> group, const Di
   FT_CHECK(step_ == 0 && optimizer_->state_bytes() == 0,
            "enable_data_parallel must come before any optimizer step or checkpoint load");
   check_ema_with_zero3(ema_ && options.zero() == 3);
+  if (options.zero() == 3) model_.require_blocks("dist.zero = 3", "dist.zero = 2");
   parallel_ = std::make_unique<DataParallel>(std::move(group), model_.module_ptr(), options);
   optimizer_ = parallel_->shard_optimizer(std::move(optimizer_));
   clip_parameters_ = optimizer_->parameters();

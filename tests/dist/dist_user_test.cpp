@@ -11,6 +11,7 @@
 
 #include "fasttrain/data/tensor_source.h"
 #include "fasttrain/dist/process_group.h"
+#include "fasttrain/models/torchscript.h"
 #include "fasttrain/run/train_run.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/task/tasks.h"
@@ -22,10 +23,10 @@ namespace {
 const std::string kCli = FASTTRAIN_CLI;
 
 struct ScaledRegressorImpl : torch::nn::Module {
-  ScaledRegressorImpl() {
-    layers = register_module("layers",
-                             Stage(torch::nn::Linear(8, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
-                                   torch::nn::ReLU(), torch::nn::Linear(32, 1)));
+  explicit ScaledRegressorImpl(int64_t features) {
+    layers = register_module(
+        "layers", Stage(torch::nn::Linear(features, 32), torch::nn::ReLU(), torch::nn::Linear(32, 32),
+                        torch::nn::ReLU(), torch::nn::Linear(32, 1)));
   }
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& scale) {
     return layers->forward(x) * scale;
@@ -34,23 +35,29 @@ struct ScaledRegressorImpl : torch::nn::Module {
 };
 TORCH_MODULE(ScaledRegressor);
 
-// The program's run: its data and its model; the task (regression) and every switch from the config.
+// The program's run: its data and its model, written in C++ or in Python (`scripted`: a TorchScript archive
+// of tests/models/scripted_models.py's ScaledRegressor, over 6 features); the task (regression) and every
+// switch from the config.
 struct UserRun : RunBuilder {
+  explicit UserRun(std::string scripted = "") : scripted(std::move(scripted)) {}
   DataSplits data(const Config&) override {
-    auto split = [](int64_t samples, uint64_t seed) {
+    const int64_t features = scripted.empty() ? 8 : 6;
+    auto split = [features](int64_t samples, uint64_t seed) {
       torch::manual_seed(seed);
-      const torch::Tensor x = torch::randn({samples, 8}), scale = torch::rand({samples, 1}) + 0.5;
+      const torch::Tensor x = torch::randn({samples, features}), scale = torch::rand({samples, 1}) + 0.5;
       const torch::Tensor y = (x.slice(1, 0, 4).sum(1, true) - x.slice(1, 4).sum(1, true)) * scale;
       return std::make_shared<TensorSource>(
           std::map<std::string, torch::Tensor>{{"inputs", x}, {"scale", scale}, {"targets", y}});
     };
     return {split(512, 1), split(128, 2), "test"};
   }
-  Model model(const Config&, const DataShape&) override {
-    return Model(ScaledRegressor(), [](ScaledRegressorImpl& net, const Batch& b) {
+  Model model(const Config&, const DataShape& shape) override {
+    if (!scripted.empty()) return load_torchscript(scripted);
+    return Model(ScaledRegressor(shape.input[0]), [](ScaledRegressorImpl& net, const Batch& b) {
       return net.forward(b.inputs, b.at("scale"));
     });
   }
+  std::string scripted;
 };
 
 Config user_config(int64_t batch_size, int zero) {
@@ -70,7 +77,8 @@ Config user_config(int64_t batch_size, int zero) {
 TEST(DistUserRank, TrainsAsOneRank) {
   const char* run_dir = std::getenv("FASTTRAIN_TEST_USER_RUN");
   if (run_dir == nullptr) GTEST_SKIP() << "a rank of DistUser.*: runs under fasttrain launch only";
-  UserRun builder;
+  const char* scripted = std::getenv("FASTTRAIN_TEST_USER_SCRIPTED");
+  UserRun builder(scripted ? scripted : "");
   const FitSummary summary =
       train_run(builder, user_config(16, std::atoi(std::getenv("FASTTRAIN_TEST_USER_ZERO"))), run_dir);
   EXPECT_EQ(summary.steps, 12);
@@ -86,30 +94,62 @@ double max_difference(const std::string& a, const std::string& b) {
   return worst;
 }
 
-TEST(DistUser, AProgramsRegressorTrainsDataParallelAndFullyShardedAsInOneProcess) {
-  testing::TempDir dir;
-  UserRun builder;
-  const FitSummary single = train_run(builder, user_config(32, 0), dir.file("single"));
-  ASSERT_EQ(single.steps, 12);
+// DistUserRank.TrainsAsOneRank's ranks, launched for `zero` into `run` (the model from `scripted`, or the
+// C++ one): the launcher's exit code and output.
+testing::CommandResult launch_ranks(const std::string& run, int zero, const std::string& scripted = "") {
   const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-  for (int zero : {0, 3}) {
-    const std::string run = dir.file("zero" + std::to_string(zero));
-    const auto result = testing::run_command(
-        "FASTTRAIN_TEST_USER_RUN=" + run + " FASTTRAIN_TEST_USER_ZERO=" + std::to_string(zero) + " " + kCli +
-        " launch --nproc 2 --grace-s 5 -- " + self + " --gtest_filter=DistUserRank.TrainsAsOneRank");
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-    ASSERT_TRUE(std::filesystem::exists(run + "/final/model.safetensors")) << result.output;
+  return testing::run_command(
+      "FASTTRAIN_TEST_USER_RUN=" + run + " FASTTRAIN_TEST_USER_ZERO=" + std::to_string(zero) +
+      (scripted.empty() ? "" : " FASTTRAIN_TEST_USER_SCRIPTED=" + scripted) + " " + kCli +
+      " launch --nproc 2 --grace-s 5 -- " + self + " --gtest_filter=DistUserRank.TrainsAsOneRank");
+}
+
+// One process on the global batch of 32, then two ranks of 16 with DDP and with ZeRO `zero`, each into
+// DIR/single, DIR/zero0, DIR/zero<zero>: two ranks are one process (rounding aside), the sharded run DDP's.
+FitSummary expect_ranks_equal_one_process(const testing::TempDir& dir, int zero,
+                                          const std::string& scripted = "") {
+  UserRun builder(scripted);
+  const FitSummary single = train_run(builder, user_config(32, 0), dir.file("single"));
+  EXPECT_EQ(single.steps, 12);
+  for (int z : {0, zero}) {
+    const std::string run = dir.file("zero" + std::to_string(z));
+    const auto result = launch_ranks(run, z, scripted);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_TRUE(std::filesystem::exists(run + "/final/model.safetensors")) << result.output;
   }
-  // Two ranks of 16 are one process of 32 (rounding aside); the sharded run is DDP's.
   EXPECT_LT(
       max_difference(dir.file("single/final/model.safetensors"), dir.file("zero0/final/model.safetensors")),
       1e-5);
-  EXPECT_LT(
-      max_difference(dir.file("zero0/final/model.safetensors"), dir.file("zero3/final/model.safetensors")),
-      1e-6);
+  EXPECT_LT(max_difference(dir.file("zero0/final/model.safetensors"),
+                           dir.file("zero" + std::to_string(zero) + "/final/model.safetensors")),
+            1e-6);
+  return single;
+}
+
+TEST(DistUser, AProgramsRegressorTrainsDataParallelAndFullyShardedAsInOneProcess) {
+  testing::TempDir dir;
+  const FitSummary single = expect_ranks_equal_one_process(dir, 3);
   const auto summary = nlohmann::json::parse(testing::read_text(dir.file("zero3/summary.json")));
   EXPECT_EQ(summary["dist"]["zero"], 3);
   EXPECT_NEAR(summary["test_r2"].get<double>(), single.test.at("r2"), 1e-4);
+}
+
+// A model written in Python trains data-parallel (DDP, ZeRO-2) as in one process, under PyTorch's names;
+// fully sharded training, which would have to reach inside its interpreted forward, is refused by name
+// before any step.
+TEST(DistUser, AScriptedRegressorTrainsDataParallelAsInOneProcess) {
+  FT_REQUIRE_SCRIPTED_MODELS();
+  const std::string scripted = testing::scripted_models().path("regressor_plain");
+  testing::TempDir dir;
+  expect_ranks_equal_one_process(dir, 2, scripted);
+  EXPECT_EQ(
+      load_safetensors(dir.file("zero2/final/model.safetensors")).names(),
+      (std::vector<std::string>{"layers.0.bias", "layers.0.weight", "layers.3.bias", "layers.3.weight"}));
+  const auto refused = launch_ranks(dir.file("zero3"), 3, scripted);
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_TRUE(
+      testing::contains_all(refused.output, {"dist.zero = 3", "TorchScript interpreter", "dist.zero = 2"}))
+      << refused.output;
 }
 
 }  // namespace

@@ -2,10 +2,11 @@
 # Examples.BuildAgainstTheInstalledPackageAndRun: installs fasttrain from BUILD into a prefix, builds
 # every example of examples/ against it with find_package(fasttrain), as a program outside the tree
 # would, and runs each for a few steps, checking what it writes.
-#   run.sh SOURCE_DIR BUILD_DIR CMAKE
+#   run.sh SOURCE_DIR BUILD_DIR CMAKE PYTHON
+# PYTHON has the PyTorch of the LibTorch under test (python_model scripts its network with it).
 # Exits 77 (skipped) after the build when Debian's Fashion-MNIST, which the examples train on, is absent.
 set -euo pipefail
-source_dir="$1" build_dir="$2" cmake="$3"
+source_dir="$1" build_dir="$2" cmake="$3" python="$4"
 work="$build_dir/examples-check"  # a fixed place: a rerun rebuilds only what changed
 rm -rf "$work/prefix" "$work/runs"
 mkdir -p "$work"
@@ -52,4 +53,24 @@ step "doctor: on the example's own conv net"
 expect "$work/doctor.log" "fasttrain doctor:"
 expect "$work/doctor.log" "Drop the conv biases before BatchNorm"
 [ -f "$runs/doctor/doctor.json" ] || fail "no doctor.json"
+cli="$work/prefix/bin/fasttrain"
+seattle=/usr/lib/python3/dist-packages/vega_datasets/_data/seattle-weather.csv
+step "csv_regression: the installed CLI and a config only"
+[ -f "$seattle" ] || fail "$seattle is absent: scripts/install-deps installs python3-vega-datasets"
+"$cli" train "$source_dir/examples/csv_regression/regression.toml" --set train.epochs=3 --set log.progress=none \
+  --run-dir "$runs/csv" >"$work/csv.log" 2>&1 || { cat "$work/csv.log"; fail "csv_regression"; }
+expect "$work/csv.log" "validation 292 samples"
+expect "$work/csv.log" " r2 "
+
+step "python_model: scripted by $python's PyTorch, trained by the installed CLI, scored back in PyTorch"
+export PYTHONDONTWRITEBYTECODE=1
+"$python" "$source_dir/examples/python_model/model.py" "$work/net.pt" >"$work/script.log" 2>&1 ||
+  { cat "$work/script.log"; fail "model.py"; }
+"$cli" train "$source_dir/examples/python_model/train.toml" --set model.path="$work/net.pt" --set train.max_steps=40 \
+  --set log.progress=none --run-dir "$runs/python_model" >"$work/python_model.log" 2>&1 ||
+  { cat "$work/python_model.log"; fail "python_model training"; }
+expect "$work/python_model.log" "model torchscript"
+(cd "$source_dir/examples/python_model" && "$python" check.py "$runs/python_model") >"$work/check.log" 2>&1 ||
+  { cat "$work/check.log"; fail "check.py"; }
+expect "$work/check.log" "fasttrain reported"
 step "all built against the installed package and ran"

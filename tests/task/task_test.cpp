@@ -104,6 +104,14 @@ TEST(ClassificationTask, TargetsAndOutputsThatDoNotFitAreErrorsNamingBoth) {
                              task.loss(torch::zeros({3, 10}), labels);
                            }),
                            {"classification", "[3, 10]", "[4]"}));
+  // Where the data says how many classes there are, the output layer must have as many logits, even when
+  // the batch's labels happen to fit a smaller one.
+  ClassificationTask ten(ClassificationOptions(), 10);
+  EXPECT_NO_THROW(ten.loss(torch::zeros({4, 10}), labels));
+  EXPECT_TRUE(contains_all(error_message([&] {
+                             ten.loss(torch::zeros({4, 7}), labels);
+                           }),
+                           {"classification", "[4, 7]", "7 logits", "10 classes"}));
   EXPECT_TRUE(
       contains_all(error_message([&] {
                      task.loss(std::map<std::string, torch::Tensor>{{"a", torch::zeros({4, 2})}}, labels);

@@ -1,8 +1,9 @@
 #pragma once
 // Datasets by name (data.dataset): each loads its training and evaluation splits as batch sources,
 // from keys of its own in [data]. Built in: fashion-mnist, mnist, idx (IDX image files, with
-// normalisation and augmentation) and text (byte-level documents for a sequence model). A program adds
-// its own with one registration, and `[data] dataset = "mine"` then loads it:
+// normalisation and augmentation), text (byte-level documents for a sequence model), csv (a table's
+// numeric columns, for regression or classification) and safetensors (a file of named tensors). A program
+// adds its own with one registration, and `[data] dataset = "mine"` then loads it:
 //
 //   struct MyDataOptions { FT_KEYS(MyDataOptions); FT_KEY(std::string, path, "CSV file") = ""; };
 //   fasttrain::dataset_registry().add("mine", "my sensor logs",
@@ -82,6 +83,57 @@ struct TextDataOptions {
          "data.batch_size documents per batch in random order",
          at_least(0)) = 4096;
 };
+
+// The held-out split of the table datasets (csv, safetensors): their keys' help.
+inline constexpr const char* kValFractionHelp =
+    "Without data.test_path, the fraction of the samples held out for validation, drawn by "
+    "data.split_seed (0 = no evaluation)";
+inline constexpr const char* kSplitSeedHelp = "The seed of the held-out samples' draw";
+// data.delimiter: one character that can separate fields.
+KeyRule<std::string> one_delimiter();
+
+// [data] keys of csv: a table with a header row, one sample per row (data/csv.h reads it).
+struct CsvDataOptions {
+  FT_KEYS(CsvDataOptions);
+  FT_KEY(std::string, path, "The CSV file: a header row naming the columns, then one sample per row") = "";
+  FT_KEY(std::vector<std::string>, targets, "The column(s) to predict, by name") = {};
+  FT_KEY(
+      std::vector<std::string>, features,
+      "The input columns, by name ([] = every column that is not a target); other columns are not read") = {};
+  FT_KEY(std::string, target_kind,
+         "auto (targets of numbers are values to regress, a target of text holds class labels), values "
+         "(regression on the target columns), or classes (one target column; its distinct values, in sorted "
+         "order, are the classes 0, 1, ...)",
+         one_of({"auto", "values", "classes"})) = "auto";
+  FT_KEY(std::string, test_path,
+         "A CSV file with the same columns to evaluate on (\"\" = hold out data.val_fraction of the rows)") =
+      "";
+  FT_KEY(double, val_fraction, kValFractionHelp, below_one()) = 0.2;
+  FT_KEY(int64_t, split_seed, kSplitSeedHelp, at_least(0)) = 0;
+  FT_KEY(bool, standardize,
+         "Scale each feature to mean 0 and std 1 with the training rows' statistics (the held-out rows "
+         "use the same)") = true;
+  FT_KEY(std::string, delimiter, "The field delimiter, one character (\"\\t\" for tab-separated files)",
+         one_delimiter()) = ",";
+};
+
+// [data] keys of safetensors: a program's own tensors, exported to a file ("bring your tensors").
+struct TensorFileDataOptions {
+  FT_KEYS(TensorFileDataOptions);
+  FT_KEY(std::string, path,
+         "A .safetensors file of named tensors with the samples along their first dimension: "
+         "\"inputs\", usually \"targets\", and any tensor a model or task reads by name") = "";
+  FT_KEY(std::string, test_path,
+         "A file with the same tensors to evaluate on (\"\" = hold out data.val_fraction of the "
+         "samples)") = "";
+  FT_KEY(double, val_fraction, kValFractionHelp, below_one()) = 0.2;
+  FT_KEY(int64_t, split_seed, kSplitSeedHelp, at_least(0)) = 0;
+};
+
+// The splits of data.dataset = "csv": features [F] float; targets [K] float (values) or a class id.
+DataSplits csv_splits(const CsvDataOptions& options, const DataRequest& request);
+// The splits of data.dataset = "safetensors": the file's tensors as they are (data/tensor_source.h).
+DataSplits tensor_file_splits(const TensorFileDataOptions& options, const DataRequest& request);
 
 // The image splits of `options` (normalisation from the training split; augmentation on it only).
 DataSplits image_splits(const ImageSplits& images, const ImageDataOptions& options);

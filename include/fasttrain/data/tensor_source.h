@@ -26,8 +26,10 @@ class TensorSource : public BatchSource {
  public:
   // Every tensor on the CPU (it is made contiguous here), with the same number of samples N >= 1 along
   // dimension 0; "inputs" must be there. `what` names the data in messages ("the training split of
-  // data.path 'x.safetensors'"). Integer 1-d targets are class ids: their largest + 1 is the classes.
-  TensorSource(std::map<std::string, torch::Tensor> tensors, std::string what = "tensors");
+  // data.path 'x.safetensors'"). Integer 1-d targets are class ids in [0, classes); `classes` 0: their
+  // largest + 1 (a split that may lack the last class passes the whole data's count).
+  TensorSource(std::map<std::string, torch::Tensor> tensors, std::string what = "tensors",
+               int64_t classes = 0);
 
   int64_t size() const override { return size_; }
   Batch build(const BatchRequest& request) const override;

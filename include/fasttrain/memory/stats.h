@@ -62,7 +62,8 @@ void start_memory_timeline(size_t capacity = size_t{1} << 20);
 // Ends the recording; `dropped` (optional) receives the samples that did not fit.
 std::vector<MemorySample> stop_memory_timeline(int64_t* dropped = nullptr);
 
-// An allocation failure of any device (c10::OutOfMemoryError, also when a loader worker hit it).
+// An allocation failure of any device (c10::OutOfMemoryError, also when a loader worker or a scripted
+// model's TorchScript interpreter hit it).
 bool is_out_of_memory(const std::exception& error);
 
 // Peak resident set size of this process in bytes (the kernel's VmHWM; 0 where /proc is unavailable).

@@ -125,6 +125,13 @@ class Model {
   std::vector<StageImpl*> stages() const;
   // memory.checkpoint on every Stage; an enabled policy on a model without Stages is a ConfigError.
   void set_checkpointing(const CheckpointPolicy& policy) const;
+  // A ConfigError naming `setting` ("dist.zero = 3") and what the model lacks when it has no Stages.
+  void require_blocks(const std::string& setting, const std::string& otherwise) const;
+  // Why the model has no blocks, for those errors (default: build the layer stack as a Stage).
+  Model& without_blocks(std::string reason) {
+    no_blocks_reason_ = std::move(reason);
+    return *this;
+  }
   // Installs `hooks` around every block of every Stage (null: none).
   void set_block_hooks(BlockHooks* hooks) const;
   // Whether the module has 4-d (convolution) weights: what channels_last converts.
@@ -143,6 +150,7 @@ class Model {
   std::shared_ptr<torch::nn::Module> module_;
   std::function<ModelOutput(const Batch&)> forward_;
   std::string name_;
+  std::string no_blocks_reason_;
 };
 
 // Converts every 4-d parameter and buffer (conv kernels) of `module` to channels_last (NHWC) in

@@ -2,7 +2,8 @@
 // Models by name (model.name): each registered model declares its own [model] keys (an FT_KEY options
 // struct) and is built for the data it trains on (DataShape: input size, classes, vocabulary).
 // Built in: mlp, cnn (the classic conv net), resnet (small, bias-free convs before BatchNorm), gpt (a
-// byte-level transformer: tokens [B, T] in, next-token logits [B * T, vocabulary] out). A program
+// byte-level transformer: tokens [B, T] in, next-token logits [B * T, vocabulary] out), torchscript (a
+// module written in Python: models/torchscript.h). A program
 // registers its own in one line, and `[model] name = "mine"` then builds it:
 //
 //   fasttrain::model_registry().add("mine", "my autoencoder",

@@ -33,7 +33,8 @@ struct ClassificationOptions {
 // Metrics: loss (the plain cross-entropy), accuracy (of the argmax).
 class ClassificationTask : public Task {
  public:
-  explicit ClassificationTask(ClassificationOptions options = ClassificationOptions());
+  // `classes`: how many the data has (DataShape::classes; 0: not known), which the model's logits must match.
+  explicit ClassificationTask(ClassificationOptions options = ClassificationOptions(), int64_t classes = 0);
   std::string name() const override { return "classification"; }
   torch::Tensor loss(const ModelOutput& output, const Batch& batch) override;
   std::vector<std::string> sum_names() const override;
@@ -48,6 +49,7 @@ class ClassificationTask : public Task {
 
  private:
   ClassificationOptions options_;
+  int64_t classes_;
 };
 
 // Next-token prediction over sequences (padding targets skipped): classification's loss and accuracy
@@ -56,7 +58,7 @@ class ClassificationTask : public Task {
 class LanguageModelTask : public ClassificationTask {
  public:
   // `bytes_per_target`: raw text bytes per target token (1 for byte-level text).
-  LanguageModelTask(ClassificationOptions options, double bytes_per_target);
+  LanguageModelTask(ClassificationOptions options, double bytes_per_target, int64_t classes = 0);
   std::string name() const override { return "language_modeling"; }
   Metrics metrics(const std::vector<double>& totals) const override;
 

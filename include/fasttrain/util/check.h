@@ -25,6 +25,10 @@ class ConfigError : public Error {
   explicit ConfigError(const std::string& message) : Error(message) {}
 };
 
+// An error's message without ATen's C++ backtrace (c10::Error::what() carries one in some builds): what a
+// message that quotes a caught error shows.
+std::string message_of(const std::exception& error);
+
 }  // namespace fasttrain
 
 #define FT_FAIL(...) throw ::fasttrain::Error(::fmt::format(__VA_ARGS__))
