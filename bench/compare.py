@@ -12,6 +12,8 @@
   .venv/bin/python bench/compare.py gpt-checkpoint [--steps 30]       # 12-layer GPT, memory.checkpoint = blocks
   .venv/bin/python bench/compare.py gpt-bucketing [--steps 100]      # token-count buckets vs random batches
   .venv/bin/python bench/compare.py sharding [--steps 10]            # per-rank memory: ZeRO-0/2/3 vs DDP, FSDP2
+  .venv/bin/python bench/compare.py torchscript [--repeats 5]        # the main job's cnn scripted in Python vs C++
+  .venv/bin/python bench/compare.py csv [--repeats 3]                # a 1M-row CSV loaded: fasttrain vs numpy, pandas
   .venv/bin/python bench/compare.py all
 
 Needs a Release build (scripts/build: build/, against PyTorch 2.11's LibTorch) and a Python with
@@ -1073,11 +1075,101 @@ def sharding_bench(opts):
     return row, runs
 
 
+def torchscript_bench(opts):
+    """The main job with its cnn written in Python (tests/models/scripted_models.py's Cnn, scripted by the
+    peer's PyTorch) against the built-in C++ cnn, from the same initial weights (train.init_from: the
+    scripted module's state_dict as safetensors), runs interleaved: the same math, so the same accuracy at
+    each step; the ratio is of time to 91% and of steady samples/s."""
+    scripted = os.path.join(OUT, "torchscript")
+    os.makedirs(scripted, exist_ok=True)
+    run([PYTHON, "-c", "import sys, torch; sys.path.insert(0, 'tests/models'); import scripted_models as m; "
+         "from safetensors.torch import save_file; torch.manual_seed(0); net = m.Cnn(); "
+         f"torch.jit.save(torch.jit.script(net), '{scripted}/cnn.pt'); "
+         f"save_file(net.state_dict(), '{scripted}/cnn_init.safetensors')"])
+    sides = {"cpp": [f"train.init_from={scripted}/cnn_init.safetensors"],
+             "torchscript": ["model.name=torchscript", f"model.path={scripted}/cnn.pt"]}
+    raw = {name: [] for name in sides}
+    for i in range(opts.repeats):
+        for name, overrides in sides.items():
+            raw[name].append(fasttrain(opts.build, "configs/default.toml", f"torchscript-{name}-{i}", overrides))
+
+    def median(name, key):
+        values = [r[key] for r in raw[name]]
+        return statistics.median(values) if all(v is not None for v in values) else None
+
+    ratios = [c["train_samples_per_s"] / t["train_samples_per_s"] for c, t in zip(raw["cpp"], raw["torchscript"])]
+    row = {
+        "benchmark": "main job (configs/default.toml): its cnn scripted in Python vs the same cnn in C++, same init",
+        "cpp_time_to_target_s": [r["time_to_target_s"] for r in raw["cpp"]],
+        "torchscript_time_to_target_s": [r["time_to_target_s"] for r in raw["torchscript"]],
+        "cpp_samples_per_s_median": round(median("cpp", "train_samples_per_s")),
+        "torchscript_samples_per_s_median": round(median("torchscript", "train_samples_per_s")),
+        "cpp_over_torchscript_samples_per_s_pairwise": [round(r, 3) for r in ratios],
+        "cpp_over_torchscript_median": round(statistics.median(ratios), 3),
+        "test_accuracy": {name: [r["test_accuracy"] for r in runs] for name, runs in raw.items()},
+        "steps": {name: [r["steps"] for r in runs] for name, runs in raw.items()},
+    }
+    return row, raw
+
+
+def write_table_csv(path, rows, features=10):
+    """A synthetic table of `rows` rows: `features` numeric columns, a regression target y and a class
+    label; written once and kept (about 100 MB for a million rows)."""
+    if os.path.exists(path):
+        return
+    import numpy as np
+    generator = np.random.default_rng(0)
+    x = generator.standard_normal((rows, features)).astype(np.float32)
+    y = x[:, :3].sum(1) - 0.5 * x[:, 3] + 0.1 * generator.standard_normal(rows)
+    header = ",".join([f"x{i}" for i in range(features)] + ["y"])
+    np.savetxt(path + ".tmp", np.column_stack([x, y]), fmt="%.6g", delimiter=",", header=header, comments="")
+    os.replace(path + ".tmp", path)
+
+
+def csv_bench(opts):
+    """A million-row CSV (10 features, a target) to standardised training tensors: fasttrain's csv dataset
+    (the time it reports for loading, and the whole process with one step) against the Python peer with
+    numpy.loadtxt and with pandas.read_csv (Debian's python3-pandas), interleaved."""
+    table = os.path.join(OUT, "table_1m.csv")
+    write_table_csv(table, 1_000_000)
+    ours_cmd = [os.path.join(opts.build, "bin", "fasttrain"), "train", "--set", "data.dataset=csv",
+                "--set", f"data.path={table}", "--set", 'data.targets=["y"]', "--set", "model.name=mlp",
+                "--set", "model.hidden=[16]", "--set", "train.max_steps=1", "--set", "log.progress=none",
+                "--set", "data.val_fraction=0.2", "--run-dir", os.path.join(OUT, "csv-run"), "--fresh"]
+    peers = {"numpy.loadtxt": [PYTHON, "bench/table_peer.py", table, "--reader", "numpy", "--json"],
+             "pandas.read_csv": ["/usr/bin/python3", "bench/table_peer.py", table, "--reader", "pandas", "--json"]}
+    raw = {"fasttrain": [], **{name: [] for name in peers}}
+    for _ in range(opts.repeats):
+        start = time.perf_counter()
+        out = subprocess.run(ours_cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+        whole = time.perf_counter() - start
+        load = float((out.stdout + out.stderr).split("data (loaded in ", 1)[1].split(" s)", 1)[0])
+        raw["fasttrain"].append({"load_s": load, "process_s": round(whole, 3)})
+        for name, cmd in peers.items():
+            start = time.perf_counter()
+            result = json.loads(run(cmd).strip().splitlines()[-1])
+            result["process_s"] = round(time.perf_counter() - start, 3)
+            raw[name].append(result)
+    ours = statistics.median(r["load_s"] for r in raw["fasttrain"])
+    megabytes = os.path.getsize(table) / 1e6
+    row = {"benchmark": f"1M-row CSV (10 features + target, {megabytes:.0f} MB) to standardised tensors with a 20% "
+                        "held-out split",
+           "fasttrain_load_s_median": round(ours, 3),
+           "fasttrain_process_s_median": statistics.median(r["process_s"] for r in raw["fasttrain"])}
+    for name in peers:
+        theirs = statistics.median(r["read_split_standardise_s"] for r in raw[name])
+        row[f"{name}_s_median"] = theirs
+        row[f"{name}_process_s_median"] = statistics.median(r["process_s"] for r in raw[name])
+        row[f"speedup_vs_{name}"] = round(theirs / ours, 1)
+    return row, raw
+
+
 def main():
     global PYTHON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
-                                     "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "sharding", "all"])
+                                     "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "sharding", "torchscript", "csv",
+                                     "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--repeats", type=int, default=None,
@@ -1098,7 +1190,7 @@ def main():
     benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
                "activations": activations, "find-batch": find_batch, "dist": dist_bench, "gpt": gpt_bench,
                "gpt-checkpoint": gpt_checkpoint_bench, "gpt-bucketing": gpt_bucketing_bench,
-               "sharding": sharding_bench}
+               "sharding": sharding_bench, "torchscript": torchscript_bench, "csv": csv_bench}
     chosen = list(benches) if opts.which == "all" else [opts.which]
     repeats, steps = opts.repeats, opts.steps
     for name in chosen:

@@ -125,12 +125,18 @@ Cell parse_number(std::string_view cell, float& out) {
   cell = trimmed(cell);
   if (cell.empty()) return Cell::kEmpty;
   if (cell.front() == '+') cell.remove_prefix(1);  // from_chars takes no plus sign
-  double value = 0;
+  float value = 0;  // rounded once, to the nearest float (a double first would round twice)
   const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
-  if (error == std::errc::result_out_of_range) return Cell::kNotFinite;
-  if (error != std::errc() || end != cell.data() + cell.size()) return Cell::kNotANumber;
-  if (!std::isfinite(value) || std::abs(value) > std::numeric_limits<float>::max()) return Cell::kNotFinite;
-  out = static_cast<float>(value);
+  if (error == std::errc::result_out_of_range) {  // past float's range, or so small it underflows
+    double wide = 0;
+    std::from_chars(cell.data(), cell.data() + cell.size(), wide);
+    if (!(std::abs(wide) <= std::numeric_limits<float>::max())) return Cell::kNotFinite;
+    value = static_cast<float>(wide);
+  } else if (error != std::errc() || end != cell.data() + cell.size()) {
+    return Cell::kNotANumber;
+  }
+  if (!std::isfinite(value)) return Cell::kNotFinite;
+  out = value;
   return Cell::kNumber;
 }
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 #include <thread>
 
@@ -81,7 +82,9 @@ namespace {
 // The data, its shape, the task and the model, in that order (the model's initialisation draws from the
 // seed set just before, as it always has).
 void build_parts(Run& run, RunBuilder& builder, AutoResolution& resolved) {
+  const auto loading = std::chrono::steady_clock::now();
   run.data = builder.reused_data(resolved.config);
+  run.data_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - loading).count();
   run.shape = run.data.train->shape();
   run.task = builder.task(resolved.config, run.shape);
   FT_CHECK(run.task, "the run builder gave no task");
@@ -212,8 +215,9 @@ void announce_run(const Run& run, int local_ranks, Reporter& reporter) {
   if (run.group) announce_ranks(run, local_ranks, reporter);
   const std::string test =
       run.test_loader ? fmt::format("; {} {}", run.data.test_name, run.test_loader->source().describe()) : "";
-  reporter.note(fmt::format("data: train {}, {} batches per epoch{}", run.train_loader->source().describe(),
-                            run.train_loader->batches_per_epoch(), test));
+  reporter.note(fmt::format("data (loaded in {:.2f} s): train {}, {} batches per epoch{}", run.data_seconds,
+                            run.train_loader->source().describe(), run.train_loader->batches_per_epoch(),
+                            test));
   reporter.note(fmt::format("model {}, {} parameters; task {}", run.model.name(), run.model.parameter_count(),
                             run.task->name()));
 }

@@ -88,6 +88,10 @@ TEST(Csv, BadCellsAndRowsAreNamedByFileLineAndColumn) {
   EXPECT_TRUE(contains_all(message("a,b\n\n", ab), {"bad.csv", "header but no rows"}));
   EXPECT_TRUE(contains_all(error_message([&] { read_csv(dir.file("absent.csv"), ab); }),
                            {"absent.csv", "does not exist"}));
+  // What underflows a float is its nearest float, not an error.
+  EXPECT_EQ(
+      read_csv(write(dir, "tiny.csv", "a\n1e-50\n-2e-45\n"), CsvRequest().numbers({"a"})).numbers.at("a"),
+      (std::vector<float>{0.0f, -1.4e-45f}));
   // Columns not asked for are never read as numbers.
   EXPECT_EQ(read_csv(write(dir, "ok.csv", "a,b\n1,x\n"), CsvRequest().numbers({"a"})).numbers.at("a"),
             (std::vector<float>{1}));

@@ -166,7 +166,8 @@ TEST(TextRun, RunsReportThroughTheReporterAndPrintNothingThemselves) {
   EXPECT_TRUE(has("LibTorch")) << "the machine and LibTorch";
   EXPECT_TRUE(has("note model gpt,"));
   EXPECT_TRUE(has("auto: task.name = language_modeling"));
-  EXPECT_TRUE(has("note data: train"));
+  EXPECT_TRUE(has("note data (loaded in "));
+  EXPECT_TRUE(has("s): train "));
   EXPECT_TRUE(has("note run directory " + dir.file("reported")));
   EXPECT_EQ(recorder->count("started 20"), 1);
   EXPECT_EQ(recorder->count("progress"), 2);  // log.every_steps = 10 of 20

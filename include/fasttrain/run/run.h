@@ -73,7 +73,8 @@ struct Run {
   std::vector<AutoChoice> choices;  // what each "auto" became, and why
   std::vector<std::string> warnings;
   DataSplits data;
-  DataShape shape;  // of the training samples
+  double data_seconds = 0;  // how long loading it took (about 0 where the builder reused it)
+  DataShape shape;          // of the training samples
   std::unique_ptr<DataLoader> train_loader;
   std::unique_ptr<DataLoader> test_loader;  // null when the data has no evaluation split
   // data.device_resident resolved: whether both loaders build their batches on the device, and why.
