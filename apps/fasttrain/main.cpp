@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 
+#include "fasttrain/dist/error_file.h"
 #include "fasttrain/fasttrain.h"
 
 namespace {
@@ -425,21 +426,28 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
+namespace {
+
+// The error on stderr and, under torchrun, in its error file (its failure summary quotes it).
+int report(const char* kind, const std::string& message, const char* hint, int code) {
+  std::fprintf(stderr, "error: %s\n%s", message.c_str(), hint);
+  fasttrain::write_torchelastic_error_file(kind, message);
+  return code;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const fasttrain::ConfigError& error) {
-    std::fprintf(stderr, "error: %s\nhint: see docs/CONFIG.md or `fasttrain config --reference`\n",
-                 error.what());
-    return 2;
+    return report("fasttrain.ConfigError", error.what(),
+                  "hint: see docs/CONFIG.md or `fasttrain config --reference`\n", 2);
   } catch (const fasttrain::Error& error) {
-    std::fprintf(stderr, "error: %s\n", error.what());
-    return 1;
+    return report("fasttrain.Error", error.what(), "", 1);
   } catch (const c10::Error& error) {
-    std::fprintf(stderr, "error: LibTorch: %s\n", error.what_without_backtrace());
-    return 1;
+    return report("c10.Error", std::string("LibTorch: ") + error.what_without_backtrace(), "", 1);
   } catch (const std::exception& error) {
-    std::fprintf(stderr, "error: %s\n", error.what());
-    return 1;
+    return report("std.exception", error.what(), "", 1);
   }
 }

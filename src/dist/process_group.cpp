@@ -13,6 +13,7 @@
 // out-of-line members (in libtorch_cpu.so) are called. Keep it so: construct no GlooStore, call no
 // inline ProcessGroupGloo member that touches Gloo (setTimeout), link no libgloo. The test
 // Dist.NoGlooCodeCompiledAgainstForeignHeaders checks the object files.
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
@@ -66,6 +67,39 @@ int64_t bytes_of(const torch::Tensor& tensor) {
   return tensor.numel() * static_cast<int64_t>(tensor.element_size());
 }
 
+// torchrun's elastic agent serves the TCP store on MASTER_PORT itself and tells its workers so: every
+// rank, rank 0 too, then connects as a client, as torch.distributed's env:// rendezvous does
+// (torch/distributed/rendezvous.py, _create_c10d_store); a rank 0 that served its own would find the
+// port taken. The agent makes a new store for each restart of the group.
+bool agent_serves_the_store() {
+  const char* value = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  return value != nullptr && std::string(value) == "True";
+}
+
+// A torchrun of PyTorch 2.x (its agent sets variables 1.x's does not) serves a store whose protocol a
+// LibTorch 1.x client does not speak: the rendezvous would hang, so it is refused before.
+void check_agent_store_speaks_our_protocol(const DistEnv& env) {
+  const bool libtorch_1 = std::string(compat::torch_version()).rfind("1.", 0) == 0;
+  const bool agent_2 =
+      std::getenv("TORCHELASTIC_SIGNALS_TO_HANDLE") || std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  FT_CHECK(
+      !(agent_serves_the_store() && libtorch_1 && agent_2),
+      "rank {}: this fasttrain is built against LibTorch {}, and its store client cannot talk to the store "
+      "of this torchrun, from PyTorch 2.x (TORCHELASTIC_SIGNALS_TO_HANDLE is set): launch it with "
+      "`fasttrain launch`, with the torchrun of PyTorch 1.x, or build fasttrain against PyTorch 2.x's "
+      "LibTorch (scripts/build)",
+      env.rank, compat::torch_version());
+}
+
+// The keys of this attempt of the group, as env:// gives a Python worker of torchrun 1.x: that agent keeps
+// one store across the group's restarts, where a restarted group would otherwise read the keys of the
+// attempt before (2.x's agent makes a new store each time: the prefix only names the keys there).
+c10::intrusive_ptr<c10d::Store> attempt_keys(c10::intrusive_ptr<c10d::Store> store) {
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return c10::make_intrusive<c10d::PrefixStore>(
+      std::string("/worker/attempt_") + (attempt != nullptr ? attempt : "0"), std::move(store));
+}
+
 }  // namespace
 
 std::optional<DistEnv> DistEnv::from_environment() {
@@ -101,7 +135,7 @@ std::optional<DistEnv> DistEnv::from_environment() {
 }
 
 struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::TCPStore> store;
+  c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
 };
 
@@ -121,14 +155,16 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
   result->backend_ = backend;
   result->timeout_ = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s() * 1000));
 
+  check_agent_store_speaks_our_protocol(env);
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(env.master_port);
-  store_options.isServer = env.rank == 0;
+  store_options.isServer = env.rank == 0 && !agent_serves_the_store();
   store_options.numWorkers = static_cast<size_t>(env.world_size);
   store_options.waitWorkers = true;
   store_options.timeout = result->timeout_;
   try {
     result->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    if (agent_serves_the_store()) result->impl_->store = attempt_keys(result->impl_->store);
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(result->timeout_);
     gloo_options->devices.push_back(gloo_device(env.master_addr));
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(result->impl_->store, env.rank, env.world_size,
@@ -140,9 +176,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
     message = message.substr(0, message.find("\nException raised from"));
     FT_FAIL(
         "rank {} of {}: the rendezvous at {}:{} ({}) failed within dist.timeout_s = {}: {}. Check that every "
-        "rank started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE and that rank 0 can listen on the "
+        "rank started with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE and that {} can listen on the "
         "port",
-        env.rank, env.world_size, env.master_addr, env.master_port, env.source, options.timeout_s(), message);
+        env.rank, env.world_size, env.master_addr, env.master_port,
+        agent_serves_the_store() ? "torchrun's agent store" : env.source, options.timeout_s(), message,
+        agent_serves_the_store() ? "torchrun's agent" : "rank 0");
   }
   return result;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -136,6 +137,18 @@ void make_loaders(Run& run, int local_ranks) {
       LoaderOptions(common).batch_size(eval_batch).shuffle(false).drop_last(false).even_shards(false));
 }
 
+// torchrun sets OMP_NUM_THREADS=1 for its workers where it starts several on a machine; train.threads =
+// "auto" gives each rank its share of the cores instead (the same 1 where the ranks fill the cores, more
+// where cores are to spare), and says so.
+void note_omp_num_threads(Run& run, const Config& requested) {
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  if (omp == nullptr || requested.train.threads() != 0) return;
+  for (AutoChoice& choice : run.choices) {
+    if (choice.key == "train.threads")
+      choice.reason += fmt::format(" (not OMP_NUM_THREADS={}: torchrun sets it to 1 for its workers)", omp);
+  }
+}
+
 // The model's output on two training samples, through the task's loss and evaluation, before anything
 // trains: a model and a task that do not fit each other fail here, with the task's message.
 void check_model_fits_task(const Run& run) {
@@ -257,6 +270,7 @@ Run build_run(RunBuilder& builder, const Config& requested, Reporter* reporter_i
   resolve_threads(resolved, run.hardware, local_ranks, run.model.has_convolutions());
   run.config = resolved.config;
   run.choices = resolved.choices;
+  note_omp_num_threads(run, requested);
   run.warnings = resolved.warnings;
   run.threads = set_intra_op_threads(run.config.train.threads(), local_ranks);
   set_blas_threads(run.config.train.blas_threads());

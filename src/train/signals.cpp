@@ -14,10 +14,17 @@ std::atomic<int> g_received{0};
 std::atomic<bool> g_announced{false};
 std::atomic<bool> g_installed{false};
 std::atomic<bool> g_quiet{false};  // kept past the guard: no run is left to stop
+std::atomic<bool> g_armed{false};  // a fit() can stop gracefully
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
 static_assert(std::atomic<bool>::is_always_lock_free, "the signal handler needs a lock-free flag");
 
 void on_signal(int signal) {
+  if (!g_armed.load() && !g_quiet.load()) {  // nothing to save yet: end as the signal would
+    const char message[] = "\nfasttrain: stopped by a signal before training started\n";
+    ssize_t ignored = write(STDERR_FILENO, message, sizeof(message) - 1);
+    (void)ignored;
+    _exit(128 + signal);
+  }
   int expected = 0;
   if (!g_received.compare_exchange_strong(expected, signal)) {
     // The second signal. Another thread may be handling the first one right now: let its notice
@@ -44,6 +51,7 @@ StopSignals::StopSignals() {
   g_received.store(0);
   g_announced.store(false);
   g_quiet.store(false);
+  g_armed.store(false);
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
@@ -65,6 +73,15 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() {
   return g_received.load();
+}
+
+void StopSignals::arm() {
+  g_armed.store(true);
+}
+
+void StopSignals::keep_installed() {
+  keep_installed_ = true;
+  g_quiet.store(true);  // an error is unwinding: main() must live to report it
 }
 
 }  // namespace fasttrain

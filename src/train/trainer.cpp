@@ -431,6 +431,7 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
   TrainProgress& at = progress_;
   for (auto& callback : callbacks_) callback->on_fit_start(*this, total_steps);
   FitSession session(*this, train, test, total_steps);
+  StopSignals::arm();  // from here a stop signal ends the run with a checkpoint
 
   while (step_ < total_steps && !at.target_stop && !session.interrupted()) {
     train.start_epoch(at.epoch, at.batch_in_epoch);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/version.h>
 
 #include <chrono>
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "fasttrain/data/loader.h"
 #include "fasttrain/detail/file_io.h"
@@ -419,6 +421,130 @@ TEST_F(DistRun, ADeadOrHungRankMakesTheOthersFailWithinTheTimeout) {
     EXPECT_TRUE(testing::contains_all(log, {"error: rank 0 of 2:", "failed", "dist.timeout_s"})) << log;
     std::printf("[          ] rank 0 exited %.2f s after rank 1 got %s\n", waited, strsignal(signal));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// torchrun itself: torch.distributed.run of the PyTorch that FASTTRAIN_TORCH_PYTHON runs (the pinned
+// 2.11 for build/, Debian's 1.13 for build-debian/), --no-python, with its elastic agent's store
+// ---------------------------------------------------------------------------------------------
+
+// On LibTorch 1.x there is no torchrun to test with: Debian's (python3-torch 1.13) fails under Python 3.11
+// before it starts a worker ("'NoneType' object has no attribute 'get'" in to_map), and the store of a
+// 2.x agent speaks a newer protocol than a 1.x client (the rendezvous waits until dist.timeout_s).
+#define FT_REQUIRE_TORCHRUN()                                                                             \
+  if (TORCH_VERSION_MAJOR < 2) {                                                                          \
+    GTEST_SKIP() << "LibTorch 1.x: Debian's torchrun 1.13 does not run under Python 3.11, and a 2.x "     \
+                    "torchrun's store does not talk to a 1.x client";                                     \
+  }                                                                                                       \
+  if (run_command(FASTTRAIN_TORCH_PYTHON " -c 'import torch.distributed.run'").exit_code != 0) {          \
+    GTEST_SKIP() << "needs torchrun: " FASTTRAIN_TORCH_PYTHON " with PyTorch 2.x (scripts/install-deps)"; \
+  }
+
+std::string torchrun(int nproc) {
+  // The underscored options: PyTorch 1.13 knows only those, 2.x both spellings.
+  return std::string(FASTTRAIN_TORCH_PYTHON) + " -m torch.distributed.run --nproc_per_node " +
+         std::to_string(nproc) + " --master_port " + std::to_string(free_tcp_port()) + " --no_python " +
+         kCli + " train";
+}
+
+// A run to the end under torchrun trains what fasttrain's own launcher trains, byte for byte; the ranks
+// take the cores' share, not torchrun's OMP_NUM_THREADS=1, and say so.
+TEST_F(DistRun, TorchrunTrainsToTheEndAsFasttrainLaunchDoes) {
+  FT_REQUIRE_TORCHRUN();
+  testing::TempDir dir;
+  const std::string run_args = kRun + " --set data.batch_size=32 --set train.threads=auto";
+  auto ours = run_command(launch(2) + run_args + " --run-dir " + dir.file("launch"));
+  ASSERT_EQ(ours.exit_code, 0) << ours.output;
+  auto theirs = run_command(torchrun(2) + run_args + " --run-dir " + dir.file("torchrun"));
+  ASSERT_EQ(theirs.exit_code, 0) << theirs.output;
+  EXPECT_TRUE(testing::read_text(dir.file("launch/final/model.safetensors")) ==
+              testing::read_text(dir.file("torchrun/final/model.safetensors")));
+  EXPECT_EQ(summary_of(dir.file("torchrun"))["dist"]["world_size"], 2);
+  EXPECT_NE(theirs.output.find("not OMP_NUM_THREADS=1"), std::string::npos) << theirs.output;
+}
+
+// A LibTorch 1.x build under a 2.x torchrun would wait forever in the rendezvous: it is refused at once.
+TEST(DistEnv, ALibTorch1BuildRefusesTheStoreOfATorchrun2) {
+  if (TORCH_VERSION_MAJOR >= 2) GTEST_SKIP() << "a LibTorch 2.x build talks to torchrun 2.x's store";
+  RendezvousEnv env({{"RANK", "0"},
+                     {"WORLD_SIZE", "2"},
+                     {"MASTER_ADDR", "127.0.0.1"},
+                     {"MASTER_PORT", std::to_string(free_tcp_port())},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                     {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT"}});
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_TRUE(testing::contains_all(testing::error_message([] {
+                                      ProcessGroup::create(*DistEnv::from_environment(),
+                                                           DistOptions().timeout_s(20));
+                                    }),
+                                    {"LibTorch 1.", "PyTorch 2.x", "fasttrain launch"}));
+  EXPECT_LT(seconds_since(start), 5);
+}
+
+// A rank still waiting for the others has nothing to save: a stop signal ends it at once (torchrun
+// SIGTERMs a group whose rank failed, and SIGKILLs what still runs 30 s later).
+TEST_F(DistRun, ARankWaitingInTheRendezvousStopsAtOnceOnSigterm) {
+  testing::TempDir dir;
+  const pid_t lone = testing::spawn_command(
+      "env RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_tcp_port()) + " " +
+      kCli + " train" + kRun + " --set dist.timeout_s=60 --run-dir " + dir.file("run") + " >" +
+      dir.file("log") + " 2>&1");
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // built, and waiting for rank 1
+  ASSERT_EQ(::kill(lone, SIGTERM), 0);
+  const auto signalled_at = std::chrono::steady_clock::now();
+  EXPECT_EQ(testing::wait_exit_code(lone), 128 + SIGTERM) << testing::read_text(dir.file("log"));
+  EXPECT_LT(seconds_since(signalled_at), 2.0);
+  EXPECT_NE(testing::read_text(dir.file("log")).find("stopped by a signal before training started"),
+            std::string::npos)
+      << testing::read_text(dir.file("log"));
+}
+
+// torchrun's summary quotes the failing rank's error from the file torchelastic's @record would write.
+TEST_F(DistRun, TorchrunsSummaryNamesAFailingRanksError) {
+  FT_REQUIRE_TORCHRUN();
+  testing::TempDir dir;
+  auto failed =
+      run_command(torchrun(2) + kRun + " --set data.dataset=idx --set data.path=" + dir.file("absent") +
+                  " --run-dir " + dir.file("run"));
+  EXPECT_NE(failed.exit_code, 0);
+  EXPECT_TRUE(testing::contains_all(
+      failed.output,
+      {"error_file: /", "traceback : fasttrain.ConfigError: data.path", "absent", "is not a directory"}))
+      << failed.output;
+  EXPECT_EQ(failed.output.find("error_file: <N/A>"), std::string::npos) << failed.output;
+}
+
+// SIGTERM to torchrun: it passes the signal to its ranks, every one stops at the same step with a
+// checkpoint, and the same command with --resume ends where a run that never stopped ends.
+TEST_F(DistRun, SigtermToTorchrunCheckpointsEveryRankAndTheResumeEndsBitIdentical) {
+  FT_REQUIRE_TORCHRUN();
+  const std::string run_args = kRun + " --set train.max_steps=600 --set data.batch_size=32 --set dist.zero=2";
+  testing::TempDir dir;
+  auto straight = run_command(launch(2) + run_args + " --run-dir " + dir.file("straight"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string run = dir.file("stopped");
+  const std::string command = torchrun(2) + run_args + " --run-dir " + run;
+  const pid_t agent = testing::spawn_command(command + " >" + dir.file("log") + " 2>&1");
+  ASSERT_TRUE(testing::wait_until(
+      [&] { return testing::read_text(run + "/metrics.jsonl").find("\"step\":50}") != std::string::npos; },
+      60))
+      << testing::read_text(dir.file("log"));
+  ASSERT_EQ(::kill(agent, SIGTERM), 0);
+  EXPECT_NE(testing::wait_exit_code(agent), 0);
+  auto checkpoints = list_checkpoints(run + "/checkpoints");
+  ASSERT_EQ(checkpoints.size(), 1u) << testing::read_text(dir.file("log"));
+  EXPECT_LT(checkpoints[0].step, 600);
+  for (const char* file : {"rng-rank0.safetensors", "rng-rank1.safetensors", "optimizer-rank1.safetensors"})
+    EXPECT_TRUE(fs::exists(checkpoints[0].dir + "/" + file)) << file;
+  std::printf("[          ] torchrun's ranks stopped at step %lld\n",
+              static_cast<long long>(checkpoints[0].step));
+
+  auto resumed = run_command(command + " --resume");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(testing::read_text(dir.file("straight") + "/final/model.safetensors") ==
+              testing::read_text(run + "/final/model.safetensors"))
+      << "the resumed run's weights differ from the straight run's";
+  EXPECT_EQ(summary_of(run)["steps"], 600);
 }
 
 // ---------------------------------------------------------------------------------------------

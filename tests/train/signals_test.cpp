@@ -25,6 +25,24 @@ TEST(StopSignals, AGuardRestoresThePreviousHandlersWhenItEnds) {
   EXPECT_EQ(current_handler(SIGINT), SIG_DFL);
 }
 
+// Before a fit() arms the guard (building the run, loading its data, waiting in a rendezvous) a signal
+// ends the process at once, as it would without the guard; once armed it only asks the run to stop.
+TEST(StopSignals, ASignalBeforeTrainingEndsTheProcessAndAfterArmingAsksForAStop) {
+  EXPECT_EXIT(
+      {
+        StopSignals guard;
+        std::raise(SIGTERM);
+      },
+      ::testing::ExitedWithCode(128 + SIGTERM), "stopped by a signal before training started");
+  {
+    StopSignals guard;
+    StopSignals::arm();
+    ASSERT_EQ(std::raise(SIGINT), 0);
+    EXPECT_EQ(StopSignals::received(), SIGINT);
+  }
+  EXPECT_EQ(current_handler(SIGINT), SIG_DFL);
+}
+
 // An error unwinding past the guard is reported by main() afterwards: a stop signal in between only
 // sets the flag instead of ending the process (the CLI's train does this on an exception).
 TEST(StopSignals, KeptHandlersOutliveTheGuardAndASignalOnlySetsTheFlag) {

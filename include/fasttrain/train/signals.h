@@ -5,6 +5,12 @@
 // ends the process at once with that code: the user who presses Ctrl-C twice does not wait.
 // The previous handlers are restored when the guard is destroyed. One guard at a time.
 //
+// A graceful stop starts once a run can stop with a checkpoint: Trainer::fit arms it (arm()). A signal
+// before that (while the run is built, its data loaded, or a rank waits in the rendezvous) ends the
+// process at once with 128 + the signal, as if no guard were there: there is nothing to save, and a
+// rank waiting for the others would never look at the request (torchrun stops a group so when one of
+// its ranks failed, and SIGKILLs what is still running 30 s later).
+//
 //   fasttrain::StopSignals signals;
 //   auto summary = trainer.fit(train, &test);
 //   if (summary.interrupted) return 128 + fasttrain::StopSignals::received();
@@ -21,13 +27,15 @@ class StopSignals {
 
   // The first signal received since the guard was made (0 = none). Async-signal-safe.
   static int received();
+  // From now on a signal asks the running fit() to stop (Trainer::fit calls it).
+  static void arm();
 
   // The handlers stay for the rest of the process when the guard is destroyed (another guard may be
   // made): an error unwinding past the guard is still reported by main(), where a stop signal in
   // between (a launcher stopping the other ranks of a failed job) would have ended the process
   // first. A signal then only sets received(), silently (no run is left to stop); a second one still
   // ends the process.
-  void keep_installed() { keep_installed_ = true; }
+  void keep_installed();
 
  private:
   bool keep_installed_ = false;
