@@ -1,6 +1,8 @@
 // The gpt's pointwise and attention kernels on/off, at the shapes of configs/gpt_text.toml (batch 32,
-// context 128, width 128, 4 heads): the fused tanh GELU against the formula's seven ops, and ATen's
-// fused scaled_dot_product_attention against the math path where the LibTorch build has it.
+// context 128, width 128, 4 heads): the fused tanh GELU against the formula's seven ops, and
+// fasttrain's causal attention kernel against ATen's (scaled_dot_product_attention where the LibTorch
+// build has it, else the math path), and its residual add + LayerNorm against ATen's add and
+// layer_norm, in fp32 and bf16.
 // Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
 //
 //   gpt_ops_bench [--threads 1] [--repeats 50]
@@ -12,10 +14,12 @@
 #include <functional>
 #include <iostream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/detail/json.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/attention.h"
 
 namespace {
@@ -71,29 +75,58 @@ int main(int argc, char** argv) {
   out["gelu_unfused_ms"] = unfused;
   out["gelu_speedup"] = unfused / fused;
 
-  // ---- causal attention [B, H, T, D] ----
-  const auto q = torch::randn({32, 4, 128, 32}), k = torch::randn({32, 4, 128, 32}),
-             v = torch::randn({32, 4, 128, 32});
-  auto attention = [&](bool fused_path) {
-    return [&, fused_path] {
-      auto qq = q.detach().requires_grad_(true), kk = k.detach().requires_grad_(true),
-           vv = v.detach().requires_grad_(true);
-      auto y =
-          fused_path ? fasttrain::causal_attention(qq, kk, vv) : fasttrain::causal_attention_math(qq, kk, vv);
-      y.sum().backward();
+  // ---- causal attention of the packed qkv [B, T, 3C], as the gpt's blocks call it ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto qkv = torch::randn({32, 128, 3 * 128}).to(dtype);
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    nlohmann::json row{{"shape", "qkv [32, 128, 384], 4 heads, forward + backward"}};
+    row["fasttrain_ms"] = median_ms(
+        forward_backward(
+            qkv, [](const torch::Tensor& x) { return fasttrain::kernels::packed_causal_attention(x, 4); }),
+        repeats);
+    row["aten_ms"] = median_ms(
+        forward_backward(
+            qkv, [](const torch::Tensor& x) { return fasttrain::packed_causal_attention_aten(x, 4); }),
+        repeats);
+    torch::Tensor probe;
+    row["aten_path"] =
+        fasttrain::compat::fused_causal_attention(qkv.view({32, 128, 3, 4, 32}).select(2, 0),
+                                                  qkv.view({32, 128, 3, 4, 32}).select(2, 1),
+                                                  qkv.view({32, 128, 3, 4, 32}).select(2, 2), probe)
+            ? "scaled_dot_product_attention"
+            : "math (no scaled_dot_product_attention in this LibTorch)";
+    row["speedup"] = row["aten_ms"].get<double>() / row["fasttrain_ms"].get<double>();
+    row["capability"] = fasttrain::kernels::to_string(fasttrain::kernels::cpu_capability());
+    out["attention_" + name] = row;
+  }
+  // ---- residual add + LayerNorm on the residual stream [B * T, C], as each block's second norm ----
+  // fp32: x + branch, layer_norm; bf16 (autocast's case): an fp32 stream, a bf16 branch, the result cast
+  // to bf16 for the matmul after it, which fasttrain's kernel writes directly.
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto x = torch::randn({32 * 128, 128}), branch = torch::randn({32 * 128, 128}).to(dtype);
+    const auto weight = torch::randn({128}), bias = torch::randn({128});
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    auto timed = [&](bool own) {
+      return median_ms(
+          [&, own] {
+            auto xx = x.detach().requires_grad_(true), bb = branch.detach().requires_grad_(true);
+            auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
+            torch::Tensor sum, y;
+            if (own) {
+              std::tie(sum, y) = fasttrain::kernels::add_layer_norm(xx, bb, w, b, 1e-5, dtype);
+            } else {
+              sum = xx + bb;
+              y = torch::layer_norm(sum, {128}, w, b, 1e-5).to(dtype);
+            }
+            (sum.sum() + y.sum()).backward();
+          },
+          repeats);
     };
-  };
-  out["attention_shape"] = "[32, 4, 128, 32] fp32, forward + backward";
-  out["attention_math_ms"] = median_ms(attention(false), repeats);
-  torch::Tensor probe;
-  if (fasttrain::compat::fused_causal_attention(q, k, v, probe)) {
-    out["attention_fused_ms"] = median_ms(attention(true), repeats);
-    out["attention_speedup"] =
-        out["attention_math_ms"].get<double>() / out["attention_fused_ms"].get<double>();
-  } else {
-    out["attention_fused_ms"] = nullptr;
-    out["attention_note"] =
-        "this LibTorch has no scaled_dot_product_attention (added in 2.0): the math path runs";
+    nlohmann::json row{{"shape", "[4096, 128] stream + branch, forward + backward"}};
+    row["fasttrain_ms"] = timed(true);
+    row["aten_ms"] = timed(false);
+    row["speedup"] = row["aten_ms"].get<double>() / row["fasttrain_ms"].get<double>();
+    out["add_layer_norm_" + name] = row;
   }
   std::cout << out.dump() << "\n";
   return 0;

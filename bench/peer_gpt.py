@@ -405,6 +405,17 @@ def window_step(model, optimizer, params, train_tokens, offsets, lr, args, gener
     return loss
 
 
+def print_operator_profile(profiler, steps, rows=25):
+    """The operators by self time per step (ms), as `fasttrain profile` lists its own: to stderr."""
+    events = sorted(profiler.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    print(f"operators by self time over {steps} steps (ms per step; all: {total / 1000 / steps:.2f}):",
+          file=sys.stderr)
+    for e in events[:rows]:
+        print(f"  {e.key:<48} {e.self_cpu_time_total / 1000 / steps:8.3f} ms  {e.count / steps:6.1f} calls",
+              file=sys.stderr)
+
+
 def set_threads_and_load_corpus(args):
     """--threads intra-op threads, OpenBLAS's pool at --blas-threads, the training split of the corpus
     (long enough for one window): what every peer of the GPT does first."""
@@ -464,9 +475,17 @@ def train(args):
         step_s, losses, curve = [], [], []
         mark = time.perf_counter() if warmup == 0 else None
         measured_s = 0.0
+        profiler = None
         for step in range(args.steps):
+            if args.profile_steps and step == warmup:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+                profiler.__enter__()
             t0 = time.perf_counter()
             loss = window_step(model, optimizer, params, train_tokens, offsets, lr_at(step), args)
+            if profiler is not None and step + 1 == warmup + args.profile_steps:
+                profiler.__exit__(None, None, None)
+                print_operator_profile(profiler, args.profile_steps)
+                profiler = None
             losses.append(loss.item())
             now = time.perf_counter()
             if step + 1 > warmup:
@@ -571,6 +590,9 @@ def main():
     p.add_argument("--warmup-steps", type=int, default=20, help="steps before the throughput clock starts")
     p.add_argument("--threads", type=int, default=2)
     add_recipe_args(p)
+    p.add_argument("--profile-steps", type=int, default=0,
+                   help="CPU: record this many steps after the warm-up with torch.profiler and print the "
+                        "operators by self time (stderr); the throughput then includes the profiler's cost")
     p.add_argument("--log-every", type=int, default=10, help="steps per progress line (stderr); 0: none")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling); "

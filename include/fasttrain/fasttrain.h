@@ -12,6 +12,7 @@
 #include "fasttrain/dist/data_parallel.h"
 #include "fasttrain/dist/launcher.h"
 #include "fasttrain/dist/process_group.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/log/reporter.h"
 #include "fasttrain/log/tensorboard.h"

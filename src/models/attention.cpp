@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -25,6 +26,23 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   torch::Tensor out;
   if (compat::fused_causal_attention(q, k, v, out)) return out;
   return causal_attention_math(q, k, v);
+}
+
+torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads) {
+  if (kernels::packed_attention_takes(qkv, heads)) return kernels::packed_causal_attention(qkv, heads);
+  return packed_causal_attention_aten(qkv, heads);
+}
+
+torch::Tensor packed_causal_attention_aten(const torch::Tensor& qkv, int64_t heads) {
+  FT_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * heads) == 0,
+           "packed_causal_attention takes qkv [B, T, 3C] with C a multiple of heads ({}), got {}", heads,
+           qkv.sizes());
+  const int64_t batch = qkv.size(0), length = qkv.size(1), embed = qkv.size(2) / 3;
+  auto packed = qkv.view({batch, length, 3, heads, embed / heads});
+  auto q = packed.select(2, 0).transpose(1, 2);  // [B, H, T, D]
+  auto k = packed.select(2, 1).transpose(1, 2);
+  auto v = packed.select(2, 2).transpose(1, 2);
+  return causal_attention(q, k, v).transpose(1, 2).reshape({batch, length, embed});  // [B, T, C]
 }
 
 torch::Tensor gelu_tanh(const torch::Tensor& x) {

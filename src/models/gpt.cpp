@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+#include "fasttrain/detail/compat.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/attention.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
@@ -16,8 +18,9 @@ namespace {
 // x + attention(ln1(x)), then x + mlp(ln2(x)).
 class GptBlockImpl : public torch::nn::Module {
  public:
-  GptBlockImpl(int64_t embed, int64_t heads, double dropout)
+  GptBlockImpl(int64_t embed, int64_t heads, double dropout, bool own_kernels)
       : heads_(heads),
+        own_kernels_(own_kernels),
         ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})))),
         qkv_(register_module("qkv", torch::nn::Linear(embed, 3 * embed))),
         attn_proj_(register_module("attn_proj", torch::nn::Linear(embed, embed))),
@@ -27,24 +30,49 @@ class GptBlockImpl : public torch::nn::Module {
         dropout_(register_module("dropout", torch::nn::Dropout(dropout))) {}
 
   torch::Tensor forward(torch::Tensor x) {  // [B, T, C] -> [B, T, C]
-    const int64_t batch = x.size(0), length = x.size(1), embed = x.size(2);
     // ---- causal self-attention: heads of C / H ----
-    auto qkv = qkv_->forward(ln1_->forward(x)).view({batch, length, 3, heads_, embed / heads_});
-    auto q = qkv.select(2, 0).transpose(1, 2);  // [B, H, T, D]
-    auto k = qkv.select(2, 1).transpose(1, 2);
-    auto v = qkv.select(2, 2).transpose(1, 2);
-    auto attended = causal_attention(q, k, v).transpose(1, 2).reshape({batch, length, embed});  // [B, T, C]
-    x = x + dropout_->forward(attn_proj_->forward(attended));
+    auto qkv = qkv_->forward(norm(ln1_, x));  // [B, T, 3C]: q, k, v side by side
+    auto attended =
+        own_kernels_ ? packed_causal_attention(qkv, heads_) : packed_causal_attention_aten(qkv, heads_);
+    auto [residual, normed] =
+        add_norm(x, dropout_->forward(attn_proj_->forward(attended)), ln2_);  // [B, T, C]
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
-    auto hidden = gelu_tanh(fc_->forward(ln2_->forward(x)));  // [B, T, 4C]
-    return x + dropout_->forward(mlp_proj_->forward(hidden));
+    auto hidden = gelu_tanh(fc_->forward(normed));  // [B, T, 4C]
+    return residual + dropout_->forward(mlp_proj_->forward(hidden));
   }
 
   // The projections that write into the residual stream (GPT-2 scales their init by 1/sqrt(2 L)).
   std::vector<torch::Tensor> residual_projections() { return {attn_proj_->weight, mlp_proj_->weight}; }
 
  private:
+  // ln(x), written in the dtype of the matmul it feeds (bf16 under autocast) by fasttrain's kernel where
+  // own_norm says, else ATen's.
+  torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+    if (!own_norm(x, {}, ln)) return ln->forward(x);
+    return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), matmul_dtype(x));
+  }
+  // x + branch and ln(x + branch), in one pass where fasttrain's kernel takes them.
+  std::pair<torch::Tensor, torch::Tensor> add_norm(const torch::Tensor& x, const torch::Tensor& branch,
+                                                   torch::nn::LayerNorm& ln) {
+    if (!own_norm(x, branch, ln)) {
+      auto sum = x + branch;
+      return {sum, ln->forward(sum)};
+    }
+    return kernels::add_layer_norm(x, branch, ln->weight, ln->bias, ln->options.eps(), matmul_dtype(x));
+  }
+  // Where it writes bf16 for an fp32 stream (autocast): it saves the cast, and measured faster than
+  // ATen's add + layer_norm + cast; in fp32 ATen's is faster (BENCHMARKS.md "Own CPU kernels").
+  bool own_norm(const torch::Tensor& x, const torch::Tensor& branch, torch::nn::LayerNorm& ln) const {
+    return own_kernels_ && matmul_dtype(x) == torch::kBFloat16 && x.scalar_type() == torch::kFloat &&
+           kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
+  }
+  static torch::ScalarType matmul_dtype(const torch::Tensor& x) {
+    return compat::autocast_enabled(c10::DeviceType::CPU) ? compat::autocast_dtype(c10::DeviceType::CPU)
+                                                          : x.scalar_type();
+  }
+
   int64_t heads_;
+  bool own_kernels_;
   torch::nn::LayerNorm ln1_;
   torch::nn::Linear qkv_, attn_proj_;
   torch::nn::LayerNorm ln2_;
@@ -62,7 +90,8 @@ class Gpt : public torch::nn::Module {
     dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout()));
     blocks_ = register_module("blocks", Stage());
     for (int64_t i = 0; i < options.layers(); ++i)
-      blocks_->push_back(GptBlock(embed, options.heads(), options.dropout()));
+      blocks_->push_back(
+          GptBlock(embed, options.heads(), options.dropout(), options.kernels() == "fasttrain"));
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
 
     // ---- GPT-2's initialisation: N(0, 0.02), biases 0, residual projections / sqrt(2 L) ----

@@ -16,6 +16,7 @@
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
+#include "model_kernels.h"
 
 namespace fasttrain {
 
@@ -201,6 +202,17 @@ std::vector<Finding> channels_last(const DoctorContext& c) {
   nhwc.train.channels_last(true);
   return if_faster("channels_last", "Use channels_last for this conv net: train.channels_last = true",
                    c.compare("channels_last", nhwc, kSwitchSpeedup), "in channels_last");
+}
+
+// The model's attention (and what else its `kernels` key covers) in ATen on the CPU, where fasttrain's
+// own kernels are faster by the switch threshold.
+std::vector<Finding> own_kernels(const DoctorContext& c) {
+  const auto kernels = detail::model_kernels(c.config);
+  if (c.cuda || !kernels || *kernels == "fasttrain") return {};
+  Config own = c.config;
+  apply_override(own, "model.kernels=fasttrain");
+  return if_faster("own_kernels", "Use fasttrain's CPU kernels: model.kernels = \"fasttrain\"",
+                   c.compare("own_kernels", own, kSwitchSpeedup), "with fasttrain's kernels");
 }
 
 // ---- debugging aids left on ----
@@ -409,6 +421,7 @@ Registry<DoctorRule>& doctor_rules() {
     r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
+    r.add("own_kernels", "CPU: model.kernels = \"aten\", and fasttrain's kernels give >= 1.15x", own_kernels);
     r.add("anomaly_detection", "autograd anomaly detection is on (always flagged, its cost measured)",
           anomaly_detection);
     r.add("profiler_on", "RecordFunction callbacks were active before the doctor ran", profiler_on);

@@ -11,6 +11,7 @@
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
+#include "model_kernels.h"
 
 namespace fasttrain {
 
@@ -149,6 +150,16 @@ std::vector<Candidate> bf16_candidates(int threads_in_effect) {
   return bf16;
 }
 
+// The other value of the model's `kernels` key (the gpt's: its own CPU kernels or ATen's), for a
+// model that has one; none otherwise.
+std::vector<Candidate> kernel_candidates(const Config& config) {
+  const auto kernels = detail::model_kernels(config);
+  if (!kernels) return {};
+  const std::string other = detail::other_kernels(*kernels);
+  return {{fmt::format("model.kernels = \"{}\"", other),
+           [other](Config& c) { apply_override(c, "model.kernels=" + other); }}};
+}
+
 // 2x and 4x the batch with the LR scaled linearly (changes the optimisation: only when asked).
 std::vector<Candidate> batch_candidates() {
   std::vector<Candidate> batches;
@@ -196,6 +207,7 @@ TuneResult tune(RunBuilder& builder, const Config& requested, const std::string&
   tuner.try_candidates(workers);
   if (tuner.best().train.precision() == "fp32" && hardware.native_bf16())
     tuner.try_candidates(bf16_candidates(tuner.threads_in_effect()));
+  if (device.is_cpu()) tuner.try_candidates(kernel_candidates(tuner.best()));
   if (conv_net)
     tuner.try_candidates({{"train.channels_last = true", [](Config& c) { c.train.channels_last(true); }}});
   if (device.is_cuda())

@@ -9,6 +9,7 @@
 #include "fasttrain/models/attention.h"
 #include "fasttrain/models/generate.h"
 #include "fasttrain/models/registry.h"
+#include "fasttrain/precision/autocast.h"
 #include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
@@ -111,6 +112,42 @@ TEST(Gpt, TiesTheOutputToTheTokenEmbedding) {
   logits_of(model, tokens).sum().backward();
   for (const auto& item : model.module().named_parameters()) {
     EXPECT_TRUE(item.value().grad().defined()) << item.key();
+  }
+}
+
+// model.kernels on and off (attention, residual add + LayerNorm): the same loss and gradients in fp32, and
+// under bf16 autocast within bf16's rounding (the switch's parity test; tests/kernels checks the kernel
+// itself).
+TEST(Gpt, OwnKernelsMatchATensInLossAndGradients) {
+  auto tokens = torch::randint(0, 256, {3, 12}, torch::kLong);
+  auto targets = torch::randint(0, 256, {36}, torch::kLong);
+  struct Outcome {
+    double loss;
+    std::vector<torch::Tensor> grads;
+  };
+  auto train_step = [&](const std::string& kernels, bool bf16) {
+    torch::manual_seed(6);
+    auto model = make_gpt(small_gpt().kernels(kernels));
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+      loss = torch::nn::functional::cross_entropy(logits_of(model, tokens).to(torch::kFloat), targets);
+    }
+    loss.backward();
+    Outcome outcome{loss.item<double>(), {}};
+    for (const auto& p : model.module().parameters()) outcome.grads.push_back(p.grad().clone());
+    return outcome;
+  };
+  for (bool bf16 : {false, true}) {
+    auto own = train_step("fasttrain", bf16), aten = train_step("aten", bf16);
+    const double tolerance = bf16 ? 2e-2 : 1e-5;
+    EXPECT_NEAR(own.loss, aten.loss, tolerance * std::abs(aten.loss)) << (bf16 ? "bf16" : "fp32");
+    ASSERT_EQ(own.grads.size(), aten.grads.size());
+    for (size_t i = 0; i < own.grads.size(); ++i) {
+      const double error = (own.grads[i] - aten.grads[i]).abs().max().item<double>();
+      const double scale = aten.grads[i].abs().max().item<double>();
+      EXPECT_LE(error, 10 * tolerance * scale + 1e-7) << (bf16 ? "bf16" : "fp32") << " parameter " << i;
+    }
   }
 }
 

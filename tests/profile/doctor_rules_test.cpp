@@ -98,6 +98,13 @@ std::vector<RuleCase> rule_cases() {
        },
        Severity::kMedium,
        {"train.channels_last = true", "1.30x"}},
+      {"own_kernels",
+       [](Case& c) {
+         c.context.config.model.select("gpt").as<GptOptions>().kernels("aten");
+         c.speedups = {{"own_kernels", 1.4}};
+       },
+       Severity::kMedium,
+       {"model.kernels = \"fasttrain\"", "1.40x"}},
       {"anomaly_detection",
        [](Case& c) { c.context.config.train.options.detect_anomaly(true); },
        Severity::kHigh,
@@ -173,12 +180,13 @@ TEST(DoctorRules, EachStaysQuietOnACleanRun) {
 }
 
 TEST(DoctorRules, ASpeedupUnderTheThresholdIsNoFinding) {
-  for (const std::string rule : {"small_batch", "mixed_precision", "channels_last"}) {
+  for (const std::string rule : {"small_batch", "mixed_precision", "channels_last", "own_kernels"}) {
     Case c;
     c.context.hardware.cpu_native_bf16 = true;
     c.context.conv_net = true;
     c.context.config.train.channels_last(false);
-    c.speedups = {{"batch_x4", 1.4}, {"mixed_precision", 1.1}, {"channels_last", 1.1}};
+    if (rule == "own_kernels") c.context.config.model.select("gpt").as<GptOptions>().kernels("aten");
+    c.speedups = {{"batch_x4", 1.4}, {"mixed_precision", 1.1}, {"channels_last", 1.1}, {"own_kernels", 1.1}};
     EXPECT_TRUE(c.run(rule).empty()) << rule;
     EXPECT_FALSE(c.compared.empty()) << rule << ": the rule measured nothing";
   }

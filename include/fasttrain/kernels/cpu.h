@@ -1,0 +1,56 @@
+#pragma once
+// fasttrain's own CPU kernels, for the work where ATen's composed ops leave speed behind: each one is
+// compiled for every x86 capability (scalar, AVX2, AVX512) and the process runs the widest its CPU
+// has. Each has a reference in ATen ops it is tested against (tests/kernels) and a switch that turns
+// it off (model.kernels = "aten" for the gpt).
+//
+//   torch::Tensor y = fasttrain::kernels::packed_causal_attention(qkv, heads);   // [B, T, 3C] -> [B, T, C]
+//   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
+#include <torch/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace fasttrain::kernels {
+
+enum class CpuCapability { scalar, avx2, avx512 };
+
+// The widest capability this CPU runs among those compiled. ATEN_CPU_CAPABILITY (default, avx2,
+// avx512) lowers it as it lowers ATen's own kernels.
+CpuCapability cpu_capability();
+// Every capability this CPU runs, narrowest first (what the reference tests check).
+std::vector<CpuCapability> runnable_cpu_capabilities();
+std::string to_string(CpuCapability capability);
+
+// Whether packed_causal_attention takes these inputs: qkv [B, T, 3C] on the CPU, fp32 or bf16,
+// C a multiple of `heads`. Elsewhere (a GPU, another dtype) the caller runs ATen's attention.
+bool packed_attention_takes(const torch::Tensor& qkv, int64_t heads);
+
+// Causal self-attention of a Linear(C, 3C)'s output, read in place: q, k and v of `heads` heads of
+// C / heads each, side by side in the last dimension; returns [B, T, C] with the heads side by side.
+// softmax(q k^T / sqrt(D), masked above the diagonal) v, in fp32 arithmetic whatever the dtype, and
+// differentiable (its own backward, which recomputes the scores from the rows' log-sum-exp).
+// `capability`: which build of the kernel runs (tests pick each; it must be runnable here).
+torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads,
+                                      CpuCapability capability = cpu_capability());
+
+// Whether layer_norm and add_layer_norm take these: x (and branch, when defined) [..., C] of one shape on
+// the CPU in fp32 or bf16, weight and bias fp32 [C]. Elsewhere the caller runs ATen's ops.
+bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& weight,
+                      const torch::Tensor& bias);
+
+// LayerNorm over the last dimension, (x - mean) / sqrt(var + eps) * weight + bias, written in `y_dtype`
+// (fp32 or bf16: the dtype of the matmul it feeds, which saves autocast's cast). fp32 arithmetic,
+// differentiable in x, weight and bias.
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                         double eps, torch::ScalarType y_dtype, CpuCapability capability = cpu_capability());
+
+// The residual add and the LayerNorm after it, in one pass: {x + branch (x's dtype), layer_norm(x +
+// branch) in y_dtype}. Differentiable in x, branch, weight and bias.
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& branch,
+                                                       const torch::Tensor& weight, const torch::Tensor& bias,
+                                                       double eps, torch::ScalarType y_dtype,
+                                                       CpuCapability capability = cpu_capability());
+
+}  // namespace fasttrain::kernels

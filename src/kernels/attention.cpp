@@ -1,0 +1,94 @@
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
+
+#include <cmath>
+
+#include "cpu/bodies.h"
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
+#include "runnable.h"
+
+namespace fasttrain::kernels {
+
+namespace {
+
+detail::AttentionKernels kernels_for(CpuCapability capability) {
+#ifdef FASTTRAIN_X86_KERNELS
+  if (capability == CpuCapability::avx512) return AVX512::attention_kernels();
+  if (capability == CpuCapability::avx2) return AVX2::attention_kernels();
+#endif
+  return DEFAULT::attention_kernels();
+}
+
+detail::PackedAttention describe(const torch::Tensor& qkv, int64_t heads) {
+  FT_CHECK(packed_attention_takes(qkv, heads),
+           "packed_causal_attention takes qkv [B, T, 3C] on the CPU in fp32 or bf16 with C a multiple of "
+           "heads ({}), got {} {} on {}",
+           heads, qkv.sizes(), c10::toString(qkv.scalar_type()), qkv.device().str());
+  detail::PackedAttention attention;
+  attention.batch = qkv.size(0);
+  attention.length = qkv.size(1);
+  attention.heads = heads;
+  attention.head_dim = qkv.size(2) / 3 / heads;
+  attention.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(attention.head_dim)));
+  attention.bf16 = qkv.scalar_type() == torch::kBFloat16;
+  attention.qkv = qkv.data_ptr();
+  return attention;
+}
+
+// One (batch, head) pair is T^2 D work: every pair is worth a task of its own.
+void run_pairs(detail::AttentionPairs kernel, const detail::PackedAttention& attention) {
+  at::parallel_for(0, attention.batch * attention.heads, 1,
+                   [&](int64_t begin, int64_t end) { kernel(attention, begin, end); });
+}
+
+class PackedAttentionFunction : public torch::autograd::Function<PackedAttentionFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& qkv_in,
+                               int64_t heads, int64_t capability) {
+    const torch::Tensor qkv = qkv_in.contiguous();
+    detail::PackedAttention attention = describe(qkv, heads);
+    torch::Tensor out = torch::empty({attention.batch, attention.length, qkv.size(2) / 3}, qkv.options());
+    torch::Tensor lse =
+        torch::empty({attention.batch, heads, attention.length}, qkv.options().dtype(torch::kFloat));
+    attention.out_mut = out.data_ptr();
+    attention.lse = lse.data_ptr<float>();
+    run_pairs(kernels_for(static_cast<CpuCapability>(capability)).forward, attention);
+    ctx->save_for_backward({qkv, out, lse});
+    ctx->saved_data["heads"] = heads;
+    ctx->saved_data["capability"] = capability;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &qkv = saved[0], &out = saved[1], &lse = saved[2];
+    const torch::Tensor grad_out = grads[0].to(qkv.scalar_type()).contiguous();
+    torch::Tensor grad_qkv = torch::empty_like(qkv);
+    detail::PackedAttention attention = describe(qkv, ctx->saved_data["heads"].toInt());
+    attention.out = out.data_ptr();
+    attention.lse = lse.data_ptr<float>();
+    attention.grad_out = grad_out.data_ptr();
+    attention.grad_qkv = grad_qkv.data_ptr();
+    run_pairs(kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward,
+              attention);
+    return {grad_qkv, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+bool packed_attention_takes(const torch::Tensor& qkv, int64_t heads) {
+  const bool dtype = qkv.scalar_type() == torch::kFloat || qkv.scalar_type() == torch::kBFloat16;
+  return qkv.defined() && qkv.device().is_cpu() && dtype && qkv.dim() == 3 && heads > 0 &&
+         qkv.size(2) % 3 == 0 && (qkv.size(2) / 3) % heads == 0 && qkv.size(1) > 0;
+}
+
+torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads, CpuCapability capability) {
+  detail::check_runnable(capability, "packed_causal_attention");
+  return PackedAttentionFunction::apply(qkv, heads, static_cast<int64_t>(capability));
+}
+
+}  // namespace fasttrain::kernels

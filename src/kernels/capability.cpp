@@ -1,0 +1,68 @@
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
+#include "runnable.h"
+
+namespace fasttrain::kernels {
+
+namespace {
+
+CpuCapability widest_in_hardware() {
+#ifdef FASTTRAIN_X86_KERNELS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+    return CpuCapability::avx512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuCapability::avx2;
+#endif
+  return CpuCapability::scalar;
+}
+
+// ATEN_CPU_CAPABILITY's values, as ATen reads them: an unknown value leaves the hardware's choice.
+CpuCapability lowered_by_environment(CpuCapability widest) {
+  const char* asked = std::getenv("ATEN_CPU_CAPABILITY");
+  if (asked == nullptr) return widest;
+  const std::string value = asked;
+  if (value == "default") return CpuCapability::scalar;
+  if (value == "avx2") return std::min(widest, CpuCapability::avx2);
+  return widest;
+}
+
+}  // namespace
+
+CpuCapability cpu_capability() {
+  static const CpuCapability chosen = lowered_by_environment(widest_in_hardware());
+  return chosen;
+}
+
+std::vector<CpuCapability> runnable_cpu_capabilities() {
+  std::vector<CpuCapability> runnable;
+  const CpuCapability widest = widest_in_hardware();
+  for (CpuCapability c : {CpuCapability::scalar, CpuCapability::avx2, CpuCapability::avx512})
+    if (c <= widest) runnable.push_back(c);
+  return runnable;
+}
+
+void detail::check_runnable(CpuCapability capability, const char* kernel) {
+  const auto runnable = runnable_cpu_capabilities();
+  FT_CHECK(std::find(runnable.begin(), runnable.end(), capability) != runnable.end(),
+           "{}: this CPU does not run the {} build of the kernel (it runs up to {})", kernel,
+           to_string(capability), to_string(runnable.back()));
+}
+
+std::string to_string(CpuCapability capability) {
+  switch (capability) {
+    case CpuCapability::avx512:
+      return "avx512";
+    case CpuCapability::avx2:
+      return "avx2";
+    case CpuCapability::scalar:
+      break;
+  }
+  return "scalar";
+}
+
+}  // namespace fasttrain::kernels

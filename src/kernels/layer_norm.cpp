@@ -1,0 +1,204 @@
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
+
+#include <algorithm>
+
+#include "cpu/bodies.h"
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
+#include "runnable.h"
+
+namespace fasttrain::kernels {
+
+namespace {
+
+detail::LayerNormKernels kernels_for(CpuCapability capability) {
+#ifdef FASTTRAIN_X86_KERNELS
+  if (capability == CpuCapability::avx512) return AVX512::layer_norm_kernels();
+  if (capability == CpuCapability::avx2) return AVX2::layer_norm_kernels();
+#endif
+  return DEFAULT::layer_norm_kernels();
+}
+
+bool cpu_float_or_bf16(const torch::Tensor& t) {
+  return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
+}
+
+bool bf16(const torch::Tensor& t) {
+  return t.defined() && t.scalar_type() == torch::kBFloat16;
+}
+
+// Rows of at least ~16k values per task: fewer would cost more in scheduling than they compute.
+int64_t rows_per_task(int64_t width) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+}
+
+struct NormGrads {
+  torch::Tensor x, branch, weight, bias;
+};
+
+detail::LayerNormRows describe(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& w,
+                               const torch::Tensor& b, const torch::Tensor& y, double eps) {
+  detail::LayerNormRows n;
+  n.width = x.size(-1);
+  n.rows = x.numel() / std::max<int64_t>(n.width, 1);
+  n.eps = static_cast<float>(eps);
+  n.x_bf16 = bf16(x);
+  n.branch_bf16 = bf16(branch);
+  n.y_bf16 = bf16(y);
+  n.x = x.data_ptr();
+  n.branch = branch.defined() ? branch.data_ptr() : nullptr;
+  n.weight = w.data_ptr<float>();
+  n.bias = b.data_ptr<float>();
+  return n;
+}
+
+// The forward of both functions below: {y} without a branch, {x + branch, y} with one. Saves what
+// norm_backward reads.
+torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
+                                            const torch::Tensor& branch_in, const torch::Tensor& weight,
+                                            const torch::Tensor& bias, double eps, int64_t y_dtype,
+                                            int64_t capability) {
+  const torch::Tensor x = x_in.contiguous();
+  const torch::Tensor branch = branch_in.defined() ? branch_in.contiguous() : branch_in;
+  const int64_t width = x.size(-1), rows = x.numel() / std::max<int64_t>(width, 1);
+  torch::Tensor sum = branch.defined() ? torch::empty_like(x) : torch::Tensor();
+  torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(static_cast<torch::ScalarType>(y_dtype)));
+  torch::Tensor mean = torch::empty({rows}, x.options().dtype(torch::kFloat));
+  torch::Tensor rstd = torch::empty({rows}, x.options().dtype(torch::kFloat));
+  const torch::Tensor w = weight.contiguous(), b = bias.contiguous();
+  detail::LayerNormRows n = describe(x, branch, w, b, y, eps);
+  n.sum = sum.defined() ? sum.data_ptr() : nullptr;
+  n.y = y.data_ptr();
+  n.mean = mean.data_ptr<float>();
+  n.rstd = rstd.data_ptr<float>();
+  const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
+  at::parallel_for(0, rows, rows_per_task(width), [&](int64_t begin, int64_t end) { kernel(n, begin, end); });
+  // What backward normalises again: the sum where there is one, else x.
+  ctx->save_for_backward({branch.defined() ? sum : x, w, b, mean, rstd});
+  ctx->saved_data["eps"] = eps;
+  ctx->saved_data["y_dtype"] = y_dtype;
+  ctx->saved_data["capability"] = capability;
+  ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+  ctx->saved_data["branch_dtype"] =
+      static_cast<int64_t>(branch.defined() ? branch.scalar_type() : x.scalar_type());
+  if (branch.defined()) return {sum, y};
+  return {y};
+}
+
+NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tensor& grad_sum_in,
+                        const torch::Tensor& grad_y_in, bool has_branch) {
+  const auto saved = ctx->get_saved_variables();
+  const torch::Tensor &normalised = saved[0], &w = saved[1], &b = saved[2];
+  const auto y_dtype = static_cast<torch::ScalarType>(ctx->saved_data["y_dtype"].toInt());
+  const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+  const auto branch_dtype = static_cast<torch::ScalarType>(ctx->saved_data["branch_dtype"].toInt());
+  torch::Tensor grad_y = grad_y_in.defined()
+                             ? grad_y_in.to(y_dtype).contiguous()
+                             : torch::zeros(normalised.sizes(), normalised.options().dtype(y_dtype));
+  torch::Tensor grad_sum = grad_sum_in.defined() ? grad_sum_in.to(x_dtype).contiguous() : torch::Tensor();
+
+  const int64_t width = normalised.size(-1), rows = normalised.numel() / std::max<int64_t>(width, 1);
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+  NormGrads grads;
+  grads.x = torch::empty_like(normalised);
+  if (has_branch) grads.branch = torch::empty(normalised.sizes(), normalised.options().dtype(branch_dtype));
+  torch::Tensor weight_partial = torch::zeros({chunks, width}, normalised.options().dtype(torch::kFloat));
+  torch::Tensor bias_partial = torch::zeros({chunks, width}, normalised.options().dtype(torch::kFloat));
+  detail::LayerNormRows n =
+      describe(normalised, grads.branch, w, b, grad_y, ctx->saved_data["eps"].toDouble());
+  n.mean = saved[3].data_ptr<float>();
+  n.rstd = saved[4].data_ptr<float>();
+  n.grad_y = grad_y.data_ptr();
+  n.grad_sum = grad_sum.defined() ? grad_sum.data_ptr() : nullptr;
+  n.grad_x = grads.x.data_ptr();
+  n.grad_branch = has_branch ? grads.branch.data_ptr() : nullptr;
+  n.grad_weight_partial = weight_partial.data_ptr<float>();
+  n.grad_bias_partial = bias_partial.data_ptr<float>();
+  const auto kernel = kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
+  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) kernel(n, c * chunk_rows, std::min(rows, (c + 1) * chunk_rows), c);
+  });
+  grads.weight = weight_partial.sum(0);
+  grads.bias = bias_partial.sum(0);
+  return grads;
+}
+
+// autograd takes no undefined inputs: the add and the plain norm are two functions over one body.
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias, double eps,
+                               int64_t y_dtype, int64_t capability) {
+    return norm_forward(ctx, x, torch::Tensor(), weight, bias, eps, y_dtype, capability)[0];
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    NormGrads g = norm_backward(ctx, torch::Tensor(), grads[0], /*has_branch=*/false);
+    return {g.x, g.weight, g.bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                                                const torch::Tensor& branch, const torch::Tensor& weight,
+                                                const torch::Tensor& bias, double eps, int64_t y_dtype,
+                                                int64_t capability) {
+    return norm_forward(ctx, x, branch, weight, bias, eps, y_dtype, capability);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    NormGrads g = norm_backward(ctx, grads[0], grads[1], /*has_branch=*/true);
+    return {g.x, g.branch, g.weight, g.bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+void check_takes(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& weight,
+                 const torch::Tensor& bias, torch::ScalarType y_dtype) {
+  FT_CHECK(
+      layer_norm_takes(x, branch, weight, bias),
+      "layer_norm takes x [..., C] (and a branch of its shape) on the CPU in fp32 or bf16 with weight and "
+      "bias fp32 [C]; got x {} {}, branch {}, weight {}, bias {}",
+      x.sizes(), c10::toString(x.scalar_type()),
+      branch.defined() ? c10::toString(branch.scalar_type()) : "none", weight.sizes(), bias.sizes());
+  FT_CHECK(y_dtype == torch::kFloat || y_dtype == torch::kBFloat16, "layer_norm writes fp32 or bf16, not {}",
+           c10::toString(y_dtype));
+}
+
+}  // namespace
+
+bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& weight,
+                      const torch::Tensor& bias) {
+  if (!x.defined() || x.dim() < 1 || x.numel() == 0 || !cpu_float_or_bf16(x)) return false;
+  if (branch.defined() && (!cpu_float_or_bf16(branch) || branch.sizes() != x.sizes())) return false;
+  const auto fp32_width = [&](const torch::Tensor& p) {
+    return p.defined() && p.device().is_cpu() && p.scalar_type() == torch::kFloat && p.dim() == 1 &&
+           p.size(0) == x.size(-1);
+  };
+  return fp32_width(weight) && fp32_width(bias);
+}
+
+torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                         double eps, torch::ScalarType y_dtype, CpuCapability capability) {
+  check_takes(x, torch::Tensor(), weight, bias, y_dtype);
+  detail::check_runnable(capability, "layer_norm");
+  return LayerNormFunction::apply(x, weight, bias, eps, static_cast<int64_t>(y_dtype),
+                                  static_cast<int64_t>(capability));
+}
+
+std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& branch,
+                                                       const torch::Tensor& weight, const torch::Tensor& bias,
+                                                       double eps, torch::ScalarType y_dtype,
+                                                       CpuCapability capability) {
+  FT_CHECK(branch.defined(), "add_layer_norm needs a branch to add (layer_norm normalises x alone)");
+  check_takes(x, branch, weight, bias, y_dtype);
+  detail::check_runnable(capability, "add_layer_norm");
+  auto outputs = AddLayerNormFunction::apply(x, branch, weight, bias, eps, static_cast<int64_t>(y_dtype),
+                                             static_cast<int64_t>(capability));
+  return {outputs[0], outputs[1]};
+}
+
+}  // namespace fasttrain::kernels

@@ -1,0 +1,120 @@
+// fasttrain's causal attention kernel against ATen's ops: values and gradients, fp32 and bf16, every
+// CPU capability this machine runs, sizes that fill no vector evenly.
+#include "fasttrain/models/attention.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+namespace {
+
+struct Shape {
+  int64_t batch, length, heads, head_dim;
+};
+
+// Odd lengths and widths: a partial vector at the end of every row and every head.
+const Shape kShapes[] = {{2, 1, 1, 4},   {2, 7, 3, 5},    {1, 33, 2, 16},
+                         {3, 20, 4, 32}, {1, 129, 1, 24}, {1, 90, 1, 72}};
+// Longer than one block of backward rows (src/kernels/cpu/attention_kernel.cpp, kBlockValues).
+const Shape kLongShape{1, 1100, 1, 8};
+
+struct Result {
+  torch::Tensor out, grad;
+};
+
+// out and d(sum(out * weights))/d(qkv) for `attention`, in the dtype of `qkv`.
+template <typename Attention>
+Result run(const torch::Tensor& qkv, const torch::Tensor& weights, Attention attention) {
+  auto input = qkv.detach().clone().requires_grad_(true);
+  auto out = attention(input);
+  (out.to(torch::kDouble) * weights).sum().backward();
+  return {out.detach(), input.grad()};
+}
+
+Result reference(const torch::Tensor& qkv, const torch::Tensor& weights, int64_t heads) {
+  // ATen's composed ops in fp64 from the same (possibly bf16-rounded) inputs.
+  return run(qkv.to(torch::kDouble), weights,
+             [&](const torch::Tensor& x) { return packed_causal_attention_aten(x, heads); });
+}
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
+                  const std::string& what) {
+  const double error = (got.to(torch::kDouble) - want).abs().max().item<double>();
+  const double scale = want.abs().max().item<double>() + 1e-12;
+  EXPECT_LE(error, tolerance * scale) << what << ": max |error| " << error << " of max |value| " << scale;
+}
+
+TEST(CpuAttention, MatchesATenInValuesAndGradientsOnEveryCapability) {
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+      if (dtype == torch::kFloat) shapes.push_back(kLongShape);
+      for (const Shape& s : shapes) {
+        torch::manual_seed(s.length * 100 + s.head_dim);
+        const int64_t embed = s.heads * s.head_dim;
+        auto qkv = torch::randn({s.batch, s.length, 3 * embed}).to(dtype);
+        auto weights = torch::randn({s.batch, s.length, embed}, torch::kDouble);
+        const std::string what = fmt::format("{} {} B{} T{} H{} D{}", kernels::to_string(capability),
+                                             c10::toString(dtype), s.batch, s.length, s.heads, s.head_dim);
+        auto want = reference(qkv, weights, s.heads);
+        auto got = run(qkv, weights, [&](const torch::Tensor& x) {
+          return kernels::packed_causal_attention(x, s.heads, capability);
+        });
+        ASSERT_EQ(got.out.scalar_type(), dtype) << what;
+        ASSERT_EQ(got.grad.scalar_type(), dtype) << what;
+        // fp32: the arithmetic's rounding; bf16: one rounding of each result to 8 bits of mantissa.
+        const double tolerance = dtype == torch::kFloat ? 2e-5 : 1.6e-2;
+        expect_close(got.out, want.out, tolerance, what + " out");
+        expect_close(got.grad, want.grad, tolerance, what + " grad qkv");
+      }
+    }
+  }
+}
+
+TEST(CpuAttention, ThePositionsAfterARowChangeNothingInIt) {
+  torch::manual_seed(1);
+  auto qkv = torch::randn({1, 9, 3 * 8});
+  auto changed = qkv.clone();
+  changed.slice(1, 5).normal_();
+  auto a = kernels::packed_causal_attention(qkv, 2), b = kernels::packed_causal_attention(changed, 2);
+  EXPECT_TRUE(torch::equal(a.slice(1, 0, 5), b.slice(1, 0, 5)));
+  EXPECT_FALSE(torch::equal(a.slice(1, 5), b.slice(1, 5)));
+}
+
+TEST(CpuAttention, TakesOnlyWhatItComputes) {
+  EXPECT_TRUE(kernels::packed_attention_takes(torch::zeros({2, 4, 12}), 2));
+  EXPECT_TRUE(kernels::packed_attention_takes(torch::zeros({2, 4, 12}, torch::kBFloat16), 4));
+  EXPECT_FALSE(kernels::packed_attention_takes(torch::zeros({2, 4, 12}, torch::kDouble), 2));
+  EXPECT_FALSE(kernels::packed_attention_takes(torch::zeros({2, 4, 12}), 5));  // C = 4, not a multiple of 5
+  EXPECT_FALSE(kernels::packed_attention_takes(torch::zeros({2, 4, 13}), 1));  // not 3C
+  EXPECT_FALSE(kernels::packed_attention_takes(torch::zeros({8, 12}), 2));
+  try {
+    kernels::packed_causal_attention(torch::zeros({2, 4, 12}, torch::kDouble), 2);
+    FAIL() << "a double qkv was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("Double"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CpuAttention, ANonContiguousInputIsReadAsItsValues) {
+  torch::manual_seed(2);
+  auto wide = torch::randn({2, 6, 2 * 3 * 8});
+  auto qkv = wide.slice(2, 0, 3 * 8);  // every row strided
+  ASSERT_FALSE(qkv.is_contiguous());
+  EXPECT_TRUE(torch::allclose(kernels::packed_causal_attention(qkv, 2),
+                              kernels::packed_causal_attention(qkv.contiguous(), 2)));
+}
+
+TEST(CpuCapability, TheChosenOneRunsHereAndNamesItself) {
+  const auto runnable = kernels::runnable_cpu_capabilities();
+  ASSERT_FALSE(runnable.empty());
+  EXPECT_EQ(runnable.front(), kernels::CpuCapability::scalar);
+  EXPECT_NE(std::find(runnable.begin(), runnable.end(), kernels::cpu_capability()), runnable.end());
+  EXPECT_EQ(kernels::to_string(kernels::CpuCapability::avx512), "avx512");
+}
+
+}  // namespace
+}  // namespace fasttrain
