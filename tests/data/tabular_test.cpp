@@ -5,11 +5,9 @@
 
 #include <fstream>
 
-#include "fasttrain/config/config.h"
 #include "fasttrain/data/csv.h"
 #include "fasttrain/data/datasets.h"
 #include "fasttrain/data/tensor_source.h"
-#include "fasttrain/run/train_run.h"
 #include "fasttrain/state/safetensors.h"
 #include "support.h"
 
@@ -180,24 +178,6 @@ TEST(CsvDataset, WhatDoesNotFitIsNamedBeforeAnyTraining) {
   EXPECT_TRUE(contains_all(
       message(CsvDataOptions().path(write(dir, "one.csv", "x,y\n1,a\n2,a\n3,a\n")).targets({"y"})),
       {"one class only", "'a'"}));
-}
-
-// The run layer trains a table from a config alone: the MLP regresses Seattle's highest temperature of a
-// day from its other measurements.
-TEST(CsvDataset, ARunTrainsARegressionFromTheConfigAlone) {
-  FT_REQUIRE_SEATTLE_WEATHER();
-  testing::TempDir dir;
-  Config config;
-  for (const char* setting :
-       {"data.dataset=csv", "data.targets=[\"temp_max\"]",
-        "data.features=[\"precipitation\", \"temp_min\", \"wind\"]", "model.name=mlp", "model.hidden=[32]",
-        "data.batch_size=32", "train.epochs=20", "train.threads=1", "optim.lr=3e-3", "log.progress=none"}) {
-    apply_override(config, setting);
-  }
-  apply_override(config, "data.path=" + kSeattle);
-  RunBuilder builder;
-  const FitSummary summary = train_run(builder, config, dir.file("run"));
-  EXPECT_GT(summary.test.at("r2"), 0.6) << "the day's lowest temperature says much of its highest";
 }
 
 TEST(TensorFileDataset, AFileOfNamedTensorsSplitsAndItsErrorsNameTheFile) {
