@@ -81,9 +81,8 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
 }  // namespace
 
 bool packed_attention_takes(const torch::Tensor& qkv, int64_t heads) {
-  const bool dtype = qkv.scalar_type() == torch::kFloat || qkv.scalar_type() == torch::kBFloat16;
-  return qkv.defined() && qkv.device().is_cpu() && dtype && qkv.dim() == 3 && heads > 0 &&
-         qkv.size(2) % 3 == 0 && (qkv.size(2) / 3) % heads == 0 && qkv.size(1) > 0;
+  return detail::cpu_float_or_bf16(qkv) && qkv.dim() == 3 && heads > 0 && qkv.size(2) % 3 == 0 &&
+         (qkv.size(2) / 3) % heads == 0 && qkv.size(1) > 0;
 }
 
 torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads, CpuCapability capability) {

@@ -21,10 +21,6 @@ detail::LayerNormKernels kernels_for(CpuCapability capability) {
   return DEFAULT::layer_norm_kernels();
 }
 
-bool cpu_float_or_bf16(const torch::Tensor& t) {
-  return t.device().is_cpu() && (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
-}
-
 bool bf16(const torch::Tensor& t) {
   return t.defined() && t.scalar_type() == torch::kBFloat16;
 }
@@ -172,8 +168,8 @@ void check_takes(const torch::Tensor& x, const torch::Tensor& branch, const torc
 
 bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& weight,
                       const torch::Tensor& bias) {
-  if (!x.defined() || x.dim() < 1 || x.numel() == 0 || !cpu_float_or_bf16(x)) return false;
-  if (branch.defined() && (!cpu_float_or_bf16(branch) || branch.sizes() != x.sizes())) return false;
+  if (!detail::cpu_float_or_bf16(x) || x.dim() < 1 || x.numel() == 0) return false;
+  if (branch.defined() && (!detail::cpu_float_or_bf16(branch) || branch.sizes() != x.sizes())) return false;
   const auto fp32_width = [&](const torch::Tensor& p) {
     return p.defined() && p.device().is_cpu() && p.scalar_type() == torch::kFloat && p.dim() == 1 &&
            p.size(0) == x.size(-1);

@@ -172,13 +172,6 @@ void add_weighted_rows(const float* w, int64_t w_stride, const float* rows, int6
   }
 }
 
-float dot(const float* a, const float* b, int64_t dim_padded) {
-  Vec sum(0.f);
-  for (int64_t d = 0; d < dim_padded; d += kLanes)
-    sum = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), sum);
-  return lanes_sum(sum);
-}
-
 // scores[0, i] -> exp(scores - shift), zero beyond i up to the padded count; returns their sum.
 float exp_row(float* scores, int64_t i, int64_t count, float shift) {
   for (int64_t j = i + 1; j < count; ++j) scores[j] = -std::numeric_limits<float>::infinity();
@@ -260,7 +253,7 @@ void backward_rows(const detail::PackedAttention& a, HeadTiles& tiles, const flo
                 p);
     exp_row(p, i, count, lse[i]);
     dot_columns(grad_o_i, tiles.v_cols.data(), a.head_dim, tiles.length_padded, count, 1.f, ds);
-    const float delta = dot(grad_o_i, tiles.row(tiles.o, i), tiles.dim_padded);
+    const float delta = row_dot(grad_o_i, tiles.row(tiles.o, i), tiles.dim_padded);
     for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - delta) * a.scale;
     add_weighted_rows(ds, 1, tiles.k.data(), i + 1, tiles.dim_padded, tiles.row(tiles.grad_q, i));
   }

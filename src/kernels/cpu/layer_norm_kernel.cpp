@@ -37,24 +37,10 @@ void store_row(const float* row, void* base, bool bf16, int64_t offset, int64_t 
   }
 }
 
-// Applies `op(i, count)` to [0, width) a vector at a time, the last one partial.
-template <typename Op>
-void by_vectors(int64_t width, const Op& op) {
-  for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
-}
-
-// Partial loads fill the missing lanes with zeros, so the sums below need no masks.
+// Partial loads fill the missing lanes with zeros, so the sum needs no mask.
 float row_sum(const float* a, int64_t width) {
   Vec total(0.f);
   by_vectors(width, [&](int64_t i, int64_t count) { total = total + Vec::loadu(a + i, count); });
-  return lanes_sum(total);
-}
-
-float row_dot(const float* a, const float* b, int64_t width) {
-  Vec total(0.f);
-  by_vectors(width, [&](int64_t i, int64_t count) {
-    total = at::vec::fmadd(Vec::loadu(a + i, count), Vec::loadu(b + i, count), total);
-  });
   return lanes_sum(total);
 }
 

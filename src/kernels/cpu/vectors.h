@@ -2,6 +2,7 @@
 // What the kernel bodies share, in the namespace of the capability each is compiled for.
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace fasttrain::kernels::CPU_CAPABILITY {
@@ -15,6 +16,21 @@ inline float lanes_sum(const Vec& v) {
   float total = 0.f;
   for (int64_t l = 0; l < kLanes; ++l) total += lanes[l];
   return total;
+}
+
+// Applies `op(i, count)` to [0, width) a vector at a time, the last one partial.
+template <typename Op>
+void by_vectors(int64_t width, const Op& op) {
+  for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
+}
+
+// a . b over [0, width). Partial loads fill the missing lanes with zeros, so no mask is needed.
+inline float row_dot(const float* a, const float* b, int64_t width) {
+  Vec total(0.f);
+  by_vectors(width, [&](int64_t i, int64_t count) {
+    total = at::vec::fmadd(Vec::loadu(a + i, count), Vec::loadu(b + i, count), total);
+  });
+  return lanes_sum(total);
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY
