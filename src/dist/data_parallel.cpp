@@ -76,6 +76,11 @@ DataParallel::~DataParallel() = default;
 
 std::unique_ptr<Optimizer> DataParallel::shard_optimizer(std::unique_ptr<Optimizer> optimizer) {
   if (options_.zero() == 0) return optimizer;
+  FT_CONFIG_CHECK(
+      optimizer->steps_shards(),
+      "dist.zero = {}: optimizer '{}' updates whole weight matrices, which ZeRO's flat shards split; "
+      "use dist.zero = 0 (DDP) with it",
+      options_.zero(), optimizer->name());
   FT_CHECK(flat_groups_.empty(), "shard_optimizer was already called");
   if (sharded_) return optimizer->rebuild(sharded_->shard(optimizer->groups()));
   torch::NoGradGuard no_grad;

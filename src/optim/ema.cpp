@@ -55,6 +55,9 @@ void Ema::apply_update() {
     // One multi-tensor op per term instead of a kernel launch per parameter.
     compat::foreach_mul_(averages, decay.to(dtype));
     torch::_foreach_add_(averages, compat::foreach_mul(parameters, (1 - decay).to(dtype)));
+    if (options_.lookahead()) {
+      for (size_t i = 0; i < parameter_count_; ++i) live_[i].copy_(shadow_[i]);
+    }
   }
   for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
   device_updates_.add_(1);

@@ -14,6 +14,7 @@ namespace fasttrain {
 OptimizerRecipe sgd_recipe();
 OptimizerRecipe adam_recipe();
 OptimizerRecipe adamw_recipe();
+OptimizerRecipe muon_recipe();
 
 // ---- the registry ----
 
@@ -25,6 +26,11 @@ Registry<OptimizerRecipe>& optimizer_registry() {
     optimizers.add("adam", "Adam; weight decay is L2, added to the gradient", adam_recipe());
     optimizers.add("adamw", "Adam with decoupled weight decay (p <- p (1 - lr wd) before the update)",
                    adamw_recipe());
+    optimizers.add(
+        "muon",
+        "Muon: momentum orthogonalised by Newton-Schulz for weight matrices and conv kernels (flattened "
+        "to [out, in x kernel]), AdamW for the rest (optim.muon_*)",
+        muon_recipe());
     return optimizers;
   }();
   return registry;
@@ -134,7 +140,7 @@ void Optimizer::size_state() {
   stepped_.resize(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
     const size_t n = groups_[g].params.size();
-    state_[g].assign(state_fields().size(), std::vector<torch::Tensor>(n));
+    state_[g].assign(state_fields(g).size(), std::vector<torch::Tensor>(n));
     steps_[g].assign(n, torch::Tensor());
     stepped_[g].assign(n, false);
     fresh_[g].assign(n, false);
@@ -152,7 +158,7 @@ void Optimizer::ensure_state(size_t group, const std::vector<size_t>& with_grad)
   for (size_t i : with_grad) {
     if (stepped_[group][i]) continue;
     for (auto& field : state_[group]) field[i] = torch::zeros_like(params[i], torch::MemoryFormat::Preserve);
-    if (counts_steps()) steps_[group][i] = torch::zeros({}, params[i].options().dtype(torch::kFloat));
+    if (counts_steps(group)) steps_[group][i] = torch::zeros({}, params[i].options().dtype(torch::kFloat));
     stepped_[group][i] = fresh_[group][i] = true;
   }
 }
@@ -170,7 +176,7 @@ void Optimizer::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
     }
     if (with_grad.empty()) continue;
     ensure_state(g, with_grad);
-    if (counts_steps()) {
+    if (counts_steps(g)) {
       auto steps = gather_steps(g, with_grad);
       torch::_foreach_add_(steps, 1);
       if (fused_) {
@@ -231,12 +237,12 @@ std::vector<torch::Tensor> Optimizer::gather_steps(size_t group, const std::vect
 void Optimizer::set_state(size_t group, size_t index, std::vector<torch::Tensor> fields, int64_t step) {
   FT_CHECK(group < groups_.size() && index < groups_[group].params.size(),
            "optimizer state for parameter {} of group {}, which the optimizer lacks", index, group);
-  FT_CHECK(fields.size() == state_fields().size(),
-           "optimizer '{}' keeps {} state tensors per parameter, got {}", name(), state_fields().size(),
-           fields.size());
+  FT_CHECK(fields.size() == state_fields(group).size(),
+           "optimizer '{}' keeps {} state tensors per parameter of group {}, got {}", name(),
+           state_fields(group).size(), group, fields.size());
   size_state();
   for (size_t f = 0; f < fields.size(); ++f) state_[group][f][index] = std::move(fields[f]);
-  if (counts_steps()) {
+  if (counts_steps(group)) {
     const torch::Tensor& param = groups_[group].params[index];
     steps_[group][index] = torch::full({}, static_cast<double>(step), param.options().dtype(torch::kFloat));
   }

@@ -24,11 +24,11 @@ class Sgd : public Optimizer {
   }
 
   // Without momentum there is nothing to keep (LibTorch's SGD keeps no state then either).
-  const std::vector<std::string>& state_fields() const override {
+  const std::vector<std::string>& state_fields(size_t) const override {
     static const std::vector<std::string> buffers = {"momentum_buffer"}, none = {};
     return keeps_buffers_ ? buffers : none;
   }
-  bool counts_steps() const override { return false; }
+  bool counts_steps(size_t) const override { return false; }
 
   nlohmann::json group_options(size_t group) const override {
     return {{"lr", options().lr()},

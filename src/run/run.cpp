@@ -14,6 +14,7 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/train/guards.h"
+#include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
@@ -160,6 +161,7 @@ void check_model_fits_task(const Run& run) {
   request.channels_last = run.config.train.channels_last();
   const Batch batch =
       run.data.train->build(request).map([&](const torch::Tensor& t) { return t.to(run.device); });
+  if (run.config.train.options.eval_flip()) Trainer::check_mirrorable(batch);
   EvalGuard eval(run.model.module());
   torch::NoGradGuard no_grad;
   AutocastGuard autocast(run.device, parse_precision(run.config.train.precision(), run.device));

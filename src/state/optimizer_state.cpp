@@ -12,16 +12,16 @@ namespace fasttrain {
 
 OptimizerStateTensors optimizer_state(const Optimizer& optimizer) {
   OptimizerStateTensors result;
-  const auto& fields = optimizer.state_fields();
   nlohmann::json groups = nlohmann::json::array();
   for (size_t g = 0; g < optimizer.groups().size(); ++g) {
     const ParamGroup& group = optimizer.groups()[g];
+    const auto& fields = optimizer.state_fields(g);
     nlohmann::json entry = optimizer.group_options(g);
     entry["params"] = group.names;
     for (size_t i = 0; i < group.params.size(); ++i) {
       if (!optimizer.has_state(g, i)) continue;  // not stepped yet
       const std::string& name = group.names[i];
-      if (optimizer.counts_steps()) {
+      if (optimizer.counts_steps(g)) {
         const double step = optimizer.step_count(g, i).item<double>();
         result.tensors.emplace_back(name + ".step", torch::tensor(static_cast<int64_t>(step), torch::kLong));
       }
@@ -61,15 +61,16 @@ struct SavedParameter {
   int64_t step = 0;
 };
 
-std::optional<SavedParameter> saved_parameter(const Optimizer& optimizer, const SafetensorsFile& file,
-                                              const std::string& name, const torch::Tensor& param,
-                                              std::set<std::string>& used) {
-  const auto& fields = optimizer.state_fields();
-  const bool stepped = (optimizer.counts_steps() && file.contains(name + ".step")) ||
+std::optional<SavedParameter> saved_parameter(const Optimizer& optimizer, size_t group,
+                                              const SafetensorsFile& file, const std::string& name,
+                                              const torch::Tensor& param, std::set<std::string>& used) {
+  const auto& fields = optimizer.state_fields(group);
+  const bool counts_steps = optimizer.counts_steps(group);
+  const bool stepped = (counts_steps && file.contains(name + ".step")) ||
                        (!fields.empty() && file.contains(name + "." + fields.front()));
   if (!stepped) return std::nullopt;
   SavedParameter saved;
-  if (optimizer.counts_steps()) {
+  if (counts_steps) {
     const std::string key = name + ".step";
     FT_CHECK(file.contains(key), "optimizer state lacks '{}'", key);
     used.insert(key);
@@ -108,7 +109,7 @@ void load_optimizer_state(Optimizer& optimizer, const SafetensorsFile& file) {
       const std::string& name = groups[g].names[i];
       FT_CHECK(saved_names[i] == name, "optimizer state group {} position {} is '{}', the optimizer has '{}'",
                g, i, saved_names[i].dump(), name);
-      states[g].push_back(saved_parameter(optimizer, file, name, groups[g].params[i], used));
+      states[g].push_back(saved_parameter(optimizer, g, file, name, groups[g].params[i], used));
     }
   }
   for (const auto& entry : file.tensors()) {

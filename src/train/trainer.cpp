@@ -27,6 +27,22 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// The mean of the model's outputs on a batch of images and on their mirror images (train.eval_flip):
+// fp32, each output of a named forward alike.
+ModelOutput forward_with_mirror(const Model& model, const Batch& batch) {
+  Trainer::check_mirrorable(batch);
+  Batch mirrored = batch;
+  mirrored.inputs = batch.inputs.flip({3});  // [N, C, H, W] left-right
+  const ModelOutput plain = model.forward(batch), flipped = model.forward(mirrored);
+  auto mean = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.is_floating_point() ? (a.to(torch::kFloat) + b.to(torch::kFloat)) * 0.5 : a;
+  };
+  if (!plain.named()) return mean(plain.tensor(), flipped.tensor());
+  std::map<std::string, torch::Tensor> named;
+  for (const auto& name : plain.names()) named[name] = mean(plain.at(name), flipped.at(name));
+  return named;
+}
+
 }  // namespace
 
 nlohmann::json FitSummary::to_json() const {
@@ -291,7 +307,9 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
   loader.start_epoch(0);
   AutocastGuard autocast(device_, options_.precision());
   while (auto batch = loader.next()) {
-    const torch::Tensor batch_sums = task_->evaluation_sums(model_.forward(*batch), *batch);
+    const ModelOutput output =
+        options_.eval_flip() ? forward_with_mirror(model_, *batch) : model_.forward(*batch);
+    const torch::Tensor batch_sums = task_->evaluation_sums(output, *batch);
     FT_CHECK(batch_sums.dim() == 1 && batch_sums.size(0) == sums,
              "task '{}' returned evaluation sums of shape {}, but names {} of them ({})", task_->name(),
              batch_sums.sizes(), sums, fmt::join(task_->sum_names(), ", "));
@@ -307,6 +325,16 @@ EvalResult Trainer::evaluate(DataLoader& loader) {
   FT_CHECK(result.samples > 0, "the evaluation set is empty");
   result.metrics = task_->metrics(std::vector<double>(values.begin(), values.end() - 1));
   return result;
+}
+
+void Trainer::check_mirrorable(const Batch& batch) {
+  const torch::Tensor& inputs = batch.inputs;
+  FT_CONFIG_CHECK(inputs.defined() && inputs.dim() == 4 && inputs.is_floating_point(),
+                  "train.eval_flip = true mirrors images [N, C, H, W], but the batch's inputs are {}: set "
+                  "train.eval_flip = false for this data",
+                  inputs.defined() ? fmt::format("{} [{}]", c10::toString(inputs.scalar_type()),
+                                                 fmt::join(inputs.sizes(), ", "))
+                                   : std::string("absent"));
 }
 
 // ---- find-lr: steps at rising LRs, then everything put back ----

@@ -627,6 +627,11 @@ TEST(Launch, BadUsageIsAClearError) {
                          " --set dist.zero=3 --set ema.enabled=true");
   EXPECT_EQ(ema.exit_code, 2) << ema.output;
   EXPECT_TRUE(testing::contains_all(ema.output, {"ema.enabled = true", "dist.zero = 3"})) << ema.output;
+  auto muon = run_command(kCli + " launch --nproc 1 -- " + kCli + " train" + kRun +
+                          " --set dist.zero=1 --set optim.name=muon");
+  EXPECT_EQ(muon.exit_code, 2) << muon.output;
+  EXPECT_TRUE(testing::contains_all(muon.output, {"dist.zero = 1", "'muon'", "dist.zero = 0"}))
+      << muon.output;
 }
 
 }  // namespace

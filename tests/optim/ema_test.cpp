@@ -74,6 +74,27 @@ TEST(Ema, EveryNStepsUsesDecayToTheN) {
   EXPECT_EQ(ema.updates(), 2);
 }
 
+TEST(Ema, LookaheadSetsTheWeightsToTheAverageAtEachUpdateAndOnlyThen) {
+  Net with, without;
+  set_parameters(with, 1.0), set_parameters(without, 1.0);
+  Ema lookahead(with, EmaOptions(0.5).warmup(false).every(2).lookahead(true));
+  Ema plain(without, EmaOptions(0.5).warmup(false).every(2));
+  // decay^2 = 0.25 per update, every 2 calls; the model continues from the average under lookahead.
+  double average = 1.0, live = 1.0;
+  for (int call = 1; call <= 4; ++call) {
+    live += 1.0;  // an optimizer step
+    set_parameters(with, live), set_parameters(without, 1.0 + call);
+    lookahead.update(), plain.update();
+    if (call % 2 == 0) {
+      average = 0.25 * average + 0.75 * live;
+      live = average;
+    }
+    for (const auto& p : with.parameters()) EXPECT_DOUBLE_EQ(p.min().item<double>(), live) << "call " << call;
+    for (const auto& p : without.parameters()) EXPECT_DOUBLE_EQ(p.max().item<double>(), 1.0 + call);
+    EXPECT_DOUBLE_EQ(lookahead.shadow().front().max().item<double>(), average) << "call " << call;
+  }
+}
+
 TEST(Ema, BuffersAreCopiedNotAveraged) {
   torch::manual_seed(0);
   Net model;

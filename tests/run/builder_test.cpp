@@ -134,11 +134,11 @@ class Lion : public Optimizer {
   Lion(std::vector<ParamGroup> groups, const OptimizerOptions& options)
       : Optimizer(std::move(groups), options, /*fused_kernel=*/nullptr, options.beta1()),
         beta2_(options.beta2()) {}
-  const std::vector<std::string>& state_fields() const override {
+  const std::vector<std::string>& state_fields(size_t) const override {
     static const std::vector<std::string> fields = {"exp_avg"};
     return fields;
   }
-  bool counts_steps() const override { return false; }
+  bool counts_steps(size_t) const override { return false; }
   nlohmann::json group_options(size_t group) const override {
     return {{"lr", options().lr()},
             {"beta1", momentum()},

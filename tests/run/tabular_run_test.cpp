@@ -33,5 +33,24 @@ TEST(CsvRun, TrainsARegressionFromTheConfigAlone) {
   EXPECT_GT(summary.test.at("r2"), 0.6) << "the day's lowest temperature says much of its highest";
 }
 
+// Mirroring is for images: a table with train.eval_flip is refused before training, naming the key and
+// the inputs it got.
+TEST(CsvRun, EvalFlipOnATableNamesTheKeyAndTheInputs) {
+  if (!std::filesystem::exists(kSeattle))
+    GTEST_SKIP() << "needs Debian's python3-vega-datasets (scripts/install-deps) at " << kSeattle;
+  testing::TempDir dir;
+  Config config;
+  for (const char* setting : {"data.dataset=csv", "data.targets=[\"temp_max\"]",
+                              "data.features=[\"temp_min\", \"wind\"]", "model.name=mlp", "train.max_steps=2",
+                              "train.eval_flip=true", "train.threads=1", "log.progress=none"}) {
+    apply_override(config, setting);
+  }
+  apply_override(config, "data.path=" + kSeattle);
+  RunBuilder builder;
+  const std::string message = testing::error_message([&] { train_run(builder, config, dir.file("run")); });
+  EXPECT_TRUE(testing::contains_all(message, {"train.eval_flip", "[N, C, H, W]", "Float [2, 2]"})) << message;
+  EXPECT_FALSE(std::filesystem::exists(dir.file("run") + "/metrics.jsonl")) << "nothing trained";
+}
+
 }  // namespace
 }  // namespace fasttrain

@@ -221,7 +221,7 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
       for (size_t g = 0; g < eager.groups().size(); ++g) {
         for (size_t i = 0; i < eager.groups()[g].params.size(); ++i) {
           EXPECT_DOUBLE_EQ(eager.step_count(g, i).item<double>(), captured.step_count(g, i).item<double>());
-          for (size_t f = 0; f < eager.state_fields().size(); ++f)
+          for (size_t f = 0; f < eager.state_fields(g).size(); ++f)
             expect_close({eager.state(g, f, i)}, {captured.state(g, f, i)}, tolerance, what + " moments");
         }
       }

@@ -154,6 +154,33 @@ TEST(Trainer, EmaWeightsAreWhatEvaluationSees) {
                    again.metrics.at("loss"));  // the guard swapped the live weights back
 }
 
+TEST(Trainer, EvalFlipScoresTheMeanOfEachImagesAndItsMirrorsLogits) {
+  auto data = testing::synthetic_images(48);
+  DataLoader test(data, plain_pipeline(), LoaderOptions(16).workers(0).shuffle(false).drop_last(false));
+  auto model = small_mlp(4);
+  const EvalResult flipped = make_trainer(model, TrainOptions().eval_flip(true))->evaluate(test);
+  const EvalResult plain = make_trainer(model, TrainOptions())->evaluate(test);
+  // By hand: the mean of the two outputs, scored as the task scores one.
+  torch::NoGradGuard no_grad;
+  model.module().eval();
+  double loss_sum = 0, correct = 0;
+  test.start_epoch(0);
+  while (auto batch = test.next()) {
+    Batch mirrored = *batch;
+    mirrored.inputs = batch->inputs.flip({3});
+    const torch::Tensor logits = (model.forward(*batch).tensor() + model.forward(mirrored).tensor()) * 0.5;
+    loss_sum +=
+        torch::nn::functional::cross_entropy(
+            logits, batch->targets, torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+            .item<double>();
+    correct += logits.argmax(1).eq(batch->targets).sum().item<double>();
+  }
+  EXPECT_NEAR(flipped.metrics.at("loss"), loss_sum / 48, 1e-6);
+  EXPECT_DOUBLE_EQ(flipped.metrics.at("accuracy"), correct / 48);
+  EXPECT_NE(flipped.metrics.at("loss"), plain.metrics.at("loss"));  // the mirror images were scored
+  EXPECT_EQ(flipped.samples, 48);
+}
+
 TEST(Trainer, StopAtTargetEndsTheRunAndRecordsTheTime) {
   auto data = testing::synthetic_images(64);
   DataLoader train(data, plain_pipeline(), LoaderOptions(8).workers(0));

@@ -3,7 +3,9 @@
 //   ema = decay_t * ema + (1 - decay_t) * param, decay_t = min(decay, (1 + t) / (10 + t)) with warmup,
 // t = the EMA updates made before this one (0 for the first). With every = N the update runs on
 // every Nth call of update() and uses decay_t^N, so the averaging horizon in optimizer steps does
-// not depend on N. Buffers (BatchNorm running stats) are copied, not averaged.
+// not depend on N. Buffers (BatchNorm running stats) are copied, not averaged. With lookahead, each
+// update also copies the averaged weights back into the model (Zhang et al.'s Lookahead with an EMA as
+// the slow weights, as airbench trains).
 // Create the Ema after moving the model to its device and dtype: the averages live next to the
 // weights. The update reads nothing from the host: decay_t comes from a count of updates kept on
 // the device, so the update can be captured in a CUDA graph (record_update then counts each replay
@@ -32,6 +34,9 @@ struct EmaOptions {
          "Use decay min(decay, (1 + t) / (10 + t)) so early averages are not stuck at init") = true;
   FT_KEY(int64_t, every, "Update the average every N optimizer steps (decay applied as decay^N)",
          at_least(1)) = 1;
+  FT_KEY(bool, lookahead,
+         "After each update, the model's weights become the average and training continues from there "
+         "(Lookahead: airbench's form of EMA; pair with every > 1)") = false;
 };
 
 class Ema {

@@ -1,5 +1,5 @@
 #pragma once
-// Optimizers built by name from a registry ("sgd", "adam", "adamw", and any a program registers),
+// Optimizers built by name from a registry ("sgd", "adam", "adamw", "muon", and any a program registers),
 // stepping on the device: the
 // learning rate is a 0-dim tensor, the step counts live on the parameters' device, and a
 // GradScaler's found-inf flag skips the update inside the kernels, so a step reads nothing back to
@@ -36,7 +36,7 @@
 
 namespace fasttrain {
 
-// The registered optimizers' names: "sgd", "adam", "adamw", then any a program added.
+// The registered optimizers' names: "sgd", "adam", "adamw", "muon", then any a program added.
 std::vector<std::string> optimizer_names();
 // The kernels optim.kernel accepts.
 const std::vector<std::string>& optimizer_kernel_names();
@@ -45,7 +45,7 @@ const std::vector<std::string>& optimizer_kernel_names();
 struct OptimizerOptions {
   FT_KEYS(OptimizerOptions);
   explicit OptimizerOptions(std::string name = "adam") : name_(std::move(name)) {}
-  FT_KEY(std::string, name, "Optimizer: sgd, adam, adamw, or one a program registered",
+  FT_KEY(std::string, name, "Optimizer: sgd, adam, adamw, muon, or one a program registered",
          one_of(optimizer_names));
   FT_KEY(double, lr, "Learning rate (the peak of one-cycle and cyclic schedules)", at_least(0)) = 1e-3;
   FT_KEY(double, momentum, "sgd momentum", below_one()) = 0.9;
@@ -55,6 +55,21 @@ struct OptimizerOptions {
   FT_KEY(double, beta1, "adam/adamw beta1", below_one()) = 0.9;
   FT_KEY(double, beta2, "adam/adamw beta2", below_one()) = 0.999;
   FT_KEY(double, eps, "adam/adamw epsilon", at_least(0)) = 1e-8;
+  FT_KEY(double, muon_momentum,
+         "muon momentum (the buffer is an EMA of the gradients, as torch.optim.Muon's)", below_one()) = 0.95;
+  FT_KEY(bool, muon_nesterov, "muon Nesterov momentum") = true;
+  FT_KEY(int64_t, muon_ns_steps, "muon Newton-Schulz iterations per update", at_least(1)) = 5;
+  FT_KEY(std::string, muon_adjust_lr,
+         "How muon scales lr per matrix [A, B]: match_rms_adamw (0.2 sqrt(max(A, B)): AdamW's lr and weight "
+         "decay carry over) or original (sqrt(max(1, A / B)), Keller Jordan's)",
+         one_of({"match_rms_adamw", "original"})) = "match_rms_adamw";
+  FT_KEY(
+      std::vector<std::string>, muon_exclude,
+      "muon: weight matrices whose names contain one of these strings step with AdamW instead (embeddings, "
+      "the classifier)") = {};
+  FT_KEY(double, muon_adamw_lr_scale,
+         "muon: lr multiplier of the parameters it steps with AdamW (biases, norms, muon_exclude)",
+         at_least(0)) = 1.0;
   FT_KEY(std::string, kernel,
          "How the optimizer steps on the device: fused (ATen's fused multi-tensor kernel, one launch per "
          "group; CUDA, and CPU from LibTorch 2.4), foreach (multi-tensor ops; every LibTorch) or auto (fused "
@@ -98,10 +113,14 @@ class Optimizer {
   double momentum() const;
 
   // ---- state, per parameter by name: what a checkpoint's optimizer.safetensors holds ----
-  // Field names of each parameter's state ("exp_avg", "exp_avg_sq" / "momentum_buffer") and
-  // whether it has a step count ("step": Adam's bias correction).
-  virtual const std::vector<std::string>& state_fields() const = 0;
-  virtual bool counts_steps() const = 0;
+  // Field names of the state of group `group`'s parameters ("exp_avg", "exp_avg_sq" /
+  // "momentum_buffer") and whether they have a step count ("step": Adam's bias correction). Groups
+  // may differ (muon: momentum buffers for its matrices, Adam's moments for the rest).
+  virtual const std::vector<std::string>& state_fields(size_t group) const = 0;
+  virtual bool counts_steps(size_t group) const = 0;
+  // Whether ZeRO may step this optimizer on flat shards of the parameters (an elementwise update);
+  // muon orthogonalises whole matrices, so it may not.
+  virtual bool steps_shards() const { return true; }
   // Whether parameter `index` of `group` has state (was stepped, or loaded).
   bool has_state(size_t group, size_t index) const;
   // Field `field` of that parameter's state, and its step count (0-dim fp32 on the device; undefined

@@ -47,6 +47,11 @@ struct TrainOptions {
          "evaluations only cost time)",
          at_least(0), KeyTrait::kNeutral) = 0;
   FT_KEY(
+      bool, eval_flip,
+      "Test-time augmentation: evaluate each image and its mirror image (flipped left-right) and score the "
+      "mean of the two outputs (images [N, C, H, W] only; for data whose labels survive a mirror)",
+      KeyTrait::kNeutral) = false;
+  FT_KEY(
       std::string, target,
       "A metric of the task reaching a value, \"METRIC >= VALUE\" or \"METRIC <= VALUE\" (\"rmse <= 0.5\"): "
       "its first crossing is time_to_target_s (\"\" = none)",

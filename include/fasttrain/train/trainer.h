@@ -229,8 +229,12 @@ class Trainer : private StepFunctions {
   double last_checkpoint_seconds() const { return last_checkpoint_seconds_; }
 
   // The task's metrics on `loader`, in eval mode without gradients, with the EMA weights when EMA is
-  // enabled; one host read. The model's mode and weights are as before afterwards.
+  // enabled (and, with train.eval_flip, on the mean of each image's and its mirror image's outputs);
+  // one host read. The model's mode and weights are as before afterwards.
   EvalResult evaluate(DataLoader& loader);
+  // A ConfigError naming train.eval_flip unless `batch` holds images it can mirror (what evaluate
+  // checks; the run layer checks it before training).
+  static void check_mirrorable(const Batch& batch);
 
   // LR range test (optim/lr_finder.h): optimizer steps on `loader` at rising LRs, then everything the
   // sweep changed put back (weights, buffers, optimizer state, EMA, the scaler, step counts, progress,

@@ -1,0 +1,183 @@
+// Muon (Keller Jordan's; torch.optim.Muon's arithmetic) for weight matrices, AdamW for the rest.
+// For a matrix W [A, B] with gradient G:
+//   M <- mu M + (1 - mu) G                          (torch.optim.Muon's buffer: an EMA, not a sum)
+//   U <- G + mu (M - G) if Nesterov, else M
+//   O <- NS5(U): U / |U|_F, then 5 quintic Newton-Schulz steps X <- a X + (b X X^T + c (X X^T)^2) X,
+//        in bf16, on the wide orientation (X X^T the smaller Gram matrix)
+//   W <- W (1 - lr wd) - lr s O,  s = 0.2 sqrt(max(A, B)) (match_rms_adamw) or sqrt(max(1, A / B))
+// Conv kernels [out, in, kh, kw] are orthogonalised as [out, in kh kw] (Keller's form; torch.optim.Muon
+// takes only 2-d parameters). Everything else (biases, norms, optim.muon_exclude) steps with AdamW at
+// lr x optim.muon_adamw_lr_scale. Each incoming group splits into a muon group and an AdamW group
+// with its weight decay, so a checkpoint names which is which by its state fields.
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "adam_update.h"
+#include "fasttrain/detail/compat.h"
+#include "fasttrain/optim/optimizer.h"
+#include "fasttrain/util/check.h"
+
+namespace fasttrain {
+
+namespace {
+
+// Keller Jordan's coefficients, torch.optim.Muon's defaults.
+constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315, kNsEps = 1e-7;
+
+bool steps_as_matrix(const std::string& name, const torch::Tensor& param, const OptimizerOptions& options) {
+  if (param.dim() < 2) return false;
+  for (const auto& excluded : options.muon_exclude()) {
+    if (name.find(excluded) != std::string::npos) return false;
+  }
+  return true;
+}
+
+// Each group's matrices, then its other parameters, as two groups with the group's weight decay.
+struct SplitGroups {
+  std::vector<ParamGroup> groups;
+  std::vector<bool> muon;  // per group
+};
+
+SplitGroups split(std::vector<ParamGroup> groups, const OptimizerOptions& options) {
+  SplitGroups out;
+  for (auto& group : groups) {
+    ParamGroup matrices{{}, {}, group.weight_decay}, others{{}, {}, group.weight_decay};
+    for (size_t i = 0; i < group.params.size(); ++i) {
+      ParamGroup& to = steps_as_matrix(group.names[i], group.params[i], options) ? matrices : others;
+      to.names.push_back(group.names[i]);
+      to.params.push_back(group.params[i]);
+    }
+    if (!matrices.params.empty()) out.groups.push_back(std::move(matrices)), out.muon.push_back(true);
+    if (!others.params.empty()) out.groups.push_back(std::move(others)), out.muon.push_back(false);
+  }
+  return out;
+}
+
+// U [A, B] -> its Newton-Schulz orthogonalisation (bf16, [A, B]): torch.optim.Muon's
+// _zeropower_via_newtonschulz.
+torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps) {
+  const bool tall = update.size(0) > update.size(1);
+  torch::Tensor x = update.to(torch::kBFloat16);
+  if (tall) x = x.t();  // [S, L]: X X^T is the smaller Gram matrix
+  x = x / x.norm().clamp_min(kNsEps);
+  for (int64_t k = 0; k < steps; ++k) {
+    const torch::Tensor gram = torch::mm(x, x.t());                         // [S, S]
+    const torch::Tensor poly = torch::addmm(gram, gram, gram, kNsB, kNsC);  // b G + c G G
+    x = torch::addmm(x, poly, x, kNsA);                                     // a X + P X
+  }
+  return tall ? x.t() : x;
+}
+
+// The lr multiplier of a matrix [A, B] (a conv kernel as [out, in kh kw]).
+double lr_adjustment(const torch::Tensor& param, const std::string& rule) {
+  const double a = static_cast<double>(param.size(0));
+  const double b = static_cast<double>(param.numel() / param.size(0));
+  return rule == "original" ? std::sqrt(std::max(1.0, a / b)) : 0.2 * std::sqrt(std::max(a, b));
+}
+
+enum : size_t { kMomentumBuffer = 0, kExpAvg = 0, kExpAvgSq = 1 };
+
+class Muon : public Optimizer {
+ public:
+  Muon(SplitGroups split, const OptimizerOptions& options)
+      : Optimizer(std::move(split.groups), options, "aten::_fused_adamw_", options.beta1()),
+        muon_(std::move(split.muon)) {}
+
+  const std::vector<std::string>& state_fields(size_t group) const override {
+    static const std::vector<std::string> buffer = {"momentum_buffer"}, moments = {"exp_avg", "exp_avg_sq"};
+    return muon_[group] ? buffer : moments;
+  }
+  bool counts_steps(size_t group) const override { return !muon_[group]; }
+  bool steps_shards() const override { return false; }
+
+  nlohmann::json group_options(size_t group) const override {
+    if (muon_[group]) {
+      return {{"lr", options().lr()},
+              {"momentum", muon_momentum_},
+              {"nesterov", options().muon_nesterov()},
+              {"ns_steps", options().muon_ns_steps()},
+              {"adjust_lr_fn", options().muon_adjust_lr()},
+              {"weight_decay", weight_decay_of(group)}};
+    }
+    return detail::adam_group_options(options().lr() * options().muon_adamw_lr_scale(),
+                                      adamw_hyperparameters(group));
+  }
+
+  void set_group_options(size_t group, const nlohmann::json& j) override {
+    FT_CHECK(j.contains("momentum") == muon_[group],
+             "optimizer state group {} was saved as {} but is {} here (optim.muon_exclude changed?)", group,
+             j.contains("momentum") ? "a muon group" : "an AdamW group", muon_[group] ? "muon's" : "AdamW's");
+    if (muon_[group]) {
+      muon_momentum_ = j.at("momentum").get<double>();
+    } else {
+      const detail::AdamHyperparameters saved = detail::read_adam_group_options(j, "muon's AdamW", true);
+      set_momentum(saved.beta1);
+      beta2_ = saved.beta2;
+      eps_ = saved.eps;
+    }
+    set_weight_decay(group, j.at("weight_decay").get<double>());
+  }
+
+ protected:
+  void update_fused(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
+                    const torch::Tensor& found_inf) override {
+    if (muon_[g]) {
+      // No fused kernel to skip on the device: read the flag here (one synchronisation).
+      if (!found_inf.defined() || found_inf.item<double>() == 0) update_matrices(g, with_grad, lr);
+      return;
+    }
+    detail::adam_fused(gather_params(g, with_grad), gather_grads(g, with_grad), gather(g, kExpAvg, with_grad),
+                       gather(g, kExpAvgSq, with_grad), gather_steps(g, with_grad), fused_lr(adamw_lr(lr)),
+                       adamw_hyperparameters(g), found_inf);
+  }
+
+  void update_foreach(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr) override {
+    if (muon_[g]) return update_matrices(g, with_grad, lr);
+    detail::adam_foreach(gather_params(g, with_grad), gather_grads(g, with_grad),
+                         gather(g, kExpAvg, with_grad), gather(g, kExpAvgSq, with_grad),
+                         gather_steps(g, with_grad), adamw_lr(lr), adamw_hyperparameters(g));
+  }
+
+ private:
+  void update_matrices(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr) {
+    const double mu = muon_momentum_, weight_decay = weight_decay_of(g);
+    const torch::Tensor lr64 = lr.to(torch::kDouble);
+    for (size_t i : with_grad) {
+      const torch::Tensor& param = groups()[g].params[i];
+      const torch::Tensor grad = param.grad();
+      const torch::Tensor& buffer = state(g, kMomentumBuffer, i);
+      buffer.lerp_(grad, 1 - mu);
+      const torch::Tensor update = options().muon_nesterov() ? grad.lerp(buffer, mu) : buffer;
+      const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]
+      const torch::Tensor orthogonal = newton_schulz(matrix, options().muon_ns_steps()).view_as(update);
+      if (weight_decay != 0) param.mul_((1 - lr64 * weight_decay).to(param.scalar_type()));
+      const double adjustment = lr_adjustment(param, options().muon_adjust_lr());
+      param.sub_(orthogonal.to(param.scalar_type()) * (lr64 * adjustment).to(param.scalar_type()));
+    }
+  }
+
+  torch::Tensor adamw_lr(const torch::Tensor& lr) const {
+    const double scale = options().muon_adamw_lr_scale();
+    return scale == 1.0 ? lr : lr * scale;
+  }
+  detail::AdamHyperparameters adamw_hyperparameters(size_t g) const {
+    return {momentum(), beta2_, eps_, weight_decay_of(g), /*decoupled=*/true};
+  }
+
+  std::vector<bool> muon_;  // per group: stepped by Newton-Schulz (else AdamW)
+  double muon_momentum_ = options().muon_momentum();
+  double beta2_ = options().beta2();
+  double eps_ = options().eps();
+};
+
+}  // namespace
+
+OptimizerRecipe muon_recipe() {
+  return {[](const OptimizerOptions& options) { return options.beta1(); },
+          [](std::vector<ParamGroup> groups, const OptimizerOptions& options) -> std::unique_ptr<Optimizer> {
+            return std::make_unique<Muon>(split(std::move(groups), options), options);
+          }};
+}
+
+}  // namespace fasttrain
