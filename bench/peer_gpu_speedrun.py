@@ -239,6 +239,41 @@ def param_groups(model, weight_decay):
     return groups
 
 
+class MuonAndAdamW(torch.optim.Optimizer):
+    """fasttrain's optim.name = "muon" (src/optim/muon.cpp) with its defaults: torch.optim.Muon's own
+    functions (_zeropower_via_newtonschulz, _adjust_lr "match_rms_adamw") on each parameter with dim > 1, a
+    conv kernel as [out, in * kh * kw] (torch.optim.Muon itself takes 2-d parameters only), momentum 0.95,
+    Nesterov, 5 iterations, decoupled weight decay; AdamW (betas (0.9, 0.999), eps 1e-8, no decay) for the
+    rest at the same lr. Group 0 is the matrices, group 1 the rest: the loop sets each group's lr."""
+
+    def __init__(self, model, lr, weight_decay):
+        groups = param_groups(model, weight_decay)
+        super().__init__(groups, {"lr": lr})
+        self.adamw = torch.optim.AdamW([{"params": groups[1]["params"], "weight_decay": 0.0}], lr=lr,
+                                       betas=(0.9, 0.999), eps=1e-8, foreach=True)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        from torch.optim._muon import _adjust_lr, _zeropower_via_newtonschulz
+        matrices, rest = self.param_groups
+        lr, wd, momentum = matrices["lr"], matrices["weight_decay"], 0.95
+        for p in matrices["params"]:
+            if p.grad is None:
+                continue
+            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+            buf.lerp_(p.grad, 1 - momentum)
+            update = p.grad.lerp(buf, momentum)  # Nesterov
+            flat = update.reshape(update.shape[0], -1)
+            ortho = _zeropower_via_newtonschulz(flat, (3.4445, -4.7750, 2.0315), 5, 1e-7).reshape(p.shape)
+            p.mul_(1 - lr * wd)
+            p.add_(ortho, alpha=-_adjust_lr(lr, "match_rms_adamw", flat.shape))
+        self.adamw.param_groups[0]["lr"] = rest["lr"]
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none=True):
+        super().zero_grad(set_to_none=set_to_none)
+
+
 # ---- timing -----------------------------------------------------------------------------------
 class Marks:
     """Points on the device's timeline: CUDA events recorded on the current stream (no synchronisation), or
@@ -314,6 +349,8 @@ class Job:
         return periodic or (loop_ends and (step >= a.eval_from or step >= a.max_steps))
 
     def optimizer(self, lr, capturable=False):
+        if self.args.optimizer == "muon":
+            return MuonAndAdamW(self.model, lr, self.args.weight_decay)
         fused = self.device.type == "cuda" or self.args.fused_cpu
         extra = {"capturable": True} if capturable else {}
         if fused:
@@ -505,6 +542,8 @@ def main():
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=1000)
     p.add_argument("--max-steps", type=int, default=700)
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="optim.name: muon as fasttrain's (MuonAndAdamW; eager and compile modes)")
     p.add_argument("--lr", type=float, default=6e-3)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--pct-start", type=float, default=0.25)
@@ -530,6 +569,8 @@ def main():
         device = torch.device("cuda", torch.cuda.current_device())
     if args.mode == "graph" and device.type != "cuda":
         sys.exit("--mode graph captures a CUDA graph: it needs --device cuda (eager and compile also run on the CPU)")
+    if args.mode == "graph" and args.optimizer == "muon":
+        sys.exit("--optimizer muon runs in eager and compile modes (MuonAndAdamW is not capturable)")
     if args.mode == "graph" and args.graph_warmup_steps < 1:
         p.error("--graph-warmup-steps must be >= 1 (capture needs warmed-up kernels and optimizer state)")
     if args.graph_warmup_steps >= args.max_steps and args.mode == "graph":
