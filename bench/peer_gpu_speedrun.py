@@ -244,13 +244,20 @@ class MuonAndAdamW(torch.optim.Optimizer):
     functions (_zeropower_via_newtonschulz, _adjust_lr "match_rms_adamw") on each parameter with dim > 1, a
     conv kernel as [out, in * kh * kw] (torch.optim.Muon itself takes 2-d parameters only), momentum 0.95,
     Nesterov, 5 iterations, decoupled weight decay; AdamW (betas (0.9, 0.999), eps 1e-8, no decay) for the
-    rest at the same lr. Group 0 is the matrices, group 1 the rest: the loop sets each group's lr."""
+    rest at the same lr, and for the matrices whose names contain one of `exclude` (optim.muon_exclude).
+    Group 0 is muon's matrices, group 1 the rest: the loop sets each group's lr."""
 
-    def __init__(self, model, lr, weight_decay):
-        groups = param_groups(model, weight_decay)
-        super().__init__(groups, {"lr": lr})
-        self.adamw = torch.optim.AdamW([{"params": groups[1]["params"], "weight_decay": 0.0}], lr=lr,
-                                       betas=(0.9, 0.999), eps=1e-8, foreach=True)
+    def __init__(self, model, lr, weight_decay, exclude=()):
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        matrices = [p for n, p in named if p.dim() > 1 and not any(e in n for e in exclude)]
+        excluded = [p for n, p in named if p.dim() > 1 and any(e in n for e in exclude)]
+        rest = [p for n, p in named if p.dim() <= 1]
+        super().__init__([{"params": matrices, "weight_decay": weight_decay},
+                          {"params": excluded + rest, "weight_decay": 0.0}], {"lr": lr})
+        # optim.muon_exclude's matrices keep their weight decay under AdamW (muon.cpp splits each group).
+        self.adamw = torch.optim.AdamW([{"params": excluded, "weight_decay": weight_decay},
+                                        {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.999),
+                                       eps=1e-8, foreach=True)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -267,7 +274,8 @@ class MuonAndAdamW(torch.optim.Optimizer):
             ortho = _zeropower_via_newtonschulz(flat, (3.4445, -4.7750, 2.0315), 5, 1e-7).reshape(p.shape)
             p.mul_(1 - lr * wd)
             p.add_(ortho, alpha=-_adjust_lr(lr, "match_rms_adamw", flat.shape))
-        self.adamw.param_groups[0]["lr"] = rest["lr"]
+        for group in self.adamw.param_groups:
+            group["lr"] = rest["lr"]
         self.adamw.step()
 
     def zero_grad(self, set_to_none=True):
@@ -350,7 +358,7 @@ class Job:
 
     def optimizer(self, lr, capturable=False):
         if self.args.optimizer == "muon":
-            return MuonAndAdamW(self.model, lr, self.args.weight_decay)
+            return MuonAndAdamW(self.model, lr, self.args.weight_decay, self.args.muon_exclude)
         fused = self.device.type == "cuda" or self.args.fused_cpu
         extra = {"capturable": True} if capturable else {}
         if fused:
@@ -544,6 +552,7 @@ def main():
     p.add_argument("--max-steps", type=int, default=700)
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
                    help="optim.name: muon as fasttrain's (MuonAndAdamW; eager and compile modes)")
+    p.add_argument("--muon-exclude", nargs="*", default=[], help="optim.muon_exclude (names, e.g. classifier.0)")
     p.add_argument("--lr", type=float, default=6e-3)
     p.add_argument("--weight-decay", type=float, default=5e-4)
     p.add_argument("--pct-start", type=float, default=0.25)

@@ -27,7 +27,7 @@ def run_seed(opts, seed):
     command = [os.path.join(ROOT, opts.build, "bin", "fasttrain"), "train", opts.config, "--set",
                f"train.seed={seed}", "--set", "train.stop_at_target=false", "--set",
                f"train.eval_every_steps={opts.every}", "--set", f"train.eval_from_step={opts.eval_from}",
-               "--set", f"run.name={name}", "--set", "log.progress=none"]
+               "--set", f"run.name={name}", "--set", "log.progress=none", "--fresh"]
     for setting in opts.set:
         command += ["--set", setting]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
