@@ -120,10 +120,17 @@ void Model::to_channels_last() const {
 
 void to_channels_last(torch::nn::Module& module) {
   torch::NoGradGuard no_grad;
+  // Into channels_last's own strides, even where a size-1 dimension makes the tensor count as
+  // channels_last already (a conv over one input channel: contiguous() would keep [9, 9, 3, 1]): the
+  // conv kernels write its gradient with those strides, and DDP lays its bucket views out as the
+  // parameter's, so they must agree (else the reducer warns and copies every step).
   auto convert = [](torch::Tensor& tensor) {
-    if (tensor.defined() && tensor.dim() == 4) {
-      tensor.set_data(tensor.data().contiguous(torch::MemoryFormat::ChannelsLast));
-    }
+    if (!tensor.defined() || tensor.dim() != 4) return;
+    torch::Tensor laid_out =
+        torch::empty(tensor.sizes(), tensor.options().memory_format(torch::MemoryFormat::ChannelsLast));
+    if (tensor.strides() == laid_out.strides()) return;
+    laid_out.copy_(tensor.data());
+    tensor.set_data(laid_out);
   };
   for (auto& parameter : module.parameters()) convert(parameter);
   for (auto& buffer : module.buffers()) convert(buffer);

@@ -95,6 +95,19 @@ TEST(Models, ChannelsLastComputesTheSameFunctionAndGradients) {
       EXPECT_TRUE(torch::allclose(pa[i].grad(), pb[i].grad(), 1e-3, 1e-4)) << "parameter " << i;
     }
   }
+  // Over one input channel a kernel counts as channels_last in either layout; it gets channels_last's own
+  // strides, those its gradient comes with (what DDP's bucket views need: tests/dist, the stride warning).
+  torch::manual_seed(7);
+  Model gray = make_cnn(CnnOptions().widths({8}), DataShape::images(1, 8, 8, 4));
+  gray.to_channels_last();
+  for (const auto& p : gray.module().parameters()) {
+    if (p.dim() != 4) continue;
+    const auto expected =
+        torch::empty(p.sizes(), torch::TensorOptions().memory_format(torch::MemoryFormat::ChannelsLast));
+    EXPECT_EQ(p.strides(), expected.strides()) << p.sizes();
+    forward(gray, torch::randn({2, 1, 8, 8}).contiguous(torch::MemoryFormat::ChannelsLast)).sum().backward();
+    EXPECT_EQ(p.grad().strides(), p.strides()) << "the gradient's layout is the parameter's";
+  }
   // A model without 4-d weights: the switch says what is missing.
   EXPECT_TRUE(contains_all(error_message([&] { make_mlp(MlpOptions(), shape).to_channels_last(); }),
                            {"train.channels_last", "4-d"}));
