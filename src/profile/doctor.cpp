@@ -176,6 +176,18 @@ std::vector<Finding> mixed_precision(const DoctorContext& c) {
                    c.compare("mixed_precision", bf16, kSwitchSpeedup), "with bf16 autocast");
 }
 
+std::vector<Finding> bf16_slower(const DoctorContext& c) {
+  if (c.cuda || c.config.train.precision() != "bf16" || !c.hardware.native_bf16()) return {};
+  // Native bf16 can still lose on a CPU: where the time goes to pointwise work, autocast's casts cost
+  // more than the bf16 matmuls save (the GPT with ATen's kernels on an AMX Xeon, issue P4).
+  Config fp32 = c.config;
+  fp32.train.precision("fp32");
+  return if_faster("bf16_slower",
+                   "Train in fp32 (train.precision = \"fp32\"): bf16 autocast is slower than fp32 here, "
+                   "although this CPU runs bfloat16 natively",
+                   c.compare("bf16_slower", fp32, kSwitchSpeedup), "in fp32");
+}
+
 std::vector<Finding> thread_contention(const DoctorContext& c) {
   if (c.cuda || c.threads <= 1 || c.blas.threads <= 0 || c.threads + c.blas.threads <= c.cores) return {};
   // Either pool can give way: one OpenMP thread, or one BLAS thread; the better one is reported.
@@ -418,6 +430,8 @@ Registry<DoctorRule>& doctor_rules() {
           emulated_bf16);
     r.add("mixed_precision", "bf16 autocast gives >= 1.15x where the hardware runs bf16 natively",
           mixed_precision);
+    r.add("bf16_slower", "CPU: bf16 autocast on a CPU with native bfloat16, and fp32 gives >= 1.15x",
+          bf16_slower);
     r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);

@@ -82,6 +82,14 @@ std::vector<RuleCase> rule_cases() {
        },
        Severity::kMedium,
        {"train.precision = \"bf16\"", "1.60x"}},
+      {"bf16_slower",
+       [](Case& c) {
+         c.context.hardware.cpu_native_bf16 = true;
+         c.context.config.train.precision("bf16");
+         c.speedups["bf16_slower"] = 1.3;
+       },
+       Severity::kMedium,
+       {"train.precision = \"fp32\"", "slower than fp32", "in fp32", "1.30x"}},
       {"thread_contention",
        [](Case& c) {
          c.context.blas = BlasLibrary{"OpenBLAS", 2, 2};
@@ -180,13 +188,19 @@ TEST(DoctorRules, EachStaysQuietOnACleanRun) {
 }
 
 TEST(DoctorRules, ASpeedupUnderTheThresholdIsNoFinding) {
-  for (const std::string rule : {"small_batch", "mixed_precision", "channels_last", "own_kernels"}) {
+  for (const std::string rule :
+       {"small_batch", "mixed_precision", "channels_last", "own_kernels", "bf16_slower"}) {
     Case c;
     c.context.hardware.cpu_native_bf16 = true;
     c.context.conv_net = true;
     c.context.config.train.channels_last(false);
     if (rule == "own_kernels") c.context.config.model.select("gpt").as<GptOptions>().kernels("aten");
-    c.speedups = {{"batch_x4", 1.4}, {"mixed_precision", 1.1}, {"channels_last", 1.1}, {"own_kernels", 1.1}};
+    if (rule == "bf16_slower") c.context.config.train.precision("bf16");
+    c.speedups = {{"batch_x4", 1.4},
+                  {"mixed_precision", 1.1},
+                  {"channels_last", 1.1},
+                  {"own_kernels", 1.1},
+                  {"bf16_slower", 1.1}};
     EXPECT_TRUE(c.run(rule).empty()) << rule;
     EXPECT_FALSE(c.compared.empty()) << rule << ": the rule measured nothing";
   }
