@@ -150,7 +150,7 @@ class Muon : public Optimizer {
       buffer.lerp_(grad, 1 - mu);
       const torch::Tensor update = options().muon_nesterov() ? grad.lerp(buffer, mu) : buffer;
       const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]
-      const torch::Tensor orthogonal = newton_schulz(matrix, options().muon_ns_steps()).view_as(update);
+      const torch::Tensor orthogonal = newton_schulz(matrix, options().muon_ns_steps()).reshape(update.sizes());
       if (weight_decay != 0) param.mul_((1 - lr64 * weight_decay).to(param.scalar_type()));
       const double adjustment = lr_adjustment(param, options().muon_adjust_lr());
       param.sub_(orthogonal.to(param.scalar_type()) * (lr64 * adjustment).to(param.scalar_type()));

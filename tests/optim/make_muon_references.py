@@ -7,9 +7,9 @@ Regenerate (needs PyTorch 2.9 or later for torch.optim.Muon: the pinned .venv of
 
     .venv/bin/python tests/optim/make_muon_references.py
 
-Parameters: a tall matrix [6, 4], a wide one [3, 7], a conv kernel [4, 2, 3, 3] (torch.optim.Muon takes
-2-d parameters only, so it steps the kernel as [4, 18], which is how fasttrain orthogonalises it), and a
-bias [5] that muon leaves to AdamW without weight decay. Gradients and the learning rate change every
+Parameters: a tall matrix [6, 4], a wide one [3, 7], conv kernels [4, 2, 3, 3] and [12, 1, 2, 2]
+(torch.optim.Muon takes 2-d parameters only, so it steps them as [4, 18] and [12, 4], which is how
+fasttrain orthogonalises them), and a bias [5] that muon leaves to AdamW without weight decay. Gradients and the learning rate change every
 step; the matrices decay with weight_decay 0.1.
 """
 import json
@@ -17,7 +17,8 @@ import os
 
 import torch
 
-SHAPES = {"tall.weight": [6, 4], "wide.weight": [3, 7], "conv.weight": [4, 2, 3, 3], "head.bias": [5]}
+SHAPES = {"tall.weight": [6, 4], "wide.weight": [3, 7], "conv.weight": [4, 2, 3, 3], "tallconv.weight": [12, 1, 2, 2],
+          "head.bias": [5]}
 LRS = [0.02, 0.01, 0.015]
 CASES = [
     {"muon_adjust_lr": "original", "muon_nesterov": True, "muon_momentum": 0.95, "muon_ns_steps": 5},
