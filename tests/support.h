@@ -11,6 +11,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -134,6 +135,14 @@ inline std::string write_text_corpus(const TempDir& dir) {
     for (int f = 0; f < 1 + i % 7; ++f) out << "def f" << f << "(x):\n    return x + " << f << "\n\n";
   }
   return root;
+}
+
+// tests/<relative>, a reference file kept beside its test (written by a script there), parsed.
+inline nlohmann::json read_reference_json(const std::string& relative) {
+  const std::string path = std::string(FASTTRAIN_SOURCE_DIR) + "/tests/" + relative;
+  std::ifstream file(path);
+  EXPECT_TRUE(file.is_open()) << "cannot open " << path;
+  return nlohmann::json::parse(file);
 }
 
 inline std::string read_text(const std::string& path) {

@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -12,16 +11,10 @@
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/state/optimizer_state.h"
 #include "fasttrain/util/check.h"
+#include "support.h"
 
 namespace fasttrain {
 namespace {
-
-nlohmann::json load_references() {
-  const std::string path = std::string(FASTTRAIN_SOURCE_DIR) + "/tests/optim/muon_references.json";
-  std::ifstream file(path);
-  EXPECT_TRUE(file.good()) << "cannot open " << path;
-  return nlohmann::json::parse(file);
-}
 
 torch::Tensor from_json(const nlohmann::json& values, const nlohmann::json& shape) {
   const auto flat = values.get<std::vector<double>>();
@@ -66,7 +59,7 @@ constexpr double kTolerance = 3e-3;
 #endif
 
 TEST(Muon, MatchesTorchOptimMuonAndAdamWOverThreeSteps) {
-  const nlohmann::json references = load_references();
+  const nlohmann::json references = testing::read_reference_json("optim/muon_references.json");
   const auto& shapes = references.at("shapes");
   for (const auto& kernel : kernels()) {
     for (const auto& c : references.at("cases")) {

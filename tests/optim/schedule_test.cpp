@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -13,16 +12,10 @@
 #include <string>
 
 #include "fasttrain/util/check.h"
+#include "support.h"
 
 namespace fasttrain {
 namespace {
-
-nlohmann::json load_references() {
-  const std::string path = std::string(FASTTRAIN_SOURCE_DIR) + "/tests/optim/schedule_references.json";
-  std::ifstream file(path);
-  EXPECT_TRUE(file.is_open()) << "cannot open " << path;
-  return nlohmann::json::parse(file);
-}
 
 ScheduleOptions options_from_json(const std::string& name, const nlohmann::json& json) {
   ScheduleOptions o(name);
@@ -70,7 +63,7 @@ void expect_close(double actual, double expected, double scale, const std::strin
 }
 
 TEST(Schedule, MatchesPyTorchReferences) {
-  const nlohmann::json references = load_references();
+  const nlohmann::json references = testing::read_reference_json("optim/schedule_references.json");
   std::map<std::string, int> cases_per_schedule;
   int momentum_cases = 0, adam_momentum_cases = 0;
   for (const auto& c : references.at("cases")) {
