@@ -142,17 +142,22 @@ class Muon : public Optimizer {
  private:
   void update_matrices(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr) {
     const double mu = muon_momentum_, weight_decay = weight_decay_of(g);
+    const bool nesterov = options().muon_nesterov();
+    const int64_t ns_steps = options().muon_ns_steps();
+    const std::string& adjust_rule = options().muon_adjust_lr();
     const torch::Tensor lr64 = lr.to(torch::kDouble);
+    // The group's decay factor once, not per matrix: these small updates are bound by operator dispatch.
+    const torch::Tensor decay = weight_decay != 0 ? 1 - lr64 * weight_decay : torch::Tensor();
     for (size_t i : with_grad) {
       const torch::Tensor& param = groups()[g].params[i];
       const torch::Tensor grad = param.grad();
       const torch::Tensor& buffer = state(g, kMomentumBuffer, i);
       buffer.lerp_(grad, 1 - mu);
-      const torch::Tensor update = options().muon_nesterov() ? grad.lerp(buffer, mu) : buffer;
+      const torch::Tensor update = nesterov ? grad.lerp(buffer, mu) : buffer;
       const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]
-      const torch::Tensor orthogonal = newton_schulz(matrix, options().muon_ns_steps()).reshape(update.sizes());
-      if (weight_decay != 0) param.mul_((1 - lr64 * weight_decay).to(param.scalar_type()));
-      const double adjustment = lr_adjustment(param, options().muon_adjust_lr());
+      const torch::Tensor orthogonal = newton_schulz(matrix, ns_steps).reshape(update.sizes());
+      if (decay.defined()) param.mul_(decay.to(param.scalar_type()));
+      const double adjustment = lr_adjustment(param, adjust_rule);
       param.sub_(orthogonal.to(param.scalar_type()) * (lr64 * adjustment).to(param.scalar_type()));
     }
   }
