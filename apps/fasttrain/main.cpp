@@ -78,8 +78,10 @@ class Train : public Subcommand {
     // effective config goes to RUN_DIR/config.toml (`fasttrain config` prints it), not the terminal.
     const std::optional<fasttrain::DistEnv> job = fasttrain::DistEnv::from_environment();
     const bool rank0 = !job || job->rank == 0;
-    // SIGINT/SIGTERM: the run stops after the micro-batch in flight and saves a checkpoint.
+    // SIGINT/SIGTERM and checkpoint.preempt_signal: the run stops after the micro-batch in flight and
+    // saves a checkpoint.
     fasttrain::StopSignals stop_signals;
+    stop_signals.also_stop_on(cfg.checkpoint.preempt_signal());
     fasttrain::FitSummary summary;
     try {
       summary = fasttrain::train_run(cfg, run_dir, fasttrain::RunOptions(options_).reporter(console(cfg)));

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <thread>
 
@@ -27,25 +28,26 @@ void remember_signal(int signal) {
   forwarded_signal = signal;
 }
 
-// SIGINT/SIGTERM handlers for the launcher's lifetime; the previous ones come back afterwards.
+// The signals the launcher passes on to its ranks: the stop signals, and the pre-emption warnings a
+// scheduler may send (checkpoint.preempt_signal). HUP is left alone: a closed terminal ends the launcher.
+constexpr int kForwarded[] = {SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
+
+// Handlers for the launcher's lifetime; the previous ones come back afterwards.
 class SignalCapture {
  public:
   SignalCapture() {
     struct sigaction action {};
     action.sa_handler = remember_signal;
     sigemptyset(&action.sa_mask);
-    sigaction(SIGINT, &action, &previous_int_);
-    sigaction(SIGTERM, &action, &previous_term_);
+    for (size_t i = 0; i < std::size(kForwarded); ++i) sigaction(kForwarded[i], &action, &previous_[i]);
     forwarded_signal = 0;
   }
   ~SignalCapture() {
-    sigaction(SIGINT, &previous_int_, nullptr);
-    sigaction(SIGTERM, &previous_term_, nullptr);
+    for (size_t i = 0; i < std::size(kForwarded); ++i) sigaction(kForwarded[i], &previous_[i], nullptr);
   }
 
  private:
-  struct sigaction previous_int_ {};
-  struct sigaction previous_term_ {};
+  struct sigaction previous_[std::size(kForwarded)]{};
 };
 
 int exit_code_of(int status) {
@@ -94,8 +96,7 @@ pid_t start_rank(const LaunchOptions& options, const std::vector<std::string>& c
   setpgid(0, 0);
   prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (getppid() != launcher) _exit(125);  // the launcher died before prctl
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
+  for (int forwarded : kForwarded) signal(forwarded, SIG_DFL);
   setenv("RANK", std::to_string(rank).c_str(), 1);
   setenv("LOCAL_RANK", std::to_string(rank).c_str(), 1);
   setenv("WORLD_SIZE", std::to_string(options.nproc()).c_str(), 1);

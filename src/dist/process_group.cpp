@@ -4,6 +4,15 @@
 #endif
 #include "fasttrain/dist/process_group.h"
 
+#include <arpa/inet.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <mutex>
 // Against PyTorch 2.x's wheel, which ships no Gloo headers, ProcessGroupGloo.hpp is compiled with
@@ -61,6 +70,63 @@ std::shared_ptr<::gloo::transport::Device> gloo_device(const std::string& master
     return c10d::ProcessGroupGloo::createDeviceForInterface(*interface);
   if (is_loopback(master_addr)) return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+// The IPv4 address this rank's Gloo traffic leaves from: GLOO_SOCKET_IFNAME's, else the one the route
+// to the master takes (a UDP "connect" sends nothing). "" where neither can be read.
+std::string local_address(const std::string& master_addr) {
+  if (auto interface = env_text("GLOO_SOCKET_IFNAME")) {
+    ifaddrs* all = nullptr;
+    if (getifaddrs(&all) != 0) return "";
+    std::string found;
+    for (ifaddrs* at = all; at != nullptr && found.empty(); at = at->ifa_next) {
+      if (at->ifa_addr == nullptr || at->ifa_addr->sa_family != AF_INET || *interface != at->ifa_name)
+        continue;
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(at->ifa_addr)->sin_addr, text, sizeof text);
+      found = text;
+    }
+    freeifaddrs(all);
+    return found;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* master = nullptr;
+  if (getaddrinfo(master_addr.c_str(), "9", &hints, &master) != 0) return "";
+  std::string found;
+  const int probe = socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in local{};
+  socklen_t length = sizeof local;
+  if (probe >= 0 && connect(probe, master->ai_addr, master->ai_addrlen) == 0 &&
+      getsockname(probe, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+    char text[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+    found = text;
+  }
+  if (probe >= 0) close(probe);
+  freeaddrinfo(master);
+  return found;
+}
+
+// "node3 (10.0.0.3)": this machine's name and the address its ranks talk from.
+std::string describe_host(const std::string& master_addr) {
+  char name[256] = {};
+  gethostname(name, sizeof name - 1);
+  const std::string address = local_address(master_addr);
+  return address.empty() ? std::string(name) : fmt::format("{} ({})", name, address);
+}
+
+// Every rank's host, through the store: read at the start, when every rank is still there to answer.
+std::vector<std::string> exchange_hosts(c10d::Store& store, int rank, int world_size,
+                                        const std::string& mine) {
+  store.set("fasttrain/host/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> hosts;
+  for (int other = 0; other < world_size; ++other) {
+    const std::vector<uint8_t> bytes = store.get("fasttrain/host/" + std::to_string(other));
+    hosts.emplace_back(bytes.begin(), bytes.end());
+  }
+  return hosts;
 }
 
 int64_t bytes_of(const torch::Tensor& tensor) {
@@ -137,6 +203,22 @@ std::optional<DistEnv> DistEnv::from_environment() {
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
+  std::vector<std::string> hosts;  // rank r's host: "node3 (10.0.0.3)"
+
+  // The other ranks whose address a Gloo error names ("Read error [10.0.0.2]:18070: ..."), as "rank 1
+  // on node2 (10.0.0.2)" (ranks sharing a machine: "rank 1 ... or rank 2 ..."); "" for none.
+  std::string peers_named_in(const std::string& message, int self) const {
+    std::vector<std::string> named;
+    for (size_t rank = 0; rank < hosts.size(); ++rank) {
+      if (static_cast<int>(rank) == self) continue;
+      const size_t open = hosts[rank].rfind(" (");
+      if (open == std::string::npos) continue;
+      const std::string address = hosts[rank].substr(open + 2, hosts[rank].size() - open - 3);
+      if (message.find("[" + address + "]") != std::string::npos)
+        named.push_back(fmt::format("rank {} on {}", rank, hosts[rank]));
+    }
+    return fmt::format("{}", fmt::join(named, " or "));
+  }
 };
 
 std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const DistOptions& options) {
@@ -171,6 +253,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
                                                             gloo_options);
     result->impl_->group =
         compat::gloo_process_group<c10d::ProcessGroup>(result->impl_->store, env.rank, env.world_size, gloo);
+    result->impl_->hosts =
+        exchange_hosts(*result->impl_->store, env.rank, env.world_size, describe_host(env.master_addr));
   } catch (const std::exception& error) {
     std::string message = error.what();
     message = message.substr(0, message.find("\nException raised from"));
@@ -187,6 +271,12 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
 
 ProcessGroup::~ProcessGroup() = default;
 
+std::string ProcessGroup::host(int rank) const {
+  return rank >= 0 && static_cast<size_t>(rank) < impl_->hosts.size()
+             ? impl_->hosts[static_cast<size_t>(rank)]
+             : "an unknown host";
+}
+
 const c10::intrusive_ptr<c10d::ProcessGroup>& ProcessGroup::c10d_group() const {
   return impl_->group;
 }
@@ -197,10 +287,12 @@ void ProcessGroup::guard(const char* what, const std::function<void()>& work) {
   } catch (const std::exception& error) {
     std::string message = error.what();
     message = message.substr(0, message.find("\nException raised from"));
+    const std::string peers = impl_->peers_named_in(message, rank_);
     FT_FAIL(
-        "rank {} of {}: {} failed: {}. Another rank probably exited or hung (see its log; the launcher "
-        "stops the others); collectives wait at most dist.timeout_s = {} s",
-        rank_, size_, what, message, timeout_.count() / 1000.0);
+        "rank {} of {} on {}: {} failed: {}{}. Another rank probably exited or hung (see its log; the "
+        "launcher stops the others); collectives wait at most dist.timeout_s = {} s",
+        rank_, size_, host(rank_), what, message, peers.empty() ? "" : " (that is " + peers + ")",
+        timeout_.count() / 1000.0);
   }
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 
@@ -72,6 +73,31 @@ void resolve_threads(AutoResolution& resolved, const Hardware& hardware, int pro
   }
 }
 
+namespace {
+
+// train.fp32_precision = "bf16" is oneDNN's, on the CPU, from LibTorch 2.9. oneDNN 3.10 (LibTorch 2.11)
+// takes the hint on AMX only: on AVX512-BF16 it still picks its fp32 avx512_core kernels (ONEDNN_VERBOSE
+// shows "attr-fpmath:bf16" on them): the switch only moves the fp32 matmuls from the BLAS to oneDNN.
+void check_fp32_precision(AutoResolution& resolved, const Hardware& hardware) {
+  if (resolved.config.train.fp32_precision() != "bf16") return;
+  FT_CONFIG_CHECK(hardware.device.is_cpu(),
+                  "train.fp32_precision = \"bf16\" sets the arithmetic of the CPU's oneDNN kernels; on {} "
+                  "use train.tf32 (TF32 tensor cores for fp32 matmuls and convolutions)",
+                  hardware.device.str());
+  FT_CONFIG_CHECK(compat::has_cpu_fp32_precision(),
+                  "train.fp32_precision = \"bf16\" needs LibTorch >= 2.9 (this is {}): set it to \"ieee\", "
+                  "or train.precision = \"bf16\" for autocast",
+                  compat::torch_version());
+  if (!hardware.cpu_amx_bf16) {
+    resolved.warnings.push_back(
+        "train.fp32_precision = \"bf16\" on a CPU without AMX-BF16: oneDNN keeps fp32 arithmetic here (its "
+        "own fp32 kernels run the matmuls instead of the BLAS's: other rounding, no bf16); train.precision "
+        "= \"bf16\" autocasts instead");
+  }
+}
+
+}  // namespace
+
 void resolve_precision(AutoResolution& resolved, const Hardware& hardware) {
   TrainConfig& train = resolved.config.train;
   if (train.precision() == "auto") {
@@ -84,6 +110,7 @@ void resolve_precision(AutoResolution& resolved, const Hardware& hardware) {
         "op is emulated, 16x slower than fp32 for the main job on an AVX2 CPU (BENCHMARKS.md "
         "\"Hardware-aware defaults\"); set train.precision = \"auto\" or \"fp32\"");
   }
+  check_fp32_precision(resolved, hardware);
 }
 
 AutoResolution resolve_auto(const Config& config, const Hardware& hardware, int processes_sharing,

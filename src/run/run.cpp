@@ -266,6 +266,7 @@ Run build_run(RunBuilder& builder, const Config& requested, Reporter* reporter_i
   set_intra_op_threads(requested.train.threads(), local_ranks);
   compat::set_backend_switches(requested.train.cudnn_benchmark(), requested.train.tf32(),
                                requested.train.deterministic());
+  compat::set_cpu_fp32_precision(resolved.config.train.fp32_precision() == "bf16");
   torch::manual_seed(static_cast<uint64_t>(requested.train.seed()));
 
   build_parts(run, builder, resolved);

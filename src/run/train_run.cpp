@@ -2,11 +2,14 @@
 
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <nlohmann/json.hpp>
 
 #include "fasttrain/data/text.h"
 #include "fasttrain/detail/file_io.h"
+#include "fasttrain/detail/json.h"
 #include "fasttrain/log/metrics.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/run/batch_finder.h"
@@ -87,13 +90,28 @@ void remove_later_checkpoints(const std::string& root, const std::string& checkp
   }
 }
 
+// A scheduler's restart of this job ("" if none): torchrun --max-restarts and a Slurm requeue say so.
+std::string restart_by_scheduler() {
+  for (const char* variable : {"TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"}) {
+    const char* count = std::getenv(variable);
+    if (count != nullptr && std::string(count) != "0" && *count != '\0')
+      return fmt::format("{}={}", variable, count);
+  }
+  return "";
+}
+
 // What a new run would overwrite in `run_dir`: refused where an earlier run left checkpoints, unless `fresh`.
 void clear_for_new_run(const std::string& run_dir, bool fresh) {
   const auto checkpoints = list_checkpoints(run_dir + "/checkpoints");
+  const std::string restart = restart_by_scheduler();
   FT_CHECK(fresh || checkpoints.empty(),
            "'{}' holds an earlier run (checkpoints up to step {}): continue it with --resume, start over "
-           "with --fresh (removes its checkpoints, metrics and weights), or choose another --run-dir",
-           run_dir, checkpoints.empty() ? 0 : checkpoints.back().step);
+           "with --fresh (removes its checkpoints, metrics and weights), or choose another --run-dir{}",
+           run_dir, checkpoints.empty() ? 0 : checkpoints.back().step,
+           restart.empty() ? ""
+                           : fmt::format(". This is a restart of the job ({}): put --resume in the job's "
+                                         "command, and every restart continues from the newest checkpoint",
+                                         restart));
   clear_run_dir(run_dir);
 }
 
@@ -122,7 +140,50 @@ struct RunStart {
   Config config;  // data.batch_size resolved
   std::optional<std::string> checkpoint;
   std::optional<Config> saved;
+  std::string resharded;    // "2 rank(s) -> 3: data.batch_size 48 -> 32 per rank ..." ("" = the same world)
+  std::string fingerprint;  // the checkpoint's training, as its config.toml says
 };
+
+// The number of ranks that wrote `checkpoint` (state.json's world_size; 1 before it was recorded).
+int checkpoint_world_size(const std::string& checkpoint) {
+  const std::string path = checkpoint + "/state.json";
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(read_text_file(path, 1 << 20));
+  } catch (const nlohmann::json::exception& error) {
+    FT_FAIL("checkpoint {} is not valid JSON: {}", path, error.what());
+  }
+  return state.contains("world_size") ? json_field<int>(state, "world_size", "checkpoint " + path) : 1;
+}
+
+// A checkpoint of N ranks resumed on M keeps its global batch: data.batch_size B becomes B * N / M per
+// rank (the command may say either), the accumulation stays. Each global micro-batch then holds the
+// same samples (the ranks deal each epoch's order in turn), and the run continues its trajectory.
+void keep_global_batch(RunStart& start, int ranks) {
+  const int saved_ranks = checkpoint_world_size(*start.checkpoint);
+  if (saved_ranks == ranks) return;
+  const int64_t saved_batch = start.saved->data.batch_size();
+  const int64_t global = saved_batch * saved_ranks;
+  const int64_t requested = start.config.data.batch_size();
+  FT_CONFIG_CHECK(global % ranks == 0,
+                  "cannot resume '{}' on {} rank(s): it was trained by {} rank(s) x data.batch_size {} = a "
+                  "global batch of {}, which {} ranks cannot split evenly; resume on a number of ranks that "
+                  "divides {}",
+                  *start.checkpoint, ranks, saved_ranks, saved_batch, global, ranks, global);
+  const int64_t per_rank = global / ranks;
+  FT_CONFIG_CHECK(requested == saved_batch || requested == per_rank,
+                  "cannot resume '{}' on {} rank(s) with data.batch_size = {}: the checkpoint's global batch "
+                  "is {} ({} rank(s) x {}), so {} per rank here (or the checkpoint's {}, which is adjusted)",
+                  *start.checkpoint, ranks, requested, global, saved_ranks, saved_batch, per_rank,
+                  saved_batch);
+  start.config.data.batch_size(per_rank);
+  start.saved->data.batch_size(per_rank);  // compared key by key with this run's config next
+  start.resharded = fmt::format(
+      "{} rank(s) -> {}: data.batch_size {} -> {} per rank keeps the global batch of {} (x "
+      "train.accumulation "
+      "{})",
+      saved_ranks, ranks, saved_batch, per_rank, global, start.config.train.options.accumulation());
+}
 
 // Rank 0 decides, every rank learns the answer.
 std::string decided_on_rank0(const std::shared_ptr<ProcessGroup>& group,
@@ -148,6 +209,10 @@ RunStart find_start(RunBuilder& builder, const Config& requested, const std::str
     if (start.checkpoint) start.saved = saved_config(*start.checkpoint);
     if (start.saved && start.config.data.batch_size() == 0)
       start.config.data.batch_size(start.saved->data.batch_size());
+    if (start.saved) {
+      start.fingerprint = training_fingerprint(*start.saved);  // before keep_global_batch changes it
+      keep_global_batch(start, group ? group->size() : 1);
+    }
   }
   start.config = resolve_batch_size(builder, start.config, reporter_ptr);
   return start;
@@ -161,8 +226,12 @@ void resume(Trainer& trainer, const RunStart& start, const Run& run, const std::
   if (trainer.rank() != 0) return;
   remove_later_checkpoints(run_dir + "/checkpoints", *start.checkpoint, step, reporter);
   truncate_metrics(run_dir + "/metrics.jsonl", step);
-  reporter.note(fmt::format("resuming from {} (step {}, epoch {}, batch {} of the epoch)", *start.checkpoint,
-                            step, trainer.progress().epoch, trainer.progress().batch_in_epoch));
+  const std::string restart = restart_by_scheduler();
+  if (!start.resharded.empty()) reporter.note("resharding the checkpoint: " + start.resharded);
+  reporter.note(fmt::format("resuming from {} (step {}, epoch {}, batch {} of the epoch){}",
+                            *start.checkpoint, step, trainer.progress().epoch,
+                            trainer.progress().batch_in_epoch,
+                            restart.empty() ? "" : " after a restart of the job (" + restart + ")"));
   if (!extended.empty())
     announce_extension(trainer, *start.saved, run.config, extended, run.train_loader->batches_per_epoch(),
                        reporter);
@@ -250,7 +319,8 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
   trainer->enable_checkpoints(RunCheckpointOptions(effective.checkpoint)
                                   .root(run_dir + "/checkpoints")
                                   .config_toml(to_toml(effective))
-                                  .fingerprint(training_fingerprint(effective)));
+                                  .fingerprint(training_fingerprint(effective))
+                                  .resumed_fingerprint(start.resharded.empty() ? "" : start.fingerprint));
   if (start.checkpoint) {
     resume(*trainer, start, run, extended, run_dir, reporter);
   } else if (!effective.train.init_from().empty()) {

@@ -280,24 +280,40 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   const SavedRunState saved = read_run_state(dir, manifest, train_batches);
   const std::string what = "checkpoint " + dir + "/state.json";
   if (checkpoints_ && !checkpoints_->fingerprint().empty()) {
+    const std::string& expected = checkpoints_->resumed_fingerprint().empty()
+                                      ? checkpoints_->fingerprint()
+                                      : checkpoints_->resumed_fingerprint();
     FT_CONFIG_CHECK(
-        saved.fingerprint == checkpoints_->fingerprint(),
+        saved.fingerprint == expected,
         "checkpoint '{}' was written by a run with another training config (fingerprint {} vs {})", dir,
-        saved.fingerprint.substr(0, 12), checkpoints_->fingerprint().substr(0, 12));
+        saved.fingerprint.substr(0, 12), expected.substr(0, 12));
   }
   FT_CHECK(saved.ema.is_null() == (ema_ == nullptr),
            "{}: the checkpoint was written {} EMA, the run has it {}", what,
            saved.ema.is_null() ? "without" : "with", ema_ ? "on" : "off");
   const int zero = parallel_ ? parallel_->zero() : 0;
-  FT_CONFIG_CHECK(saved.world_size == world_size() && saved.zero == zero,
+  FT_CONFIG_CHECK(saved.zero == zero,
                   "checkpoint '{}' was written by {} rank(s) with dist.zero = {}, but this run has {} with "
-                  "dist.zero = {}: resume with the same number of ranks and dist.zero (resharding is not "
-                  "supported)",
+                  "dist.zero = {}: resume with the same dist.zero (the optimizer state is laid out for it)",
                   dir, saved.world_size, saved.zero, world_size(), zero);
+  const bool resharded = saved.world_size != world_size();
+  FT_CONFIG_CHECK(
+      !resharded || saved.progress.window_done == 0,
+      "checkpoint '{}' stops inside an accumulation window ({} micro-batch(es) of it done) and was "
+      "written by {} rank(s): resume it on {} rank(s), or resume another checkpoint on {}",
+      dir, saved.progress.window_done, saved.world_size, saved.world_size, world_size());
 
   // ---- tensors: each file parsed and checked before anything is changed ----
-  SafetensorsFile optimizer_file = load_safetensors(dir + "/" + optimizer_file_name());
-  SafetensorsFile rng_file = load_safetensors(dir + "/" + rng_file_name());
+  SafetensorsFile optimizer_file = resharded && sharded_optimizer()
+                                       ? resharded_optimizer_state(dir, saved.world_size)
+                                       : load_safetensors(dir + "/" + optimizer_file_name());
+  // Rank r continues saved rank r mod N's random stream (one process wrote rng.safetensors).
+  const std::string rng_name = resharded
+                                   ? (has(fmt::format("rng-rank{}.safetensors", rank() % saved.world_size))
+                                          ? fmt::format("rng-rank{}.safetensors", rank() % saved.world_size)
+                                          : "rng.safetensors")
+                                   : rng_file_name();
+  SafetensorsFile rng_file = load_safetensors(dir + "/" + rng_name);
   std::optional<SafetensorsFile> window_file;
   if (saved.progress.window_done > 0) {
     FT_CHECK(has("window.safetensors"),
@@ -325,9 +341,42 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
   step_ = saved.step;
   device_step_.fill_(saved.step);
   progress_ = saved.progress;
+  progress_.samples_seen = saved.progress.samples_seen * saved.world_size / world_size();  // per rank
   losses_->reset();
   last_checkpoint_step_ = saved.step;
   last_checkpoint_ = dir;
+}
+
+// Each of ZeRO's flat shards holds its part of one flat buffer (the parameters in a fixed order, then
+// zeros to a multiple of the world size): the saved ranks' parts joined give the buffer, which is cut
+// (only padding goes) or padded with zeros to this world's parts, and this rank takes its own. Step
+// counts are the same on every rank: rank 0's.
+SafetensorsFile Trainer::resharded_optimizer_state(const std::string& dir, int saved_world) const {
+  std::vector<SafetensorsFile> saved;
+  for (int r = 0; r < saved_world; ++r)
+    saved.push_back(load_safetensors(fmt::format("{}/optimizer-rank{}.safetensors", dir, r)));
+  const auto shards = optimizer_parameters();
+  NamedTensors tensors;
+  for (const auto& [name, first] : saved.front().tensors()) {
+    if (first.dim() == 0) {
+      tensors.emplace_back(name, first);
+      continue;
+    }
+    const std::string shard = name.substr(0, name.rfind('.'));  // "zero.group0.exp_avg": "zero.group0"
+    const torch::Tensor* mine = shards.find(shard);
+    FT_CHECK(mine != nullptr, "checkpoint '{}': optimizer state '{}' belongs to no shard of this run", dir,
+             name);
+    std::vector<torch::Tensor> parts;
+    for (const auto& file : saved) parts.push_back(file.at(name).reshape({-1}));
+    torch::Tensor whole = torch::cat(parts);
+    const int64_t part = mine->numel(), total = part * world_size();
+    whole = total <= whole.numel()
+                ? whole.narrow(0, 0, total)
+                : torch::cat({whole, torch::zeros({total - whole.numel()}, whole.options())});
+    tensors.emplace_back(name, whole.narrow(0, rank() * part, part).clone());
+  }
+  return SafetensorsFile(std::move(tensors), saved.front().metadata(),
+                         fmt::format("{}/optimizer-rank*.safetensors (of {} ranks)", dir, saved_world));
 }
 
 void Trainer::restore_window(const std::optional<SafetensorsFile>& window_file) {

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <string>
 
 #include "fasttrain/util/check.h"
 
@@ -52,14 +53,35 @@ StopSignals::StopSignals() {
   g_announced.store(false);
   g_quiet.store(false);
   g_armed.store(false);
+  install(SIGINT, &previous_int_);
+  install(SIGTERM, &previous_term_);
+}
+
+void StopSignals::install(int signal, struct sigaction* previous) {
   struct sigaction action {};
   action.sa_handler = on_signal;
   sigemptyset(&action.sa_mask);
-  sigaddset(&action.sa_mask, SIGINT);
-  sigaddset(&action.sa_mask, SIGTERM);
+  for (int stop : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2, SIGHUP}) sigaddset(&action.sa_mask, stop);
   action.sa_flags = SA_RESTART;  // reads and writes in flight continue instead of failing with EINTR
-  sigaction(SIGINT, &action, &previous_int_);
-  sigaction(SIGTERM, &action, &previous_term_);
+  sigaction(signal, &action, previous);
+}
+
+int StopSignals::signal_number(const std::string& name) {
+  const std::string bare = name.rfind("SIG", 0) == 0 ? name.substr(3) : name;
+  if (bare == "USR1") return SIGUSR1;
+  if (bare == "USR2") return SIGUSR2;
+  if (bare == "HUP") return SIGHUP;
+  if (bare == "none") return 0;
+  FT_FAIL("stop signal '{}' is not one of USR1, USR2, HUP or none", name);
+}
+
+void StopSignals::also_stop_on(const std::string& name) {
+  const int signal = signal_number(name);
+  if (signal == 0) return;
+  FT_CHECK(extra_ == 0, "StopSignals: one extra stop signal per guard (signal {} is one already; {} asked)",
+           extra_, name);
+  extra_ = signal;
+  install(signal, &previous_extra_);
 }
 
 StopSignals::~StopSignals() {
@@ -67,6 +89,7 @@ StopSignals::~StopSignals() {
   if (!keep_installed_) {
     sigaction(SIGINT, &previous_int_, nullptr);
     sigaction(SIGTERM, &previous_term_, nullptr);
+    if (extra_ != 0) sigaction(extra_, &previous_extra_, nullptr);
   }
   g_installed.store(false);
 }

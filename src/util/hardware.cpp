@@ -87,6 +87,7 @@ Hardware detect_hardware(const torch::Device& device) {
   hardware.cpu_avx2 = cpu.has("avx2");
   hardware.cpu_avx512 = cpu.has("avx512f");
   hardware.cpu_native_bf16 = cpu.has("avx512_bf16") || cpu.has("amx_bf16");
+  hardware.cpu_amx_bf16 = cpu.has("amx_bf16");
   if (const auto forced = native_bf16_override()) {
     hardware.native_bf16_overridden = *forced != hardware.cpu_native_bf16;
     hardware.cpu_native_bf16 = *forced;

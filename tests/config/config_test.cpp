@@ -95,7 +95,7 @@ TEST(ConfigKeys, EverySectionKeyIsDocumentedAndItsDefaultRoundTrips) {
   };
   for_each_key<TrainOptions>(documented);
   for_each_key<TrainConfig>(documented);
-  EXPECT_EQ(keys, 22) << "[train]: the Trainer's keys and the run's";
+  EXPECT_EQ(keys, 23) << "[train]: the Trainer's keys and the run's";
   for_each_key<GptOptions>(documented);
   for_each_key<RegressionOptions>(documented);
   for_each_key<TextDataOptions>(documented);

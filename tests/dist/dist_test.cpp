@@ -1,10 +1,14 @@
-// Distributed training: the environment, the sampler, and multi-process runs on 127.0.0.1 through the
-// CLI (fasttrain launch, or ranks started by hand), each bounded in time.
+// Distributed training: the environment, the sampler, and multi-process runs through the CLI (fasttrain
+// launch, torchrun, ranks started by hand; on 127.0.0.1, or on two hosts made of network namespaces), each
+// bounded in time.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <torch/version.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -54,6 +58,14 @@ double max_difference(const std::string& a, const std::string& b) {
     worst = std::max(worst, (first.at(name) - second.at(name)).abs().max().item<double>());
   }
   return worst;
+}
+
+// Whether the run writing `run_dir` logged step `step` within `timeout_s` (its metrics every 5 steps).
+bool reached_step(const std::string& run_dir, int step, double timeout_s) {
+  const std::string record = "\"step\":" + std::to_string(step) + "}";
+  return testing::wait_until(
+      [&] { return testing::read_text(run_dir + "/metrics.jsonl").find(record) != std::string::npos; },
+      timeout_s);
 }
 
 nlohmann::json summary_of(const std::string& run_dir) {
@@ -327,21 +339,75 @@ TEST(DistText, FullyShardedGptWithCheckpointingAndBf16EqualsDdp) {
   EXPECT_LT(kept, 0.65);
 }
 
-TEST_F(DistRun, ResumingWithAnotherWorldSizeOrZeroIsAClearError) {
+// A checkpoint resumes on another number of ranks with the same dist.zero, keeping the global batch:
+// rank counts it cannot split it over, another dist.zero, and a per-rank batch that changes the global
+// one are clear errors before anything is written.
+TEST_F(DistRun, ResumingAtAWorldSizeThatCannotKeepTheRunIsAClearError) {
   testing::TempDir dir;
   const std::string run = dir.file("ddp");
   auto trained = run_command(launch(2) + kRun + " --set data.batch_size=32 --run-dir " + run);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   const std::string checkpoint = run + "/checkpoints/step-20";
-  auto one = run_command(kCli + " train" + kRun + " --set data.batch_size=32 --resume " + checkpoint +
-                         " --run-dir " + dir.file("one"));
-  EXPECT_EQ(one.exit_code, 2) << one.output;
-  EXPECT_TRUE(
-      testing::contains_all(one.output, {"written by 2 rank(s) with dist.zero = 0", "this run has 1"}));
+  auto three = run_command(launch(3) + kRun + " --set data.batch_size=32 --resume " + checkpoint +
+                           " --run-dir " + dir.file("three"));
+  EXPECT_EQ(three.exit_code, 2) << three.output;
+  EXPECT_TRUE(testing::contains_all(three.output, {"on 3 rank(s)", "global batch of 64", "divides 64"}))
+      << three.output;
+  auto other_batch = run_command(kCli + " train" + kRun + " --set data.batch_size=48 --resume " + checkpoint +
+                                 " --run-dir " + dir.file("one"));
+  EXPECT_EQ(other_batch.exit_code, 2) << other_batch.output;
+  EXPECT_TRUE(testing::contains_all(other_batch.output, {"data.batch_size = 48", "64 per rank here"}))
+      << other_batch.output;
   auto zero = run_command(launch(2) + kRun + " --set data.batch_size=32 --set dist.zero=1 --resume " +
                           checkpoint + " --run-dir " + dir.file("zero"));
   EXPECT_EQ(zero.exit_code, 2) << zero.output;
   EXPECT_TRUE(testing::contains_all(zero.output, {"dist.zero = 0, but this run has 2 with dist.zero = 1"}));
+  EXPECT_FALSE(fs::exists(dir.file("three/config.toml")));
+}
+
+// Resuming at another world size: N ranks train 40 steps with a checkpoint at step 15 (inside an
+// epoch); M ranks continue that checkpoint to step 40 with data.batch_size adjusted to keep the global batch.
+// Every window holds the same samples, so the continuation ends at the uninterrupted run's weights up to the
+// rounding of averaging the gradients over M ranks instead of N (sums in another order: 1.5e-8 after 25 steps
+// of AdamW here; bound 1e-4, where 20 steps move the weights by 1e-2).
+TEST_F(DistRun, ResumingAtAnotherWorldSizeContinuesTheUninterruptedRun) {
+  struct Case {
+    int saved_ranks, ranks, zero;
+    int64_t saved_batch;
+  };
+  // 3840 samples: 40 global micro-batches of 96 (or 64 for 1 <-> 2 ranks) whatever the rank count.
+  const std::string args = kRun +
+                           " --set train.max_steps=40 --set checkpoint.every_steps=15 "
+                           "--set data.train_limit=3840";
+  auto start = [&](int ranks) { return ranks == 1 ? kCli + " train" : launch(ranks); };
+  for (const Case& c :
+       {Case{2, 1, 0, 32}, Case{1, 2, 0, 64}, Case{2, 3, 0, 48}, Case{2, 3, 2, 48}, Case{2, 3, 3, 48}}) {
+    SCOPED_TRACE(fmt::format("{} -> {} rank(s), dist.zero = {}", c.saved_ranks, c.ranks, c.zero));
+    testing::TempDir dir;
+    const std::string zero = " --set dist.zero=" + std::to_string(c.zero);
+    const std::string straight = dir.file("straight");
+    auto trained = run_command(start(c.saved_ranks) + args + zero + " --set data.batch_size=" +
+                               std::to_string(c.saved_batch) + " --run-dir " + straight);
+    ASSERT_EQ(trained.exit_code, 0) << trained.output;
+    // The same command line, on another number of ranks.
+    auto resumed =
+        run_command(start(c.ranks) + args + zero + " --set data.batch_size=" + std::to_string(c.saved_batch) +
+                    " --resume " + straight + "/checkpoints/step-15 --run-dir " + dir.file("resumed"));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const int64_t per_rank = c.saved_batch * c.saved_ranks / c.ranks;
+    EXPECT_TRUE(testing::contains_all(
+        resumed.output, {fmt::format("{} rank(s) -> {}: data.batch_size {} -> {} per rank", c.saved_ranks,
+                                     c.ranks, c.saved_batch, per_rank)}))
+        << resumed.output;
+    const double difference = max_difference(straight + "/final/model.safetensors",
+                                             dir.file("resumed") + "/final/model.safetensors");
+    EXPECT_LT(difference, 1e-4);
+    EXPECT_EQ(summary_of(dir.file("resumed"))["steps"], 40);
+    EXPECT_NEAR(summary_of(dir.file("resumed"))["test_loss"].get<double>(),
+                summary_of(straight)["test_loss"].get<double>(), 1e-4);
+    std::printf("[          ] %d -> %d ranks, ZeRO-%d: weights within %.2g of the uninterrupted run\n",
+                c.saved_ranks, c.ranks, c.zero, difference);
+  }
 }
 
 TEST_F(DistRun, SigtermToTheLauncherCheckpointsEveryRankAndTheResumeEndsBitIdentical) {
@@ -357,10 +423,7 @@ TEST_F(DistRun, SigtermToTheLauncherCheckpointsEveryRankAndTheResumeEndsBitIdent
     const std::string run = dir.file("stopped");
     const pid_t launcher =
         testing::spawn_command(launch(2) + run_args + " --run-dir " + run + " >" + dir.file("log") + " 2>&1");
-    ASSERT_TRUE(testing::wait_until(
-        [&] { return testing::read_text(run + "/metrics.jsonl").find("\"step\":50}") != std::string::npos; },
-        60))
-        << testing::read_text(dir.file("log"));
+    ASSERT_TRUE(reached_step(run, 50, 60)) << testing::read_text(dir.file("log"));
     ASSERT_EQ(::kill(launcher, SIGTERM), 0);
     EXPECT_EQ(testing::wait_exit_code(launcher), 143) << testing::read_text(dir.file("log"));
     auto checkpoints = list_checkpoints(run + "/checkpoints");
@@ -402,13 +465,7 @@ TEST_F(DistRun, ADeadOrHungRankMakesTheOthersFailWithinTheTimeout) {
           dir.file("log" + std::to_string(rank)) + " 2>&1");
     };
     const pid_t rank0 = start_rank(0), rank1 = start_rank(1);
-    ASSERT_TRUE(testing::wait_until(
-        [&] {
-          return testing::read_text(dir.file("run") + "/metrics.jsonl").find("\"step\":20}") !=
-                 std::string::npos;
-        },
-        60))
-        << testing::read_text(dir.file("log0"));
+    ASSERT_TRUE(reached_step(dir.file("run"), 20, 60)) << testing::read_text(dir.file("log0"));
     ASSERT_EQ(::kill(rank1, signal), 0);
     const auto signalled_at = std::chrono::steady_clock::now();
     const int code = testing::wait_exit_code(rank0);
@@ -421,7 +478,7 @@ TEST_F(DistRun, ADeadOrHungRankMakesTheOthersFailWithinTheTimeout) {
     if (signal == SIGSTOP) {
       EXPECT_GT(waited, timeout_s - 1) << "failed before dist.timeout_s: " << log;
     }
-    EXPECT_TRUE(testing::contains_all(log, {"error: rank 0 of 2:", "failed", "dist.timeout_s"})) << log;
+    EXPECT_TRUE(testing::contains_all(log, {"error: rank 0 of 2 on ", "failed", "dist.timeout_s"})) << log;
     std::printf("[          ] rank 0 exited %.2f s after rank 1 got %s\n", waited, strsignal(signal));
   }
 }
@@ -443,11 +500,26 @@ TEST_F(DistRun, ADeadOrHungRankMakesTheOthersFailWithinTheTimeout) {
     GTEST_SKIP() << "needs torchrun: " FASTTRAIN_TORCH_PYTHON " with PyTorch 2.x (scripts/install-deps)"; \
   }
 
-std::string torchrun(int nproc) {
+std::string torchrun(int nproc, const std::string& options = "") {
   // The underscored options: PyTorch 1.13 knows only those, 2.x both spellings.
   return std::string(FASTTRAIN_TORCH_PYTHON) + " -m torch.distributed.run --nproc_per_node " +
-         std::to_string(nproc) + " --master_port " + std::to_string(free_tcp_port()) + " --no_python " +
-         kCli + " train";
+         std::to_string(nproc) + " --master_port " + std::to_string(free_tcp_port()) + options +
+         " --no_python " + kCli + " train";
+}
+
+// The process of `rank` among the workers whose command line names `run_dir` (-1 if none).
+pid_t worker_of_rank(const std::string& run_dir, int rank) {
+  const std::string rank_variable = "RANK=" + std::to_string(rank);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string command = testing::read_text(entry.path().string() + "/cmdline");
+    if (command.rfind(kCli, 0) != 0 || command.find(run_dir) == std::string::npos) continue;
+    std::string environment = testing::read_text(entry.path().string() + "/environ");
+    std::replace(environment.begin(), environment.end(), '\0', '\n');
+    if (("\n" + environment).find("\n" + rank_variable + "\n") != std::string::npos) return std::stoi(name);
+  }
+  return -1;
 }
 
 // A run to the end under torchrun trains what fasttrain's own launcher trains, byte for byte; the ranks
@@ -528,10 +600,7 @@ TEST_F(DistRun, SigtermToTorchrunCheckpointsEveryRankAndTheResumeEndsBitIdentica
   const std::string run = dir.file("stopped");
   const std::string command = torchrun(2) + run_args + " --run-dir " + run;
   const pid_t agent = testing::spawn_command(command + " >" + dir.file("log") + " 2>&1");
-  ASSERT_TRUE(testing::wait_until(
-      [&] { return testing::read_text(run + "/metrics.jsonl").find("\"step\":50}") != std::string::npos; },
-      60))
-      << testing::read_text(dir.file("log"));
+  ASSERT_TRUE(reached_step(run, 50, 60)) << testing::read_text(dir.file("log"));
   ASSERT_EQ(::kill(agent, SIGTERM), 0);
   EXPECT_NE(testing::wait_exit_code(agent), 0);
   auto checkpoints = list_checkpoints(run + "/checkpoints");
@@ -547,6 +616,88 @@ TEST_F(DistRun, SigtermToTorchrunCheckpointsEveryRankAndTheResumeEndsBitIdentica
   EXPECT_TRUE(testing::read_text(dir.file("straight") + "/final/model.safetensors") ==
               testing::read_text(run + "/final/model.safetensors"))
       << "the resumed run's weights differ from the straight run's";
+  EXPECT_EQ(summary_of(run)["steps"], 600);
+}
+
+// torchrun --max-restarts: a rank killed mid-run makes torchrun restart the group with the same command,
+// whose --resume continues from the newest checkpoint; the run ends where one that never failed ends.
+TEST_F(DistRun, TorchrunRestartsAKilledRankAndTheGroupContinuesBitIdentical) {
+  FT_REQUIRE_TORCHRUN();
+  const std::string run_args = kRun +
+                               " --set train.max_steps=600 --set data.batch_size=32 --set dist.zero=2"
+                               " --set checkpoint.every_steps=100";
+  testing::TempDir dir;
+  auto straight = run_command(launch(2) + run_args + " --run-dir " + dir.file("straight"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string run = dir.file("restarted");
+  const pid_t agent =
+      testing::spawn_command(torchrun(2, " --max_restarts 1 --monitor_interval 0.2") + run_args +
+                             " --run-dir " + run + " --resume >" + dir.file("log") + " 2>&1");
+  ASSERT_TRUE(reached_step(run, 150, 90)) << testing::read_text(dir.file("log"));
+  const pid_t rank1 = worker_of_rank(run, 1);
+  ASSERT_GT(rank1, 0) << "rank 1 of torchrun's group not found";
+  ASSERT_EQ(::kill(rank1, SIGKILL), 0);
+  const int code = testing::wait_exit_code(agent);
+  const std::string log = testing::read_text(dir.file("log"));
+  ASSERT_EQ(code, 0) << log;
+  EXPECT_TRUE(testing::contains_all(
+      log, {"resuming from", "step-", "after a restart of the job (TORCHELASTIC_RESTART_COUNT=1)"}))
+      << log;
+  EXPECT_TRUE(testing::read_text(dir.file("straight") + "/final/model.safetensors") ==
+              testing::read_text(run + "/final/model.safetensors"))
+      << "the restarted run's weights differ from the straight run's";
+  EXPECT_EQ(summary_of(run)["steps"], 600);
+}
+
+// Slurm's pre-emption warning (sbatch --signal=USR1@90 signals every task): each rank checkpoints at the
+// same step and exits with 138, the code the job script requeues on; the requeued job (SLURM_RESTART_COUNT
+// set) resumes with the same command and ends bit-identical to a run that was never stopped. Without
+// --resume the restart is refused with what to add.
+TEST_F(DistRun, SlurmsPreemptionSignalCheckpointsAndTheRequeuedJobEndsBitIdentical) {
+  const std::string run_args = kRun + " --set train.max_steps=600 --set data.batch_size=32";
+  testing::TempDir dir;
+  auto straight = run_command(launch(2) + run_args + " --run-dir " + dir.file("straight"));
+  ASSERT_EQ(straight.exit_code, 0) << straight.output;
+  const std::string run = dir.file("preempted");
+  const int port = free_tcp_port();
+  auto slurm_task = [&](int rank, const std::string& extra_env) {
+    return "env SLURM_PROCID=" + std::to_string(rank) + " SLURM_LOCALID=" + std::to_string(rank) +
+           " SLURM_NTASKS=2 SLURM_NTASKS_PER_NODE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+           std::to_string(port) + extra_env + " " + kCli + " train" + run_args + " --run-dir " + run +
+           " --resume";
+  };
+  const pid_t rank0 = testing::spawn_command(slurm_task(0, "") + " >" + dir.file("log0") + " 2>&1");
+  const pid_t rank1 = testing::spawn_command(slurm_task(1, "") + " >" + dir.file("log1") + " 2>&1");
+  ASSERT_TRUE(reached_step(run, 50, 60)) << testing::read_text(dir.file("log0"));
+  ASSERT_EQ(::kill(rank0, SIGUSR1), 0);
+  ASSERT_EQ(::kill(rank1, SIGUSR1), 0);
+  EXPECT_EQ(testing::wait_exit_code(rank0), 128 + SIGUSR1) << testing::read_text(dir.file("log0"));
+  EXPECT_EQ(testing::wait_exit_code(rank1), 128 + SIGUSR1) << testing::read_text(dir.file("log1"));
+  auto checkpoints = list_checkpoints(run + "/checkpoints");
+  ASSERT_EQ(checkpoints.size(), 1u) << testing::read_text(dir.file("log0"));
+  EXPECT_LT(checkpoints[0].step, 600);
+  std::printf("[          ] the ranks stopped at step %lld on SIGUSR1\n",
+              static_cast<long long>(checkpoints[0].step));
+
+  auto forgotten =
+      run_command("env SLURM_RESTART_COUNT=1 " + kCli + " train" + run_args + " --run-dir " + run);
+  EXPECT_NE(forgotten.exit_code, 0) << forgotten.output;
+  EXPECT_TRUE(
+      testing::contains_all(forgotten.output, {"restart of the job (SLURM_RESTART_COUNT=1)", "--resume"}))
+      << forgotten.output;
+
+  const pid_t again0 =
+      testing::spawn_command(slurm_task(0, " SLURM_RESTART_COUNT=1") + " >" + dir.file("log0") + " 2>&1");
+  const pid_t again1 =
+      testing::spawn_command(slurm_task(1, " SLURM_RESTART_COUNT=1") + " >" + dir.file("log1") + " 2>&1");
+  EXPECT_EQ(testing::wait_exit_code(again0), 0) << testing::read_text(dir.file("log0"));
+  EXPECT_EQ(testing::wait_exit_code(again1), 0) << testing::read_text(dir.file("log1"));
+  EXPECT_NE(testing::read_text(dir.file("log0")).find("after a restart of the job (SLURM_RESTART_COUNT=1)"),
+            std::string::npos)
+      << testing::read_text(dir.file("log0"));
+  EXPECT_TRUE(testing::read_text(dir.file("straight") + "/final/model.safetensors") ==
+              testing::read_text(run + "/final/model.safetensors"))
+      << "the requeued run's weights differ from the straight run's";
   EXPECT_EQ(summary_of(run)["steps"], 600);
 }
 
@@ -577,13 +728,7 @@ TEST_F(DistRun, ATrainingRankKilledUnderTheLauncherEndsTheJob) {
   const pid_t launcher = testing::spawn_command(
       launch(2) + kRun + " --set train.max_steps=1000000 --set data.batch_size=32 --run-dir " +
       dir.file("run") + " >" + dir.file("log") + " 2>&1");
-  ASSERT_TRUE(testing::wait_until(
-      [&] {
-        return testing::read_text(dir.file("run") + "/metrics.jsonl").find("\"step\":20}") !=
-               std::string::npos;
-      },
-      60))
-      << testing::read_text(dir.file("log"));
+  ASSERT_TRUE(reached_step(dir.file("run"), 20, 60)) << testing::read_text(dir.file("log"));
   auto children = run_command("pgrep -P " + std::to_string(launcher));
   std::istringstream pids(children.output);
   std::vector<pid_t> ranks;
@@ -596,7 +741,7 @@ TEST_F(DistRun, ATrainingRankKilledUnderTheLauncherEndsTheJob) {
   const std::string log = testing::read_text(dir.file("log"));
   EXPECT_NE(code, 0) << log;
   EXPECT_LT(waited, 300 + 5) << log;  // dist.timeout_s's default; a reset connection ends it at once
-  EXPECT_TRUE(testing::contains_all(log, {"was killed by signal 9", "error: rank 0 of 2:"})) << log;
+  EXPECT_TRUE(testing::contains_all(log, {"was killed by signal 9", "error: rank 0 of 2 on "})) << log;
   for (pid_t rank : ranks) EXPECT_NE(::kill(rank, 0), 0) << "rank " << rank << " is still running";
   std::printf("[          ] the launcher returned %d, %.2f s after the kill\n", code, waited);
 }
@@ -646,6 +791,156 @@ TEST(Launch, BadUsageIsAClearError) {
   EXPECT_EQ(muon.exit_code, 2) << muon.output;
   EXPECT_TRUE(testing::contains_all(muon.output, {"dist.zero = 1", "'muon'", "dist.zero = 0"}))
       << muon.output;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two hosts on this machine: network namespaces joined by a veth pair, one rank on each, talking over
+// the link as two machines would (their own addresses, MASTER_ADDR on the other host, GLOO_SOCKET_IFNAME)
+// ---------------------------------------------------------------------------------------------
+
+// Two network namespaces ("hosts") joined by a veth pair: host h at 10.213.<k>.<h + 1>/24 on the
+// interface ft<pid><a|b>. Made as root; `unavailable()` says why not elsewhere. Everything still
+// running inside is killed, and both namespaces are removed, when the object ends.
+class TwoHosts {
+ public:
+  TwoHosts() {
+    if (::geteuid() != 0) {
+      unavailable_ = "making network namespaces needs root (ip netns add)";
+      return;
+    }
+    const std::string id = "ft" + std::to_string(::getpid());
+    subnet_ = "10.213." + std::to_string(::getpid() % 250);
+    for (int h : {0, 1}) names_[h] = id + (h == 0 ? "a" : "b");
+    const std::string script =
+        "set -e; ip netns add " + names_[0] + "; ip netns add " + names_[1] + "; ip link add " + names_[0] +
+        " type veth peer name " + names_[1] + "; for h in " + names_[0] + " " + names_[1] +
+        "; do ip link set $h netns $h; ip -n $h link set lo up; ip -n $h link set $h up; done; ip -n " +
+        names_[0] + " addr add " + address(0) + "/24 dev " + names_[0] + "; ip -n " + names_[1] +
+        " addr add " + address(1) + "/24 dev " + names_[1];
+    const testing::CommandResult made = run_command(script);
+    if (made.exit_code != 0) unavailable_ = "cannot make network namespaces here: " + made.output;
+  }
+  ~TwoHosts() {
+    for (int h : {0, 1}) {
+      run_command("for pid in $(ip netns pids " + names_[h] +
+                  " 2>/dev/null); do kill -9 $pid; done; ip netns del " + names_[h] + " 2>/dev/null");
+    }
+  }
+  TwoHosts(const TwoHosts&) = delete;
+  TwoHosts& operator=(const TwoHosts&) = delete;
+
+  const std::string& unavailable() const { return unavailable_; }
+  std::string address(int host) const { return subnet_ + "." + std::to_string(host + 1); }
+  // `command` run on `host`, talking through its end of the link.
+  std::string on(int host, const std::string& command) const {
+    return "ip netns exec " + names_[host] + " env GLOO_SOCKET_IFNAME=" + names_[host] + " " + command;
+  }
+  void cut_link(int host) const {
+    run_command("ip -n " + names_[host] + " link set " + names_[host] + " down");
+  }
+  // Whether any process still runs on either host.
+  bool anything_running() const {
+    return !run_command("ip netns pids " + names_[0] + "; ip netns pids " + names_[1]).output.empty();
+  }
+
+ private:
+  std::string names_[2];
+  std::string subnet_;
+  std::string unavailable_;
+};
+
+#define FT_REQUIRE_TWO_HOSTS(hosts) \
+  if (!(hosts).unavailable().empty()) GTEST_SKIP() << (hosts).unavailable()
+
+// Rank `rank` of 2 on its host, with torchrun's variables or Slurm's (one task per node).
+std::string rank_on_host(const TwoHosts& hosts, int rank, bool slurm, int port, const std::string& args) {
+  const std::string variables =
+      slurm
+          ? "SLURM_PROCID=" + std::to_string(rank) + " SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_NTASKS_PER_NODE=1"
+          : "RANK=" + std::to_string(rank) + " WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1";
+  return hosts.on(rank, "env " + variables + " MASTER_ADDR=" + hosts.address(0) +
+                            " MASTER_PORT=" + std::to_string(port) + " " + kCli + " train" + args);
+}
+
+// DDP and ZeRO-3 across two hosts train what two ranks on one host train, byte for byte, whether the
+// ranks were started by torchrun's variables or by Slurm's.
+TEST_F(DistRun, DdpAndZero3AcrossTwoHostsEqualTwoRanksOnOneHost) {
+  TwoHosts hosts;
+  FT_REQUIRE_TWO_HOSTS(hosts);
+  testing::TempDir dir;
+  for (int zero : {0, 3}) {
+    const std::string args = kRun + " --set data.batch_size=32 --set dist.zero=" + std::to_string(zero);
+    const std::string local = dir.file("local" + std::to_string(zero));
+    auto one_host = run_command(launch(2) + args + " --run-dir " + local);
+    ASSERT_EQ(one_host.exit_code, 0) << one_host.output;
+    for (bool slurm : {false, true}) {
+      SCOPED_TRACE(fmt::format("dist.zero = {}, {}'s variables", zero, slurm ? "Slurm" : "torchrun"));
+      const std::string run = dir.file(fmt::format("hosts{}{}", zero, slurm ? "slurm" : "torchrun"));
+      const int port = free_tcp_port();
+      const pid_t rank0 =
+          testing::spawn_command(rank_on_host(hosts, 0, slurm, port, args + " --run-dir " + run) + " >" +
+                                 dir.file("log0") + " 2>&1");
+      const pid_t rank1 =
+          testing::spawn_command(rank_on_host(hosts, 1, slurm, port, args + " --run-dir " + run) + " >" +
+                                 dir.file("log1") + " 2>&1");
+      EXPECT_EQ(testing::wait_exit_code(rank0), 0) << testing::read_text(dir.file("log0"));
+      EXPECT_EQ(testing::wait_exit_code(rank1), 0) << testing::read_text(dir.file("log1"));
+      EXPECT_TRUE(testing::read_text(local + "/final/model.safetensors") ==
+                  testing::read_text(run + "/final/model.safetensors"))
+          << "two hosts trained other weights than one";
+      EXPECT_EQ(summary_of(run)["dist"]["world_size"], 2);
+    }
+  }
+  EXPECT_FALSE(hosts.anything_running());
+}
+
+// A host that loses its rank (SIGKILL) or its link (the veth taken down) ends the job: the other rank
+// fails within dist.timeout_s (and 5 s) with an error that names itself, its host and, where Gloo says
+// which peer broke, that rank and its host; nothing is left running on either host.
+TEST_F(DistRun, AHostThatLosesItsRankOrItsLinkEndsTheJobWithinTheTimeout) {
+  TwoHosts hosts;
+  FT_REQUIRE_TWO_HOSTS(hosts);
+  const double timeout_s = 4;
+  for (bool cut_link : {false, true}) {
+    SCOPED_TRACE(cut_link ? "link taken down" : "rank killed");
+    testing::TempDir dir;
+    const std::string args = kRun +
+                             " --set train.max_steps=1000000 --set data.batch_size=32 --set dist.timeout_s=" +
+                             std::to_string(timeout_s) + " --run-dir " + dir.file("run");
+    const int port = free_tcp_port();
+    const pid_t rank0 = testing::spawn_command(rank_on_host(hosts, 0, /*slurm=*/cut_link, port, args) + " >" +
+                                               dir.file("log0") + " 2>&1");
+    const pid_t rank1 = testing::spawn_command(rank_on_host(hosts, 1, /*slurm=*/cut_link, port, args) + " >" +
+                                               dir.file("log1") + " 2>&1");
+    ASSERT_TRUE(reached_step(dir.file("run"), 20, 60)) << testing::read_text(dir.file("log0"));
+    if (cut_link) {
+      hosts.cut_link(1);
+    } else {
+      ASSERT_EQ(::kill(rank1, SIGKILL), 0);
+    }
+    const auto failed_at = std::chrono::steady_clock::now();
+    const int code0 = testing::wait_exit_code(rank0);
+    const double waited = seconds_since(failed_at);
+    const int code1 = testing::wait_exit_code(rank1);
+    const double both = seconds_since(failed_at);
+    const std::string log0 = testing::read_text(dir.file("log0"));
+    EXPECT_EQ(code0, 1) << log0;
+    EXPECT_LT(both, timeout_s + 5) << log0;
+    EXPECT_TRUE(testing::contains_all(
+        log0, {"error: rank 0 of 2 on ", "(" + hosts.address(0) + ")", "failed", "dist.timeout_s"}))
+        << log0;
+    if (cut_link) {
+      EXPECT_EQ(code1, 1) << testing::read_text(dir.file("log1"));
+      EXPECT_TRUE(testing::contains_all(testing::read_text(dir.file("log1")),
+                                        {"error: rank 1 of 2 on ", "(" + hosts.address(1) + ")"}));
+    } else {
+      EXPECT_EQ(code1, 128 + SIGKILL);
+      EXPECT_TRUE(testing::contains_all(log0, {"(that is rank 1 on ", "(" + hosts.address(1) + ")"})) << log0;
+    }
+    EXPECT_FALSE(hosts.anything_running());
+    std::printf("[          ] %s: rank 0 exited %.2f s after, both %.2f s\n",
+                cut_link ? "link down" : "rank 1 killed", waited, both);
+  }
 }
 
 }  // namespace

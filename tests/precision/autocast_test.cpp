@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/hardware.h"
 
@@ -227,6 +228,65 @@ TEST(AutocastStateGuard, InstallsAndRestoresTheWholeState) {
   EXPECT_FALSE(after.cpu_enabled);
   EXPECT_TRUE(after.cache_enabled);
   EXPECT_EQ(nesting_depth(), 0);
+}
+
+// train.fp32_precision = "bf16" (oneDNN's implicit bf16, LibTorch >= 2.9): an fp32 Linear or Conv then
+// computes what fp32 arithmetic gives on inputs rounded to bfloat16, forward and backward; "ieee" gives
+// fp32 arithmetic back. Without AMX oneDNN keeps fp32 kernels: bf16 then gives fp32's values (within
+// the rounding of another fp32 kernel: oneDNN's instead of the BLAS's).
+TEST(Fp32Precision, Bf16RoundsTheInputsOfLinearAndConvAndIeeeRestoresFp32) {
+  if (!compat::has_cpu_fp32_precision()) GTEST_SKIP() << "LibTorch " << compat::torch_version() << " < 2.9";
+  torch::manual_seed(0);
+  torch::nn::Linear linear(67, 33);  // odd sizes: no kernel's tail is spared
+  torch::nn::Conv2d conv(torch::nn::Conv2dOptions(5, 7, 3).padding(1));
+  const torch::Tensor x = torch::randn({9, 67});
+  const torch::Tensor image = torch::randn({3, 5, 11, 11});
+  auto rounded = [](const torch::Tensor& t) { return t.to(torch::kBFloat16).to(torch::kFloat); };
+  // Output and the input's gradient of `layer` on `input`, with parameters as they are.
+  auto run = [](auto& layer, const torch::Tensor& input) {
+    torch::Tensor leaf = input.clone().requires_grad_(true);
+    torch::Tensor out = layer->forward(leaf);
+    out.pow(2).sum().backward();
+    layer->zero_grad();
+    return std::make_pair(out.detach(), leaf.grad());
+  };
+  const auto fp32_linear = run(linear, x);
+  const auto fp32_conv = run(conv, image);
+
+  compat::set_cpu_fp32_precision(true);
+  const auto bf16_linear = run(linear, x);
+  const auto bf16_conv = run(conv, image);
+  compat::set_cpu_fp32_precision(false);
+  EXPECT_TRUE(run(linear, x).first.equal(fp32_linear.first)) << "ieee does not restore fp32 arithmetic";
+  EXPECT_TRUE(run(conv, image).first.equal(fp32_conv.first));
+
+  EXPECT_EQ(bf16_linear.first.scalar_type(), torch::kFloat);
+  // The reference: fp32 arithmetic on bf16-rounded inputs and weights.
+  const torch::Tensor linear_reference =
+      torch::nn::functional::linear(rounded(x), rounded(linear->weight), linear->bias).detach();
+  const torch::Tensor conv_reference =
+      torch::nn::functional::conv2d(rounded(image), rounded(conv->weight),
+                                    torch::nn::functional::Conv2dFuncOptions().bias(conv->bias).padding(1))
+          .detach();
+  if (!detect_hardware(kCpu).cpu_amx_bf16) {
+    EXPECT_TRUE(torch::allclose(bf16_linear.first, fp32_linear.first, 1e-5, 1e-5));
+    EXPECT_TRUE(torch::allclose(bf16_conv.first, fp32_conv.first, 1e-5, 1e-5));
+    EXPECT_FALSE(torch::allclose(bf16_linear.first, linear_reference, 1e-4, 1e-4));
+    EXPECT_TRUE(torch::allclose(bf16_linear.second, fp32_linear.second, 1e-5, 1e-5));
+    return;
+  }
+  EXPECT_TRUE(torch::allclose(bf16_linear.first, linear_reference, 5e-4, 5e-4));
+  EXPECT_TRUE(torch::allclose(bf16_conv.first, conv_reference, 5e-4, 5e-4));
+  EXPECT_FALSE(torch::allclose(bf16_linear.first, fp32_linear.first, 1e-5, 1e-5)) << "bf16 changed nothing";
+  EXPECT_FALSE(torch::allclose(bf16_conv.first, fp32_conv.first, 1e-5, 1e-5));
+  // Backward: close to fp32's at bf16's resolution (8 bits of mantissa), and not equal to it.
+  const double linear_error = (bf16_linear.second - fp32_linear.second).abs().max().item<double>() /
+                              fp32_linear.second.abs().max().item<double>();
+  const double conv_error = (bf16_conv.second - fp32_conv.second).abs().max().item<double>() /
+                            fp32_conv.second.abs().max().item<double>();
+  EXPECT_LT(linear_error, 2e-2);
+  EXPECT_LT(conv_error, 2e-2);
+  EXPECT_GT(linear_error + conv_error, 1e-6) << "bf16 left the backward in fp32";
 }
 
 }  // namespace

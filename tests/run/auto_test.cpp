@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 
@@ -103,6 +104,30 @@ TEST(Auto, ExplicitValuesAreKeptAndEmulatedBf16Warns) {
       testing::contains_all(emulated.warnings[0], {"train.precision", "emulated", "\"fp32\"", "auto"}));
   EXPECT_TRUE(resolve(config, cpu(/*native_bf16=*/true)).warnings.empty());
   EXPECT_TRUE(resolve(config, gpu(75)).warnings.empty());  // CUDA autocast runs bf16 on any GPU
+}
+
+TEST(Auto, Fp32PrecisionBf16IsForTheCpuFromLibTorch29AndWarnsWithoutNativeBf16) {
+  Config config = auto_config();
+  config.train.fp32_precision("bf16");
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] { resolve(config, gpu(90)); }),
+                                    {"train.fp32_precision", "cuda", "train.tf32"}));
+  if (!compat::has_cpu_fp32_precision()) {
+    EXPECT_TRUE(testing::contains_all(testing::error_message([&] { resolve(config, cpu(true)); }),
+                                      {"train.fp32_precision", "LibTorch >= 2.9", compat::torch_version()}));
+    return;
+  }
+  Hardware amx = cpu(/*native_bf16=*/true);
+  amx.cpu_amx_bf16 = true;
+  EXPECT_TRUE(resolve(config, amx).warnings.empty());
+  for (bool native_bf16 : {false, true}) {  // AVX2, AVX512-BF16: oneDNN's fp32 kernels either way
+    const AutoResolution resolved = resolve(config, cpu(native_bf16));
+    ASSERT_EQ(resolved.warnings.size(), 1u);
+    EXPECT_TRUE(testing::contains_all(resolved.warnings[0],
+                                      {"train.fp32_precision", "AMX", "keeps fp32 arithmetic"}));
+  }
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([&] { apply_override(config, "train.fp32_precision=\"tf32\""); }),
+      {"train.fp32_precision", "tf32", "ieee, bf16"}));
 }
 
 TEST(Auto, TheEffectiveConfigWritesAutoAndReadsItBack) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <string>
 
 namespace fasttrain {
 namespace {
@@ -56,6 +57,35 @@ TEST(StopSignals, KeptHandlersOutliveTheGuardAndASignalOnlySetsTheFlag) {
   { StopSignals another; }  // a new guard may still be made
   std::signal(SIGTERM, SIG_DFL);
   std::signal(SIGINT, SIG_DFL);
+}
+
+// A scheduler's pre-emption signal (checkpoint.preempt_signal) stops the run as SIGTERM does, for the
+// guard's lifetime; a name that is not a signal fasttrain can stop on is an error naming it.
+TEST(StopSignals, AnExtraSignalStopsTheRunUntilTheGuardEnds) {
+  ASSERT_EQ(current_handler(SIGUSR1), SIG_DFL);
+  {
+    StopSignals guard;
+    guard.also_stop_on("USR1");
+    EXPECT_NE(current_handler(SIGUSR1), SIG_DFL);
+    EXPECT_EQ(current_handler(SIGUSR2), SIG_DFL);
+    StopSignals::arm();
+    ASSERT_EQ(std::raise(SIGUSR1), 0);  // with the default handler this would end the test binary
+    EXPECT_EQ(StopSignals::received(), SIGUSR1);
+  }
+  EXPECT_EQ(current_handler(SIGUSR1), SIG_DFL);
+  {
+    StopSignals guard;
+    guard.also_stop_on("none");
+    EXPECT_EQ(current_handler(SIGUSR1), SIG_DFL);
+  }
+  EXPECT_EQ(StopSignals::signal_number("SIGUSR2"), SIGUSR2);
+  EXPECT_EQ(StopSignals::signal_number("HUP"), SIGHUP);
+  try {
+    StopSignals::signal_number("KILL");
+    ADD_FAILURE() << "KILL accepted";
+  } catch (const std::exception& error) {
+    EXPECT_NE(std::string(error.what()).find("'KILL'"), std::string::npos) << error.what();
+  }
 }
 
 }  // namespace

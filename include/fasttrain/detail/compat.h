@@ -199,6 +199,22 @@ inline void set_backend_switches(bool cudnn_benchmark, bool tf32, bool determini
   if (deterministic) ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
 }
 
+// oneDNN's arithmetic for fp32 convolutions and matmuls on the CPU (train.fp32_precision): bf16 rounds
+// their inputs to bfloat16 and accumulates in fp32. The setting exists from LibTorch 2.9.
+inline constexpr bool has_cpu_fp32_precision() {
+  return FASTTRAIN_TORCH_AT_LEAST(2, 9);
+}
+
+inline void set_cpu_fp32_precision(bool bf16) {
+#if FASTTRAIN_TORCH_AT_LEAST(2, 9)
+  const at::Float32Precision precision = bf16 ? at::Float32Precision::BF16 : at::Float32Precision::IEEE;
+  for (at::Float32Op op : {at::Float32Op::MATMUL, at::Float32Op::CONV})
+    at::globalContext().setFloat32Precision(at::Float32Backend::MKLDNN, op, precision);
+#else
+  (void)bf16;  // resolve_precision refuses bf16 here
+#endif
+}
+
 }  // namespace fasttrain::compat
 
 // ---- CUDA allocator settings and cache ----

@@ -112,6 +112,10 @@ class ProcessGroup {
   // becomes an Error that says which rank failed in which collective and what to look at.
   void guard(const char* what, const std::function<void()>& work);
 
+  // Rank `rank`'s machine, as it said at the start: "node3 (10.0.0.3)" (its name, and the address its
+  // collectives use). Errors name it.
+  std::string host(int rank) const;
+
   // The c10d group, for c10d::Reducer.
   const c10::intrusive_ptr<c10d::ProcessGroup>& c10d_group() const;
 

@@ -144,10 +144,18 @@ struct RunCheckpointOptions {
          at_least(0), KeyTrait::kNeutral) = 0;
   FT_KEY(int, keep, "Newest checkpoints kept (>= 2: if the newest is damaged, the one before it resumes)",
          at_least(2), KeyTrait::kNeutral) = 3;
+  FT_KEY(std::string, preempt_signal,
+         "A signal that, like SIGINT and SIGTERM, stops the run with a checkpoint at the same step on every "
+         "rank; the process then exits with 128 + the signal (USR1: 138), which a Slurm job script "
+         "requeues on (sbatch --signal=USR1@90): USR1, USR2, HUP or none (fasttrain train reads it)",
+         one_of({"USR1", "USR2", "HUP", "none"}), KeyTrait::kNeutral) = "USR1";
   // Stored in each checkpoint: the effective config (config.toml) and its training_fingerprint; a
   // checkpoint with another fingerprint does not load.
   FT_ARG(std::string, config_toml) = "";
   FT_ARG(std::string, fingerprint) = "";
+  // The fingerprint a resumed checkpoint must carry where it is not `fingerprint` ("" = the same):
+  // a resume at another world size changes data.batch_size per rank, not the training.
+  FT_ARG(std::string, resumed_fingerprint) = "";
 };
 
 // Where fit() stands: with the tensors, what a checkpoint restores.
@@ -218,7 +226,11 @@ class Trainer : private StepFunctions {
   std::string save_checkpoint();
   // Verifies `dir` (a step-N directory) against its manifest, then restores the run state; an error
   // names the file and what is wrong, and a failed load must not be trained on. `train_batches`
-  // (the loader's batches_per_epoch) must equal the checkpointed run's.
+  // (the loader's batches_per_epoch) must equal the checkpointed run's. A checkpoint of another
+  // number of ranks (the same dist.zero, at the end of an accumulation window) is resharded: the
+  // weights are whole in it, ZeRO's flat optimizer shards are joined and cut anew, and rank r takes
+  // the random state of saved rank r mod N. Keeping the global batch is the caller's part
+  // (train_run adjusts data.batch_size).
   void load_checkpoint(const std::string& dir, int64_t train_batches);
   // Asks fit() to stop after the micro-batch in flight, checkpoint (when enabled) and return with
   // summary.interrupted. Async-signal-safe.
@@ -302,6 +314,8 @@ class Trainer : private StepFunctions {
   bool sharded_optimizer() const;
   std::string optimizer_file_name() const;
   std::string rng_file_name() const;
+  // The optimizer state `saved_world` ZeRO ranks wrote to `dir`, as this rank's part of it here.
+  SafetensorsFile resharded_optimizer_state(const std::string& dir, int saved_world) const;
   // No gradients and no window loss, or those of the accumulation window a checkpoint stopped inside.
   void restore_window(const std::optional<SafetensorsFile>& window_file);
 

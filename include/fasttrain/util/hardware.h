@@ -21,6 +21,7 @@ struct Hardware {
   bool cpu_avx512 = false;              // AVX512F
   bool cpu_native_bf16 = false;         // AVX512-BF16 or AMX-BF16: oneDNN's bf16 kernels run natively
   bool native_bf16_overridden = false;  // FASTTRAIN_NATIVE_BF16 decided cpu_native_bf16
+  bool cpu_amx_bf16 = false;  // AMX-BF16: where oneDNN rounds fp32 convs and matmuls to bf16 when allowed
   int physical_cores = 1;
   bool openblas_pool = false;    // LibTorch's fp32 matmuls run in OpenBLAS's own thread pool
   std::string gpu_name;          // CUDA devices only
