@@ -3,6 +3,7 @@
 
   .venv/bin/python bench/compare.py classic   [--epochs 2]   # (a) same model and recipe: epoch time
   .venv/bin/python bench/compare.py speedrun  [--repeats 3]  # (b) default config vs peer: time to 91%
+  .venv/bin/python bench/compare.py recipe    [--repeats 5]  # (b') the same recipe in PyTorch, eager and compile
   .venv/bin/python bench/compare.py ablation                 # each switch of the default config on/off
   .venv/bin/python bench/compare.py checkpoint [--repeats 3] # checkpoint save time vs torch.save
   .venv/bin/python bench/compare.py activations              # memory.checkpoint on a deep ResNet
@@ -174,6 +175,52 @@ def speedrun(opts):
         "fasttrain_test_accuracy": [r["test_accuracy"] for r in ours_runs],
         "peer_time_to_target_s": {f"{k} threads": v for k, v in peers.items()},
         "speedup_vs_best_peer": round(best_peer / ours_time, 2) if ours_time else None,
+    }
+    return row, raw
+
+
+def recipe(opts):
+    """(b') fasttrain's default config against the same recipe in PyTorch (bench/peer_gpu_speedrun.py on the
+    CPU: the conv net, Muon except classifier.0 with AdamW, one-cycle, label smoothing, evaluations every 25
+    steps from 520, bf16 where native), eager and torch.compile, seed by seed in turn: wall time to 91%."""
+    with open(os.path.join(ROOT, "configs", "default.toml")) as f:
+        text = f.read()
+    for needed in ('name = "muon"', 'muon_exclude = ["classifier.0"]', "eval_every_steps = 25",
+                   "eval_from_step = 520"):
+        if needed not in text:
+            sys.exit(f"compare.py recipe: configs/default.toml no longer has {needed!r}: update the peer's arguments")
+    peer_args = ["--device", "cpu", "--precision", "auto", "--threads", "2", "--optimizer", "muon",
+                 "--muon-exclude", "classifier.0", "--eval-from", "520", "--eval-every", "25", "--repeats", "1",
+                 "--json"]
+    times = {"fasttrain": [], "eager": [], "compile": []}
+    raw = {key: [] for key in times}
+    for seed in range(opts.repeats):
+        ours = fasttrain(opts.build, "configs/default.toml", f"recipe-{seed}", [f"train.seed={seed}"])
+        raw["fasttrain"].append(ours)
+        times["fasttrain"].append(ours["time_to_target_s"])
+        for mode in ("eager", "compile"):
+            if mode == "compile" and not peer_has_compile():
+                continue
+            out = run([PYTHON, os.path.join(ROOT, "bench", "peer_gpu_speedrun.py"), "--mode", mode,
+                       "--seed", str(seed)] + peer_args)
+            theirs = json.loads(out.strip().splitlines()[-1])
+            raw[mode].append(theirs)
+            times[mode].append(theirs["time_to_target_s"][0])
+
+    def median(values):
+        reached = [t for t in values if t is not None]
+        return round(statistics.median(reached), 2) if reached and len(reached) == len(values) else None
+
+    medians = {key: median(values) for key, values in times.items() if values}
+    peers = [medians[k] for k in ("eager", "compile") if medians.get(k) is not None]
+    row = {
+        "benchmark": "time to 91% test accuracy, the same recipe (fasttrain default config vs PyTorch eager "
+                     "and torch.compile), seeds 0.." + str(opts.repeats - 1),
+        "time_to_target_s": {k: [None if t is None else round(t, 2) for t in v] for k, v in times.items()},
+        "median_s": medians,
+        "reached": {k: sum(t is not None for t in v) for k, v in times.items()},
+        "speedup_vs_best_peer": (round(min(peers) / medians["fasttrain"], 2)
+                                 if peers and medians.get("fasttrain") else None),
     }
     return row, raw
 
@@ -1167,7 +1214,7 @@ def csv_bench(opts):
 def main():
     global PYTHON
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("which", choices=["classic", "speedrun", "ablation", "checkpoint", "activations", "find-batch",
+    p.add_argument("which", choices=["classic", "speedrun", "recipe", "ablation", "checkpoint", "activations", "find-batch",
                                      "dist", "gpt", "gpt-checkpoint", "gpt-bucketing", "sharding", "torchscript", "csv",
                                      "all"])
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -1187,7 +1234,7 @@ def main():
     PYTHON = opts.python
     require_fasttrain(opts.build)
     os.makedirs(OUT, exist_ok=True)
-    benches = {"classic": classic, "speedrun": speedrun, "ablation": ablation, "checkpoint": checkpointing,
+    benches = {"classic": classic, "speedrun": speedrun, "recipe": recipe, "ablation": ablation, "checkpoint": checkpointing,
                "activations": activations, "find-batch": find_batch, "dist": dist_bench, "gpt": gpt_bench,
                "gpt-checkpoint": gpt_checkpoint_bench, "gpt-bucketing": gpt_bucketing_bench,
                "sharding": sharding_bench, "torchscript": torchscript_bench, "csv": csv_bench}
