@@ -109,22 +109,29 @@ std::string local_address(const std::string& master_addr) {
   return found;
 }
 
-// "node3 (10.0.0.3)": this machine's name and the address its ranks talk from.
-std::string describe_host(const std::string& master_addr) {
+// A rank's machine: its name, and the address its collectives use ("" where it could not be read).
+struct RankHost {
+  std::string name, address;
+  std::string describe() const { return address.empty() ? name : fmt::format("{} ({})", name, address); }
+};
+
+RankHost this_host(const std::string& master_addr) {
   char name[256] = {};
   gethostname(name, sizeof name - 1);
-  const std::string address = local_address(master_addr);
-  return address.empty() ? std::string(name) : fmt::format("{} ({})", name, address);
+  return {name, local_address(master_addr)};
 }
 
-// Every rank's host, through the store: read at the start, when every rank is still there to answer.
-std::vector<std::string> exchange_hosts(c10d::Store& store, int rank, int world_size,
-                                        const std::string& mine) {
-  store.set("fasttrain/host/" + std::to_string(rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-  std::vector<std::string> hosts;
+// Every rank's host, through the store ("ADDRESS\nNAME" under one key per rank): read at the start, when
+// every rank is still there to answer.
+std::vector<RankHost> exchange_hosts(c10d::Store& store, int rank, int world_size, const RankHost& mine) {
+  const std::string text = mine.address + "\n" + mine.name;
+  store.set("fasttrain/host/" + std::to_string(rank), std::vector<uint8_t>(text.begin(), text.end()));
+  std::vector<RankHost> hosts;
   for (int other = 0; other < world_size; ++other) {
     const std::vector<uint8_t> bytes = store.get("fasttrain/host/" + std::to_string(other));
-    hosts.emplace_back(bytes.begin(), bytes.end());
+    const std::string got(bytes.begin(), bytes.end());
+    const size_t newline = got.find('\n');
+    hosts.push_back({got.substr(newline + 1), got.substr(0, newline)});
   }
   return hosts;
 }
@@ -203,19 +210,17 @@ std::optional<DistEnv> DistEnv::from_environment() {
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> group;
-  std::vector<std::string> hosts;  // rank r's host: "node3 (10.0.0.3)"
+  std::vector<RankHost> hosts;  // rank r's
 
   // The other ranks whose address a Gloo error names ("Read error [10.0.0.2]:18070: ..."), as "rank 1
   // on node2 (10.0.0.2)" (ranks sharing a machine: "rank 1 ... or rank 2 ..."); "" for none.
   std::string peers_named_in(const std::string& message, int self) const {
     std::vector<std::string> named;
     for (size_t rank = 0; rank < hosts.size(); ++rank) {
-      if (static_cast<int>(rank) == self) continue;
-      const size_t open = hosts[rank].rfind(" (");
-      if (open == std::string::npos) continue;
-      const std::string address = hosts[rank].substr(open + 2, hosts[rank].size() - open - 3);
-      if (message.find("[" + address + "]") != std::string::npos)
-        named.push_back(fmt::format("rank {} on {}", rank, hosts[rank]));
+      const RankHost& host = hosts[rank];
+      if (static_cast<int>(rank) == self || host.address.empty()) continue;
+      if (message.find("[" + host.address + "]") != std::string::npos)
+        named.push_back(fmt::format("rank {} on {}", rank, host.describe()));
     }
     return fmt::format("{}", fmt::join(named, " or "));
   }
@@ -254,7 +259,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
     result->impl_->group =
         compat::gloo_process_group<c10d::ProcessGroup>(result->impl_->store, env.rank, env.world_size, gloo);
     result->impl_->hosts =
-        exchange_hosts(*result->impl_->store, env.rank, env.world_size, describe_host(env.master_addr));
+        exchange_hosts(*result->impl_->store, env.rank, env.world_size, this_host(env.master_addr));
   } catch (const std::exception& error) {
     std::string message = error.what();
     message = message.substr(0, message.find("\nException raised from"));
@@ -273,7 +278,7 @@ ProcessGroup::~ProcessGroup() = default;
 
 std::string ProcessGroup::host(int rank) const {
   return rank >= 0 && static_cast<size_t>(rank) < impl_->hosts.size()
-             ? impl_->hosts[static_cast<size_t>(rank)]
+             ? impl_->hosts[static_cast<size_t>(rank)].describe()
              : "an unknown host";
 }
 

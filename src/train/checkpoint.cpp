@@ -308,11 +308,8 @@ void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
                                        ? resharded_optimizer_state(dir, saved.world_size)
                                        : load_safetensors(dir + "/" + optimizer_file_name());
   // Rank r continues saved rank r mod N's random stream (one process wrote rng.safetensors).
-  const std::string rng_name = resharded
-                                   ? (has(fmt::format("rng-rank{}.safetensors", rank() % saved.world_size))
-                                          ? fmt::format("rng-rank{}.safetensors", rank() % saved.world_size)
-                                          : "rng.safetensors")
-                                   : rng_file_name();
+  const std::string saved_rng = fmt::format("rng-rank{}.safetensors", rank() % saved.world_size);
+  const std::string rng_name = !resharded ? rng_file_name() : has(saved_rng) ? saved_rng : "rng.safetensors";
   SafetensorsFile rng_file = load_safetensors(dir + "/" + rng_name);
   std::optional<SafetensorsFile> window_file;
   if (saved.progress.window_done > 0) {
