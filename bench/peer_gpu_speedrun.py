@@ -247,7 +247,7 @@ class MuonAndAdamW(torch.optim.Optimizer):
     rest at the same lr, and for the matrices whose names contain one of `exclude` (optim.muon_exclude).
     Group 0 is muon's matrices, group 1 the rest: the loop sets each group's lr."""
 
-    def __init__(self, model, lr, weight_decay, exclude=()):
+    def __init__(self, model, lr, weight_decay, exclude=(), capturable=False):
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         matrices = [p for n, p in named if p.dim() > 1 and not any(e in n for e in exclude)]
         excluded = [p for n, p in named if p.dim() > 1 and any(e in n for e in exclude)]
@@ -257,7 +257,7 @@ class MuonAndAdamW(torch.optim.Optimizer):
         # optim.muon_exclude's matrices keep their weight decay under AdamW (muon.cpp splits each group).
         self.adamw = torch.optim.AdamW([{"params": excluded, "weight_decay": weight_decay},
                                         {"params": rest, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.999),
-                                       eps=1e-8, foreach=True)
+                                       eps=1e-8, foreach=True, capturable=capturable)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -267,13 +267,20 @@ class MuonAndAdamW(torch.optim.Optimizer):
         for p in matrices["params"]:
             if p.grad is None:
                 continue
-            buf = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p.grad))
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad)
+            buf = state["momentum_buffer"]
             buf.lerp_(p.grad, 1 - momentum)
             update = p.grad.lerp(buf, momentum)  # Nesterov
             flat = update.reshape(update.shape[0], -1)
             ortho = _zeropower_via_newtonschulz(flat, (3.4445, -4.7750, 2.0315), 5, 1e-7).reshape(p.shape)
             p.mul_(1 - lr * wd)
-            p.add_(ortho, alpha=-_adjust_lr(lr, "match_rms_adamw", flat.shape))
+            step_size = _adjust_lr(lr, "match_rms_adamw", flat.shape)
+            if isinstance(step_size, torch.Tensor):  # graph mode: the LR is a device tensor written in the graph
+                p.sub_(ortho.mul_(step_size))
+            else:
+                p.add_(ortho, alpha=-step_size)
         for group in self.adamw.param_groups:
             group["lr"] = rest["lr"]
         self.adamw.step()
@@ -358,7 +365,7 @@ class Job:
 
     def optimizer(self, lr, capturable=False):
         if self.args.optimizer == "muon":
-            return MuonAndAdamW(self.model, lr, self.args.weight_decay, self.args.muon_exclude)
+            return MuonAndAdamW(self.model, lr, self.args.weight_decay, self.args.muon_exclude, capturable)
         fused = self.device.type == "cuda" or self.args.fused_cpu
         extra = {"capturable": True} if capturable else {}
         if fused:
@@ -578,8 +585,6 @@ def main():
         device = torch.device("cuda", torch.cuda.current_device())
     if args.mode == "graph" and device.type != "cuda":
         sys.exit("--mode graph captures a CUDA graph: it needs --device cuda (eager and compile also run on the CPU)")
-    if args.mode == "graph" and args.optimizer == "muon":
-        sys.exit("--optimizer muon runs in eager and compile modes (MuonAndAdamW is not capturable)")
     if args.mode == "graph" and args.graph_warmup_steps < 1:
         p.error("--graph-warmup-steps must be >= 1 (capture needs warmed-up kernels and optimizer state)")
     if args.graph_warmup_steps >= args.max_steps and args.mode == "graph":

@@ -39,10 +39,12 @@ for seed in 0 1 2; do
   done
 done
 stage "main job: the peer, CUDA graph and eager (one untimed warm-up run each, then seeds 0-2)"
-data="--data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json"
+# The recipe of configs/default.toml: Muon (AdamW for classifier.0 and the rest), evaluations from step 520 every 25.
+recipe="--optimizer muon --muon-exclude classifier.0 --eval-from 520 --eval-every 25"
+data="$recipe --data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json"
 timeout 60 "$python" bench/peer_gpu_speedrun.py --mode graph $data >"$work/peer-graph.json" 2>"$work/peer-graph.log"
 timeout 90 "$python" bench/peer_gpu_speedrun.py --mode eager $data >"$work/peer-eager.json" 2>"$work/peer-eager.log"
-timeout 30 "$python" bench/peer_gpu_speedrun.py --mode graph --no-warmup-run --data-dir /usr/share/datasets/fashion-mnist \
+timeout 30 "$python" bench/peer_gpu_speedrun.py --mode graph --no-warmup-run $recipe --data-dir /usr/share/datasets/fashion-mnist \
   --repeats 1 --json >"$work/peer-graph-cold.json" 2>"$work/peer-graph-cold.log"
 
 stage "gpt 12 x 768: fasttrain captured and eager, the peer eager"
@@ -57,8 +59,22 @@ timeout 120 "$python" bench/peer_gpt.py --device cuda --path "$root" --include '
   --embed 768 --context 1024 --batch-size 16 --steps 60 --warmup-steps 20 --lr-warmup-steps 10 --min-lr 1e-4 \
   --log-every 10 >"$work/peer-gpt.json" 2>"$work/peer-gpt.log"
 
+stage "fasttrain profile on the GPU: the main job's Kineto trace (CUDA kernels and copies)"
+timeout 60 "$cli" profile configs/default.toml --run-dir "$work/profile" --steps 10 --warmup-steps 5 \
+  --set log.progress=none >"$work/profile.log" 2>&1
+"$python" - "$work/profile/trace.json" <<'PY' >"$work/profile-trace-summary.txt" 2>&1
+import collections, json, sys
+events = json.load(open(sys.argv[1]))
+events = events.get("traceEvents", events) if isinstance(events, dict) else events
+cats = collections.Counter(e.get("cat", "?") for e in events if isinstance(e, dict))
+print("events by category:", dict(cats.most_common(12)))
+kernels = collections.Counter(e["name"][:80] for e in events if isinstance(e, dict) and e.get("cat") == "kernel")
+for name, n in kernels.most_common(10): print(n, name)
+PY
+cat "$work/profile-trace-summary.txt"
+
 stage "the whole suite"
-left=$((570 - (SECONDS - start)))
+left=$((540 - (SECONDS - start)))
 [ $left -gt 30 ] && (cd build && timeout $left ctest -j 8 --output-on-failure >"$work/ctest-all.log" 2>&1)
 grep -E "tests passed|\*\*\*Failed|\*\*\*Timeout|Skipped" "$work/ctest-all.log" | tail -n 20
 

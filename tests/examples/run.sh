@@ -2,11 +2,13 @@
 # Examples.BuildAgainstTheInstalledPackageAndRun: installs fasttrain from BUILD into a prefix, builds
 # every example of examples/ against it with find_package(fasttrain), as a program outside the tree
 # would, and runs each for a few steps, checking what it writes.
-#   run.sh SOURCE_DIR BUILD_DIR CMAKE PYTHON
+#   run.sh SOURCE_DIR BUILD_DIR CMAKE PYTHON [PREFIX_PATH]
 # PYTHON has the PyTorch of the LibTorch under test (python_model scripts its network with it).
+# PREFIX_PATH is the main build's CMAKE_PREFIX_PATH (':'-separated), where its dependencies were found (a GPU machine
+# keeps Debian's packages in /opt/fasttrain-deps, not /usr): the package's find_dependency calls look there.
 # Exits 77 (skipped) after the build when Debian's Fashion-MNIST, which the examples train on, is absent.
 set -euo pipefail
-source_dir="$1" build_dir="$2" cmake="$3" python="$4"
+source_dir="$1" build_dir="$2" cmake="$3" python="$4" dependency_prefixes="${5:-}"
 work="$build_dir/examples-check"  # a fixed place: a rerun rebuilds only what changed
 rm -rf "$work/prefix" "$work/runs"
 mkdir -p "$work"
@@ -19,7 +21,8 @@ launcher=()
 if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
 step "building examples/ against the installed package"
 "$cmake" -S "$source_dir/tests/examples" -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_PREFIX_PATH="$work/prefix" -DFASTTRAIN_EXAMPLES_DIR="$source_dir/examples" "${launcher[@]}" \
+  -DCMAKE_PREFIX_PATH="$work/prefix${dependency_prefixes:+;${dependency_prefixes//:/;}}" \
+  -DFASTTRAIN_EXAMPLES_DIR="$source_dir/examples" "${launcher[@]}" \
   >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; fail "configure"; }
 "$cmake" --build "$work/build" -j "${FASTTRAIN_JOBS:-2}" >"$work/build.log" 2>&1 || { tail -n 60 "$work/build.log"; fail "build"; }
 

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# On a GPU machine, with no build there: the CLI and test_cli built on another machine against the same
+# PyTorch wheel (build/ from scripts/build; LibTorch 2.11.0+cu130 both sides) travel with the clone and
+# .offline-deps/. A build takes 3 minutes of a lease; this script spends its minutes on measuring:
+#   main job   configs/default.toml with memory.warmup = true, seeds 0-2: the default recipe (Muon), AdamW,
+#              and Muon without channels_last, captured; the peer's hand-written CUDA-graph step
+#              (bench/peer_gpu_speedrun.py --mode graph) with the same recipe: Muon and AdamW, the same
+#              evaluation schedule (from step 520, every 25)
+#   tests      test_cli's bit-identical resume tests on the GPU (CliResume.*, TorchScriptCli.*)
+# Logs go to $OUT/prebuilt-logs.tgz; the figures are printed.
+#   bench/gpu/prebuilt.sh            # PYTHON (default python3) is the PyTorch the binaries were built against
+set -uo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$root" || exit 1
+out="${OUT:-/tmp/fasttrain-gpu}"
+work=/tmp/fasttrain-gpu-work
+rm -rf "$work" && mkdir -p "$work" "$out"
+python="${PYTHON:-python3}"
+budget="${FASTTRAIN_GPU_BUDGET_S:-220}"  # the tests get what is left of this
+start=$SECONDS
+stage() { echo "prebuilt: $1 (at $((SECONDS - start)) s)" >&2; }
+
+stage "runtime packages and the data set into /opt/fasttrain-deps"
+prefix=/opt/fasttrain-deps
+mkdir -p "$prefix"
+for deb in .offline-deps/libtomlplusplus3_*.deb .offline-deps/dataset-fashion-mnist_*.deb; do dpkg -x "$deb" "$prefix"; done
+if [ ! -e /usr/share/datasets/fashion-mnist ]; then
+  mkdir -p /usr/share/datasets && ln -sfn "$prefix/usr/share/datasets/fashion-mnist" /usr/share/datasets/fashion-mnist
+fi
+torch_lib="$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+multiarch="$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
+export LD_LIBRARY_PATH="$torch_lib:/usr/local/cuda/lib64:$prefix/usr/lib/$multiarch"
+# test_cli scripts its TorchScript models with the Python whose path was compiled in (FASTTRAIN_TORCH_PYTHON):
+# a wrapper there (a symbolic link would lose the virtual environment the interpreter belongs to).
+if [ ! -e .venv/bin/python ]; then
+  mkdir -p .venv/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$python")" >.venv/bin/python
+  chmod +x .venv/bin/python
+fi
+cli=build/bin/fasttrain
+if ldd "$cli" | grep -q "not found"; then ldd "$cli" | grep "not found"; exit 1; fi
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+"$python" -c "import torch; print('torch', torch.__version__)"
+
+stage "main job: fasttrain captured, memory.warmup = true, seeds 0-2"
+variants=("muon" "adamw --set optim.name=adamw" "muon-nchw --set train.channels_last=false")
+for variant in "${variants[@]}"; do
+  read -r name extra <<<"$variant"
+  for seed in 0 1 2; do
+    # shellcheck disable=SC2086  # $extra is a list of arguments
+    timeout 60 "$cli" train configs/default.toml --fresh --run-dir "$work/$name-$seed" --set train.seed=$seed \
+      --set log.progress=none --set memory.warmup=true $extra >"$work/$name-$seed.log" 2>&1
+    echo "fasttrain $name seed $seed: $(grep -hE "reached accuracy|did not reach|error" "$work/$name-$seed.log" | head -1)"
+  done
+done
+
+stage "main job: the peer's CUDA-graph step, same recipe (a warm-up run, then seeds 0-2)"
+for optimizer in muon adamw; do
+  timeout 90 "$python" bench/peer_gpu_speedrun.py --mode graph --optimizer $optimizer --muon-exclude classifier.0 \
+    --eval-from 520 --eval-every 25 --data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json \
+    >"$work/peer-graph-$optimizer.json" 2>"$work/peer-graph-$optimizer.log"
+  "$python" - "$work/peer-graph-$optimizer.json" "$optimizer" <<'PY' || tail -n 5 "$work/peer-graph-$optimizer.log"
+import json, sys
+r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+print(f"peer graph {sys.argv[2]}: time to 91% {r['time_to_target_s']}, steps {r['steps']}, "
+      f"samples/s {r['samples_per_s']}, accuracy {r['accuracy']}")
+PY
+done
+
+left=$((budget - (SECONDS - start)))
+stage "test_cli's resume tests on the GPU (${left} s left)"
+[ $left -gt 20 ] && (cd build && timeout $left tests/test_cli --gtest_filter='CliResume.*:TorchScriptCli.*' \
+  >"$work/test_cli.log" 2>&1; echo "test_cli exit $?")
+grep -E "^\[  (FAILED|PASSED|  OK) |Failure|differs" "$work/test_cli.log" | head -n 30
+
+find "$work" -name '*.safetensors' -delete
+find "$work" -path '*checkpoints*' -prune -exec rm -rf {} + 2>/dev/null
+tar czf "$out/prebuilt-logs.tgz" -C "$work" . 2>/dev/null
+stage "done"
