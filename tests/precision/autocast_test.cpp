@@ -278,7 +278,7 @@ TEST(Fp32Precision, Bf16RoundsTheInputsOfLinearAndConvAndIeeeRestoresFp32) {
     return;
   }
   const bool linear_in_bf16 = torch::allclose(bf16_linear.first, linear_reference, 5e-4, 5e-4) &&
-                             !torch::allclose(bf16_linear.first, fp32_linear.first, 1e-5, 1e-5);
+                              !torch::allclose(bf16_linear.first, fp32_linear.first, 1e-5, 1e-5);
   EXPECT_TRUE(linear_in_bf16 || torch::allclose(bf16_linear.first, fp32_linear.first, 1e-5, 1e-5))
       << "the Linear is neither fp32's nor bf16-rounded inputs' result";
   EXPECT_TRUE(torch::allclose(bf16_conv.first, conv_reference, 5e-4, 5e-4));
