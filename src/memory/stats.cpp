@@ -2,12 +2,14 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -131,6 +133,20 @@ std::once_flag g_install;
 std::atomic<bool> g_installed{false};
 
 }  // namespace
+
+bool retain_cpu_heap() {
+#ifdef __GLIBC__
+  static const bool retained = [] {
+    // glibc's limits on 64-bit Linux: a larger mmap threshold is refused (mallopt returns 0).
+    constexpr int kMaxMmapThreshold = 32 << 20;
+    constexpr int kNeverTrim = std::numeric_limits<int>::max();
+    return mallopt(M_MMAP_THRESHOLD, kMaxMmapThreshold) == 1 && mallopt(M_TRIM_THRESHOLD, kNeverTrim) == 1;
+  }();
+  return retained;
+#else
+  return false;
+#endif
+}
 
 void track_cpu_allocations() {
   std::call_once(g_install, [] {

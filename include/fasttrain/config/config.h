@@ -125,13 +125,15 @@ struct TrainConfig {
   FT_KEY(bool, cudnn_benchmark,
          "CUDA: let cuDNN benchmark the conv algorithms per shape and keep the fastest") = true;
   FT_KEY(bool, tf32, "CUDA: TF32 tensor cores for fp32 matmuls and convolutions (Ampere and later)") = true;
-  FT_KEY(std::string, fp32_precision,
-         "CPU: the arithmetic of fp32 convolutions and matmuls run by oneDNN (Linear, Conv, their backward): "
-         "ieee (fp32) or bf16 (inputs rounded to bfloat16, fp32 accumulation; weights, activations and the "
-         "optimizer stay fp32). Needs LibTorch >= 2.9, and AMX-BF16 to compute in bf16: elsewhere oneDNN "
-         "runs its own fp32 kernels for them instead of the BLAS's (fp32 arithmetic, other rounding); the "
-         "CPU's counterpart of train.tf32",
-         one_of({"ieee", "bf16"})) = "ieee";
+  FT_KEY(
+      std::string, fp32_precision,
+      "CPU: the arithmetic of fp32 convolutions and matmuls run by oneDNN (Linear, Conv, their backward): "
+      "ieee (fp32) or bf16 (inputs rounded to bfloat16, fp32 accumulation; weights, activations and the "
+      "optimizer stay fp32). Needs LibTorch >= 2.9, and AMX-BF16 to compute in bf16 (convolutions; "
+      "a matmul where oneDNN takes it: a small Linear kept fp32 on one AMX Xeon): elsewhere oneDNN runs its "
+      "own fp32 kernels for them instead of the BLAS's (fp32 arithmetic, other rounding); the CPU's "
+      "counterpart of train.tf32",
+      one_of({"ieee", "bf16"})) = "ieee";
   FT_KEY(bool, deterministic,
          "Deterministic algorithms only (an error for ops without one); disables cudnn_benchmark") = false;
   FT_KEY(std::string, device, "auto, cpu, cuda or cuda:N",
@@ -188,6 +190,12 @@ struct MemoryConfig {
          "CUDA: the caching allocator grows segments in place instead of caching many sizes "
          "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts; LibTorch >= 2.1)",
          KeyTrait::kNeutral) = false;
+  FT_KEY(std::string, cpu_heap,
+         "CPU runs: where freed tensor memory goes. retain: it stays in the process's heap for the next "
+         "step (glibc: mmap threshold at its 32 MiB maximum, no trimming), which spares the page faults of "
+         "mapping it afresh and holds more resident memory; system: glibc's adaptive thresholds as they "
+         "are, which hand large blocks back to the kernel. Process-wide, set once",
+         KeyRule<std::string>(one_of({"retain", "system"}), KeyTrait::kNeutral)) = "retain";
 
  public:
   CheckpointPolicy checkpoint_policy() const {

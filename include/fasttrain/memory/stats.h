@@ -31,6 +31,12 @@ struct MemoryStats {
   int64_t device_mallocs = 0;  // cudaMalloc calls (LibTorch >= 2.1)
 };
 
+// memory.cpu_heap = "retain": freed CPU blocks stay in the process's heap instead of going back to the
+// kernel (glibc: mallopt's mmap threshold at its maximum, trimming off), so a step's tensors reuse the
+// last step's pages without page faults. Process-wide and once; nothing where the C library is not glibc.
+// Returns whether the heap now retains.
+bool retain_cpu_heap();
+
 // Installs the counting CPU allocator; later calls do nothing. Thread-safe.
 void track_cpu_allocations();
 bool tracking_cpu_allocations();
