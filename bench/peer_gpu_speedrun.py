@@ -18,6 +18,8 @@ The job, as fasttrain runs it (each point read from its source):
             model and inputs channels_last (train.channels_last = true).
   optimizer AdamW(lr 6e-3 (--lr; configs/default.toml's optim.lr), betas (0.9, 0.999), eps 1e-8), weight decay 5e-4 on the parameters with dim > 1 only
             (src/optim/optimizer.cpp make_optimizer: decay group first), the fused kernel on CUDA.
+            --optimizer muon (configs/default.toml's optim.name; with --muon-exclude classifier.0 its
+            recipe): MuonAndAdamW below, in every mode (graph: the LR a device tensor, AdamW capturable).
   schedule  one-cycle exactly as src/optim/schedule.cpp computes it: pct_start 0.25, div_factor 25,
             final_div_factor 1e3, cos anneal, no momentum cycling, over max_steps 700; step k (0-based) trains
             at lr(k) (fasttrain's scheduled_lr(step)).
@@ -39,7 +41,7 @@ Modes (--mode):
            from the resident data by the static indices, forward under autocast (cache_enabled=False), loss,
            backward, the LR copied into the optimizer's CUDA LR tensor from a device table (float64, as
            fasttrain's LrTable; the fused kernel takes float32) indexed by a device step counter, fused
-           capturable AdamW, counter += 1. The first 3 steps run eagerly on a side stream (they train: they
+           capturable AdamW (or MuonAndAdamW), counter += 1. The first 3 steps run eagerly on a side stream (they train: they
            are steps 0, 1, 2, exactly as fasttrain's CUDA-graph engine), gradients then go to None, step 3 is
            captured (gradients allocated in the graph's pool, never set to None again) and replayed; every later
            step only copies its indices into the static buffer and replays. CUDA only.

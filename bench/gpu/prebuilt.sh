@@ -6,7 +6,9 @@
 #              and Muon without channels_last, captured; the peer's hand-written CUDA-graph step
 #              (bench/peer_gpu_speedrun.py --mode graph) with the same recipe: Muon and AdamW, the same
 #              evaluation schedule (from step 520, every 25)
-#   tests      test_cli's bit-identical resume tests on the GPU (CliResume.*, TorchScriptCli.*)
+#   tests      test_cli's bit-identical resume tests on the GPU (CliResume.*, TorchScriptCli.*), then the
+#              *_CUDA tests of every other test binary carried (build/tests/test_profile, say: the
+#              working tree travels up to 64 MiB, so carry the binaries the lease is for)
 # Logs go to $OUT/prebuilt-logs.tgz; the figures are printed.
 #   bench/gpu/prebuilt.sh            # PYTHON (default python3) is the PyTorch the binaries were built against
 set -uo pipefail
@@ -71,6 +73,14 @@ stage "test_cli's resume tests on the GPU (${left} s left)"
 [ $left -gt 20 ] && (cd build && timeout $left tests/test_cli --gtest_filter='CliResume.*:TorchScriptCli.*' \
   >"$work/test_cli.log" 2>&1; echo "test_cli exit $?")
 grep -E "^\[  (FAILED|PASSED|  OK) |Failure|differs" "$work/test_cli.log" | head -n 30
+for binary in build/tests/test_*; do
+  if [ ! -x "$binary" ] || [ "$binary" = build/tests/test_cli ]; then continue; fi
+  left=$((budget - (SECONDS - start)))
+  [ $left -gt 10 ] || break
+  name="$(basename "$binary")"
+  (cd build && timeout $left "tests/$name" --gtest_filter='*_CUDA' >"$work/$name.log" 2>&1; echo "$name *_CUDA exit $?")
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure" "$work/$name.log" | head -n 10
+done
 
 find "$work" -name '*.safetensors' -delete
 find "$work" -path '*checkpoints*' -prune -exec rm -rf {} + 2>/dev/null
