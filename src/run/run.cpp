@@ -260,9 +260,10 @@ Run build_run(RunBuilder& builder, const Config& requested, Reporter* reporter_i
   AutoResolution resolved{requested, {}, {}};
   resolve_precision(resolved, run.hardware);
   parse_precision(resolved.config.train.precision(), run.device);  // fp16 on CPU fails here, before any work
-  // From the start, so that peak_memory_bytes counts the dataset and the model too.
-  if (run.device.is_cpu()) track_cpu_allocations();
-  if (run.device.is_cpu() && requested.memory.cpu_heap() == "retain") retain_cpu_heap();
+  if (run.device.is_cpu()) {
+    track_cpu_allocations();  // from the start: peak_memory_bytes counts the dataset and the model too
+    if (requested.memory.cpu_heap() == "retain") retain_cpu_heap();
+  }
   // The cores (this rank's share) until the model says whether its bulk runs in OpenBLAS's own pool.
   set_intra_op_threads(requested.train.threads(), local_ranks);
   compat::set_backend_switches(requested.train.cudnn_benchmark(), requested.train.tf32(),
