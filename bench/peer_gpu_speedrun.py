@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Python PyTorch peer of fasttrain's main job (configs/default.toml) on a GPU, data resident on the device.
 
-The job, as fasttrain runs it (each point read from its source):
+The job, as fasttrain runs it (each point read from its source). Its settings (batch size, steps, optimizer and
+muon_exclude, lr, weight decay, the one-cycle's shape, label smoothing, the evaluation schedule and the target)
+are read from --config (configs/default.toml), so the peer follows the config; a flag overrides one. The
+figures below are the defaults of the flags where the config leaves a key out.
   data      Fashion-MNIST from --data-dir (IDX, gzip). Normalised as src/data/transforms.cpp does: the
             mean and population std of the training pixels (exact, from a histogram; src/data/dataset.cpp
             channel_statistics, about 0.2860 / 0.3530) in float32, and each pixel value v through the
@@ -16,10 +19,10 @@ The job, as fasttrain runs it (each point read from its source):
             Linear(1568, 256), ReLU, Linear(256, 10). LibTorch's default init (the same as PyTorch's), built on
             the CPU after torch.manual_seed(seed) and then moved to the device, as fasttrain builds it;
             model and inputs channels_last (train.channels_last = true).
-  optimizer AdamW(lr 6e-3 (--lr; configs/default.toml's optim.lr), betas (0.9, 0.999), eps 1e-8), weight decay 5e-4 on the parameters with dim > 1 only
+  optimizer --optimizer adamw: AdamW(lr 6e-3 (--lr; configs/default.toml's optim.lr), betas (0.9, 0.999), eps 1e-8), weight decay 5e-4 on the parameters with dim > 1 only
             (src/optim/optimizer.cpp make_optimizer: decay group first), the fused kernel on CUDA.
-            --optimizer muon (configs/default.toml's optim.name; with --muon-exclude classifier.0 its
-            recipe): MuonAndAdamW below, in every mode (graph: the LR a device tensor, AdamW capturable).
+            --optimizer muon (configs/default.toml's optim.name, with its optim.muon_exclude): MuonAndAdamW
+            below, in every mode (graph: the LR a device tensor, AdamW capturable).
   schedule  one-cycle exactly as src/optim/schedule.cpp computes it: pct_start 0.25, div_factor 25,
             final_div_factor 1e3, cos anneal, no momentum cycling, over max_steps 700; step k (0-based) trains
             at lr(k) (fasttrain's scheduled_lr(step)).
@@ -28,9 +31,9 @@ The job, as fasttrain runs it (each point read from its source):
             TF32 allowed as fasttrain's train.tf32 = true); cudnn.benchmark on (train.cudnn_benchmark = true).
   eval      the 10k test set in batches of 1000 (data.eval_batch_size), eval mode, no_grad, under the same
             autocast, float32 logits, loss sum and correct count on the device, one host read at the end.
-            When (src/train/fit_session.cpp): after every step s with s >= eval_from_step (560) and
-            s % eval_every_steps (45) == 0, i.e. at 585, 630, 675 (560 is the threshold, not an
-            evaluation: 560 % 45 != 0), and at the end of the run (700) and of an epoch past 560. The run stops
+            When (src/train/fit_session.cpp): after every step s with s >= eval_from_step (520 in
+            configs/default.toml) and s % eval_every_steps (25) == 0, i.e. at 525, 550, ..., and at the end
+            of the run (700) and of an epoch past eval_from_step. The run stops
             at the first evaluation with accuracy >= 0.91 (stop_at_target).
 
 Modes (--mode):
@@ -92,6 +95,7 @@ import os
 import statistics
 import sys
 import time
+import tomllib
 
 import numpy as np
 import torch
@@ -99,6 +103,34 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 DATA_DIR = os.environ.get("FASHION_MNIST_DIR", "/usr/share/datasets/fashion-mnist")
+DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "default.toml")
+
+
+def job_from_config(path):
+    """The flags' defaults from a fasttrain config; a key it leaves out keeps the flag's own default. What this
+    peer does not implement (another data set, model or schedule) is an error naming the key."""
+    with open(path, "rb") as f:
+        config = tomllib.load(f)
+
+    def key(section, name):
+        return config.get(section, {}).get(name)
+
+    implemented = {("data", "dataset"): "fashion-mnist", ("model", "name"): "cnn", ("model", "widths"): [16, 32],
+                   ("model", "hidden"): [256], ("model", "batchnorm"): True, ("model", "pool_first"): True,
+                   ("train", "channels_last"): True, ("schedule", "name"): "one-cycle",
+                   ("schedule", "cycle_momentum"): False}
+    for (section, name), value in implemented.items():
+        if key(section, name) not in (None, value):
+            sys.exit(f"{path}: {section}.{name} = {key(section, name)!r}, but this peer implements {value!r} only")
+    if key("optim", "name") not in (None, "adamw", "muon"):
+        sys.exit(f"{path}: optim.name = {key('optim', 'name')!r}, but this peer implements adamw and muon only")
+    flags = {"batch_size": ("data", "batch_size"), "max_steps": ("train", "max_steps"),
+             "optimizer": ("optim", "name"), "muon_exclude": ("optim", "muon_exclude"), "lr": ("optim", "lr"),
+             "weight_decay": ("optim", "weight_decay"), "pct_start": ("schedule", "pct_start"),
+             "div_factor": ("schedule", "div_factor"), "final_div_factor": ("schedule", "final_div_factor"),
+             "label_smoothing": ("task", "label_smoothing"), "eval_from": ("train", "eval_from_step"),
+             "eval_every": ("train", "eval_every_steps"), "target": ("train", "target_accuracy")}
+    return {flag: key(*where) for flag, where in flags.items() if key(*where) is not None}
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -555,7 +587,8 @@ def main():
                    help="one untimed whole run first (default on CUDA)")
     p.add_argument("--no-warmup-run", dest="warmup_run", action="store_false")
     p.add_argument("--json", action="store_true", help="one JSON line on stdout at the end")
-    # the job (configs/default.toml); change only for smoke tests
+    # the job: from --config, where these defaults are overridden by the config's keys; change only for smoke tests
+    p.add_argument("--config", default=DEFAULT_CONFIG, help="the fasttrain config whose job this runs")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=1000)
     p.add_argument("--max-steps", type=int, default=700)
@@ -578,6 +611,7 @@ def main():
     p.add_argument("--fused-cpu", action="store_true", help="CPU: the fused AdamW kernel (default: foreach)")
     p.add_argument("--sync-debug", action="store_true",
                    help="CUDA: torch.cuda.set_sync_debug_mode('warn') during the timed runs (reports host syncs)")
+    p.set_defaults(**job_from_config(p.parse_known_args()[0].config))
     args = p.parse_args()
 
     device = torch.device(args.device)
@@ -633,7 +667,8 @@ def main():
         "peer": "gpu_speedrun", "mode": args.mode, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "precision": args.precision, "resident": args.resident,
+        "precision": args.precision, "resident": args.resident, "config": os.path.normpath(args.config),
+        "optimizer": args.optimizer,
         "time_to_target_s": times, "median_time_to_target_s": median, "reached_target": len(reached),
         "median_wall_s": statistics.median(r["wall_s"] for r in runs) if runs else None,
         "samples_per_s": statistics.median(steady) if steady else None,

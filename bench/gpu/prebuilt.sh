@@ -4,8 +4,8 @@
 # .offline-deps/. A build takes 3 minutes of a lease; this script spends its minutes on measuring:
 #   main job   configs/default.toml with memory.warmup = true, seeds 0-2: the default recipe (Muon), AdamW,
 #              and Muon without channels_last, captured; the peer's hand-written CUDA-graph step
-#              (bench/peer_gpu_speedrun.py --mode graph) with the same recipe: Muon and AdamW, the same
-#              evaluation schedule (from step 520, every 25)
+#              (bench/peer_gpu_speedrun.py --mode graph), which reads the same recipe from the config:
+#              Muon, and AdamW
 #   tests      test_cli's bit-identical resume tests on the GPU (CliResume.*, TorchScriptCli.*), then the
 #              *_CUDA tests of every other test binary carried (build/tests/test_profile, say: the
 #              working tree travels up to 64 MiB, so carry the binaries the lease is for)
@@ -22,13 +22,9 @@ budget="${FASTTRAIN_GPU_BUDGET_S:-220}"  # the tests get what is left of this
 start=$SECONDS
 stage() { echo "prebuilt: $1 (at $((SECONDS - start)) s)" >&2; }
 
-stage "runtime packages and the data set into /opt/fasttrain-deps"
+stage "the packages and data sets into /opt/fasttrain-deps"
 prefix=/opt/fasttrain-deps
-mkdir -p "$prefix"
-for deb in .offline-deps/libtomlplusplus3_*.deb .offline-deps/dataset-fashion-mnist_*.deb; do dpkg -x "$deb" "$prefix"; done
-if [ ! -e /usr/share/datasets/fashion-mnist ]; then
-  mkdir -p /usr/share/datasets && ln -sfn "$prefix/usr/share/datasets/fashion-mnist" /usr/share/datasets/fashion-mnist
-fi
+scripts/offline-unpack "$prefix" || exit 1
 torch_lib="$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
 multiarch="$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
 export LD_LIBRARY_PATH="$torch_lib:/usr/local/cuda/lib64:$prefix/usr/lib/$multiarch"
@@ -57,8 +53,8 @@ done
 
 stage "main job: the peer's CUDA-graph step, same recipe (a warm-up run, then seeds 0-2)"
 for optimizer in muon adamw; do
-  timeout 90 "$python" bench/peer_gpu_speedrun.py --mode graph --optimizer $optimizer --muon-exclude classifier.0 \
-    --eval-from 520 --eval-every 25 --data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json \
+  timeout 90 "$python" bench/peer_gpu_speedrun.py --mode graph --optimizer $optimizer \
+    --data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json \
     >"$work/peer-graph-$optimizer.json" 2>"$work/peer-graph-$optimizer.log"
   "$python" - "$work/peer-graph-$optimizer.json" "$optimizer" <<'PY' || tail -n 5 "$work/peer-graph-$optimizer.log"
 import json, sys

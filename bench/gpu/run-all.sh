@@ -39,12 +39,11 @@ for seed in 0 1 2; do
   done
 done
 stage "main job: the peer, CUDA graph and eager (one untimed warm-up run each, then seeds 0-2)"
-# The recipe of configs/default.toml: Muon (AdamW for classifier.0 and the rest), evaluations from step 520 every 25.
-recipe="--optimizer muon --muon-exclude classifier.0 --eval-from 520 --eval-every 25"
-data="$recipe --data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json"
+# The peer reads the recipe from configs/default.toml, as fasttrain does.
+data="--data-dir /usr/share/datasets/fashion-mnist --repeats 3 --json"
 timeout 60 "$python" bench/peer_gpu_speedrun.py --mode graph $data >"$work/peer-graph.json" 2>"$work/peer-graph.log"
 timeout 90 "$python" bench/peer_gpu_speedrun.py --mode eager $data >"$work/peer-eager.json" 2>"$work/peer-eager.log"
-timeout 30 "$python" bench/peer_gpu_speedrun.py --mode graph --no-warmup-run $recipe --data-dir /usr/share/datasets/fashion-mnist \
+timeout 30 "$python" bench/peer_gpu_speedrun.py --mode graph --no-warmup-run --data-dir /usr/share/datasets/fashion-mnist \
   --repeats 1 --json >"$work/peer-graph-cold.json" 2>"$work/peer-graph-cold.log"
 
 stage "gpt 12 x 768: fasttrain captured and eager, the peer eager"
