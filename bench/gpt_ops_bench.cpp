@@ -1,5 +1,6 @@
 // The gpt's pointwise and attention kernels on/off, at the shapes of configs/gpt_text.toml (batch 32,
-// context 128, width 128, 4 heads): the fused tanh GELU against the formula's seven ops, and
+// context 128, width 128, 4 heads): the fused tanh GELU against the formula's seven ops, the MLP's
+// Linear + bias + GELU with fasttrain's bias + GELU kernel against ATen's addmm and gelu, and
 // fasttrain's causal attention kernel against ATen's (scaled_dot_product_attention where the LibTorch
 // build has it, else the math path), and its residual add + LayerNorm against ATen's add and
 // layer_norm, in fp32 and bf16.
@@ -46,6 +47,16 @@ std::function<void()> forward_backward(const torch::Tensor& input,
   };
 }
 
+// {shape, fasttrain_ms, aten_ms, speedup}: `step(true)` runs fasttrain's kernel, `step(false)` ATen's ops.
+nlohmann::json own_against_aten(const std::string& shape, const std::function<void(bool own)>& step,
+                                int repeats) {
+  nlohmann::json row{{"shape", shape}};
+  row["fasttrain_ms"] = median_ms([&] { step(true); }, repeats);
+  row["aten_ms"] = median_ms([&] { step(false); }, repeats);
+  row["speedup"] = row["aten_ms"].get<double>() / row["fasttrain_ms"].get<double>();
+  return row;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -74,6 +85,39 @@ int main(int argc, char** argv) {
   out["gelu_fused_ms"] = fused;
   out["gelu_unfused_ms"] = unfused;
   out["gelu_speedup"] = unfused / fused;
+
+  // ---- bias + tanh GELU alone on the MLP's pre-activation [B * T, 4C]: ATen's gelu(pre + bias) ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto pre = torch::randn({32 * 128, 512}).to(dtype), bias = torch::randn({512});
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    out["bias_gelu_" + name] = own_against_aten(
+        "pre [4096, 512] + bias [512], forward + backward",
+        [&](bool own) {
+          auto p = pre.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
+          auto y = own ? fasttrain::kernels::bias_gelu(p, b) : torch::gelu(p + b.to(dtype), "tanh");
+          y.sum().backward();
+        },
+        repeats);
+  }
+
+  // ---- the MLP's first half, x [B * T, C] -> Linear(C, 4C) -> tanh GELU, as each block runs it ----
+  // ATen: the Linear with its bias (addmm), then gelu. fasttrain: the Linear without it, then the bias +
+  // GELU kernel. bf16 as under autocast: x and the weight bf16, fasttrain's bias fp32.
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto x = torch::randn({32 * 128, 128}).to(dtype);
+    const auto weight = (0.1 * torch::randn({512, 128})).to(dtype), bias = 0.1 * torch::randn({512});
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    out["linear_bias_gelu_" + name] = own_against_aten(
+        "x [4096, 128] -> [4096, 512], forward + backward",
+        [&](bool own) {
+          auto xx = x.detach().requires_grad_(true), w = weight.detach().requires_grad_(true);
+          auto b = bias.detach().requires_grad_(true);
+          auto hidden = own ? fasttrain::kernels::bias_gelu(torch::linear(xx, w), b)
+                            : torch::gelu(torch::linear(xx, w, b.to(dtype)), "tanh");
+          hidden.sum().backward();
+        },
+        repeats);
+  }
 
   // ---- causal attention of the packed qkv [B, T, 3C], as the gpt's blocks call it ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
@@ -106,27 +150,21 @@ int main(int argc, char** argv) {
     const auto x = torch::randn({32 * 128, 128}), branch = torch::randn({32 * 128, 128}).to(dtype);
     const auto weight = torch::randn({128}), bias = torch::randn({128});
     const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
-    auto timed = [&](bool own) {
-      return median_ms(
-          [&, own] {
-            auto xx = x.detach().requires_grad_(true), bb = branch.detach().requires_grad_(true);
-            auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
-            torch::Tensor sum, y;
-            if (own) {
-              std::tie(sum, y) = fasttrain::kernels::add_layer_norm(xx, bb, w, b, 1e-5, dtype);
-            } else {
-              sum = xx + bb;
-              y = torch::layer_norm(sum, {128}, w, b, 1e-5).to(dtype);
-            }
-            (sum.sum() + y.sum()).backward();
-          },
-          repeats);
-    };
-    nlohmann::json row{{"shape", "[4096, 128] stream + branch, forward + backward"}};
-    row["fasttrain_ms"] = timed(true);
-    row["aten_ms"] = timed(false);
-    row["speedup"] = row["aten_ms"].get<double>() / row["fasttrain_ms"].get<double>();
-    out["add_layer_norm_" + name] = row;
+    out["add_layer_norm_" + name] = own_against_aten(
+        "[4096, 128] stream + branch, forward + backward",
+        [&](bool own) {
+          auto xx = x.detach().requires_grad_(true), bb = branch.detach().requires_grad_(true);
+          auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
+          torch::Tensor sum, y;
+          if (own) {
+            std::tie(sum, y) = fasttrain::kernels::add_layer_norm(xx, bb, w, b, 1e-5, dtype);
+          } else {
+            sum = xx + bb;
+            y = torch::layer_norm(sum, {128}, w, b, 1e-5).to(dtype);
+          }
+          (sum.sum() + y.sum()).backward();
+        },
+        repeats);
   }
   std::cout << out.dump() << "\n";
   return 0;

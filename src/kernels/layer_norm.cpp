@@ -25,11 +25,6 @@ bool bf16(const torch::Tensor& t) {
   return t.defined() && t.scalar_type() == torch::kBFloat16;
 }
 
-// Rows of at least ~16k values per task: fewer would cost more in scheduling than they compute.
-int64_t rows_per_task(int64_t width) {
-  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
-}
-
 struct NormGrads {
   torch::Tensor x, branch, weight, bias;
 };
@@ -70,7 +65,8 @@ torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ct
   n.mean = mean.data_ptr<float>();
   n.rstd = rstd.data_ptr<float>();
   const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
-  at::parallel_for(0, rows, rows_per_task(width), [&](int64_t begin, int64_t end) { kernel(n, begin, end); });
+  at::parallel_for(0, rows, detail::rows_per_task(width),
+                   [&](int64_t begin, int64_t end) { kernel(n, begin, end); });
   // What backward normalises again: the sum where there is one, else x.
   ctx->save_for_backward({branch.defined() ? sum : x, w, b, mean, rstd});
   ctx->saved_data["eps"] = eps;
@@ -96,13 +92,13 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   torch::Tensor grad_sum = grad_sum_in.defined() ? grad_sum_in.to(x_dtype).contiguous() : torch::Tensor();
 
   const int64_t width = normalised.size(-1), rows = normalised.numel() / std::max<int64_t>(width, 1);
-  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
-  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+  const detail::RowChunks chunks = detail::row_chunks(rows);
   NormGrads grads;
   grads.x = torch::empty_like(normalised);
   if (has_branch) grads.branch = torch::empty(normalised.sizes(), normalised.options().dtype(branch_dtype));
-  torch::Tensor weight_partial = torch::zeros({chunks, width}, normalised.options().dtype(torch::kFloat));
-  torch::Tensor bias_partial = torch::zeros({chunks, width}, normalised.options().dtype(torch::kFloat));
+  torch::Tensor weight_partial =
+      torch::zeros({chunks.count, width}, normalised.options().dtype(torch::kFloat));
+  torch::Tensor bias_partial = torch::zeros({chunks.count, width}, normalised.options().dtype(torch::kFloat));
   detail::LayerNormRows n =
       describe(normalised, grads.branch, w, b, grad_y, ctx->saved_data["eps"].toDouble());
   n.mean = saved[3].data_ptr<float>();
@@ -114,8 +110,9 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   n.grad_weight_partial = weight_partial.data_ptr<float>();
   n.grad_bias_partial = bias_partial.data_ptr<float>();
   const auto kernel = kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
-  at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) kernel(n, c * chunk_rows, std::min(rows, (c + 1) * chunk_rows), c);
+  at::parallel_for(0, chunks.count, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c)
+      kernel(n, c * chunks.rows_each, std::min(rows, (c + 1) * chunks.rows_each), c);
   });
   grads.weight = weight_partial.sum(0);
   grads.bias = bias_partial.sum(0);

@@ -1,6 +1,9 @@
 #pragma once
 // What every kernel's dispatcher checks before it runs a capability's build.
+#include <ATen/Parallel.h>
 #include <torch/types.h>
+
+#include <algorithm>
 
 #include "fasttrain/kernels/cpu.h"
 
@@ -13,6 +16,20 @@ void check_runnable(CpuCapability capability, const char* kernel);
 inline bool cpu_float_or_bf16(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() &&
          (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
+}
+
+// Rows of at least ~16k values per parallel task: fewer would cost more in scheduling than they compute.
+inline int64_t rows_per_task(int64_t width) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+}
+
+// Row chunks for a backward that sums over rows: one per thread, each with its own partial sums.
+struct RowChunks {
+  int64_t count, rows_each;
+};
+inline RowChunks row_chunks(int64_t rows) {
+  const int64_t count = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
+  return {count, (rows + count - 1) / count};
 }
 
 }  // namespace fasttrain::kernels::detail

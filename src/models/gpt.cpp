@@ -3,6 +3,7 @@
 // LayerNorm, and logits through the token embedding (tied weights).
 #include <torch/nn.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "fasttrain/detail/compat.h"
@@ -15,10 +16,24 @@ namespace fasttrain {
 
 namespace {
 
+// Which of fasttrain's CPU kernels a block runs (model.kernels, model.aten_kernels).
+struct OwnKernels {
+  bool attention = false, layer_norm = false, bias_gelu = false;
+
+  explicit OwnKernels(const GptOptions& options) {
+    if (options.kernels() != "fasttrain") return;
+    const auto& aten = options.aten_kernels();
+    auto own = [&](const char* name) { return std::find(aten.begin(), aten.end(), name) == aten.end(); };
+    attention = own("attention");
+    layer_norm = own("layer_norm");
+    bias_gelu = own("bias_gelu");
+  }
+};
+
 // x + attention(ln1(x)), then x + mlp(ln2(x)).
 class GptBlockImpl : public torch::nn::Module {
  public:
-  GptBlockImpl(int64_t embed, int64_t heads, double dropout, bool own_kernels)
+  GptBlockImpl(int64_t embed, int64_t heads, double dropout, const OwnKernels& own_kernels)
       : heads_(heads),
         own_kernels_(own_kernels),
         ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})))),
@@ -32,12 +47,12 @@ class GptBlockImpl : public torch::nn::Module {
   torch::Tensor forward(torch::Tensor x) {  // [B, T, C] -> [B, T, C]
     // ---- causal self-attention: heads of C / H ----
     auto qkv = qkv_->forward(norm(ln1_, x));  // [B, T, 3C]: q, k, v side by side
-    auto attended =
-        own_kernels_ ? packed_causal_attention(qkv, heads_) : packed_causal_attention_aten(qkv, heads_);
+    auto attended = own_kernels_.attention ? packed_causal_attention(qkv, heads_)
+                                           : packed_causal_attention_aten(qkv, heads_);
     auto [residual, normed] =
         add_norm(x, dropout_->forward(attn_proj_->forward(attended)), ln2_);  // [B, T, C]
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
-    auto hidden = gelu_tanh(fc_->forward(normed));  // [B, T, 4C]
+    auto hidden = mlp_hidden(normed);  // [B, T, 4C]
     return residual + dropout_->forward(mlp_proj_->forward(hidden));
   }
 
@@ -45,6 +60,14 @@ class GptBlockImpl : public torch::nn::Module {
   std::vector<torch::Tensor> residual_projections() { return {attn_proj_->weight, mlp_proj_->weight}; }
 
  private:
+  // gelu_tanh(fc(x)). On the CPU with fasttrain's kernels the Linear runs without its bias, which the
+  // bias + GELU kernel adds: one pass over [B, T, 4C] each way, and a tanh cheaper than ATen's.
+  torch::Tensor mlp_hidden(const torch::Tensor& normed) {
+    if (!own_kernels_.bias_gelu || !normed.device().is_cpu()) return gelu_tanh(fc_->forward(normed));
+    auto pre = torch::linear(normed, fc_->weight);  // [B, T, 4C], under autocast in its dtype
+    if (!kernels::bias_gelu_takes(pre, fc_->bias)) return gelu_tanh(pre + fc_->bias);
+    return kernels::bias_gelu(pre, fc_->bias);
+  }
   // ln(x), written in the dtype of the matmul it feeds (bf16 under autocast) by fasttrain's kernel where
   // own_norm says, else ATen's.
   torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
@@ -63,8 +86,8 @@ class GptBlockImpl : public torch::nn::Module {
   // Where it writes bf16 for an fp32 stream (autocast): it saves the cast, and measured faster than
   // ATen's add + layer_norm + cast; in fp32 ATen's is faster (BENCHMARKS.md "Own CPU kernels").
   bool own_norm(const torch::Tensor& x, const torch::Tensor& branch, torch::nn::LayerNorm& ln) const {
-    return own_kernels_ && matmul_dtype(x) == torch::kBFloat16 && x.scalar_type() == torch::kFloat &&
-           kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
+    return own_kernels_.layer_norm && matmul_dtype(x) == torch::kBFloat16 &&
+           x.scalar_type() == torch::kFloat && kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
   }
   static torch::ScalarType matmul_dtype(const torch::Tensor& x) {
     return compat::autocast_enabled(c10::DeviceType::CPU) ? compat::autocast_dtype(c10::DeviceType::CPU)
@@ -72,7 +95,7 @@ class GptBlockImpl : public torch::nn::Module {
   }
 
   int64_t heads_;
-  bool own_kernels_;
+  OwnKernels own_kernels_;
   torch::nn::LayerNorm ln1_;
   torch::nn::Linear qkv_, attn_proj_;
   torch::nn::LayerNorm ln2_;
@@ -90,8 +113,7 @@ class Gpt : public torch::nn::Module {
     dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout()));
     blocks_ = register_module("blocks", Stage());
     for (int64_t i = 0; i < options.layers(); ++i)
-      blocks_->push_back(
-          GptBlock(embed, options.heads(), options.dropout(), options.kernels() == "fasttrain"));
+      blocks_->push_back(GptBlock(embed, options.heads(), options.dropout(), OwnKernels(options)));
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
 
     // ---- GPT-2's initialisation: N(0, 0.02), biases 0, residual projections / sqrt(2 L) ----

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <limits>
 #include <numeric>
+#include <set>
 
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/profile/profiler.h"
@@ -30,6 +31,7 @@ constexpr double kDataBound = 0.10;        // share of step time waiting for dat
 constexpr double kBatchSpeedup = 1.5;      // samples/s at 4x the batch over the current batch
 constexpr double kSwitchSpeedup = 1.15;    // samples/s with a switch flipped (bf16, channels_last)
 constexpr double kHostReadsPerStep = 0.5;  // device-to-host reads per optimizer step
+constexpr double kPointwiseBound = 0.20;   // share of a CPU step's recorded time in elementwise operators
 
 std::string percent(double fraction) {
   return fmt::format("{:.1f}%", 100 * fraction);
@@ -225,6 +227,86 @@ std::vector<Finding> own_kernels(const DoctorContext& c) {
   apply_override(own, "model.kernels=fasttrain");
   return if_faster("own_kernels", "Use fasttrain's CPU kernels: model.kernels = \"fasttrain\"",
                    c.compare("own_kernels", own, kSwitchSpeedup), "with fasttrain's kernels");
+}
+
+// ATen's elementwise operators, with the norms, softmaxes and casts: a pass or two over memory each and
+// little arithmetic, so a step of small matrices can spend more in them than in its matmuls.
+bool elementwise(const std::string& op) {
+  static const std::set<std::string> names = {"aten::add",
+                                              "aten::add_",
+                                              "aten::sub",
+                                              "aten::sub_",
+                                              "aten::mul",
+                                              "aten::mul_",
+                                              "aten::div",
+                                              "aten::div_",
+                                              "aten::neg",
+                                              "aten::exp",
+                                              "aten::pow",
+                                              "aten::where",
+                                              "aten::clamp",
+                                              "aten::clamp_min",
+                                              "aten::masked_fill",
+                                              "aten::masked_fill_",
+                                              "aten::fill_",
+                                              "aten::zero_",
+                                              "aten::copy_",
+                                              "aten::_to_copy",
+                                              "aten::gelu",
+                                              "aten::gelu_backward",
+                                              "aten::tanh",
+                                              "aten::tanh_backward",
+                                              "aten::sigmoid",
+                                              "aten::sigmoid_backward",
+                                              "aten::silu",
+                                              "aten::silu_backward",
+                                              "aten::relu",
+                                              "aten::relu_",
+                                              "aten::threshold_backward",
+                                              "aten::native_dropout",
+                                              "aten::native_dropout_backward",
+                                              "aten::native_layer_norm",
+                                              "aten::native_layer_norm_backward",
+                                              "aten::_softmax",
+                                              "aten::_softmax_backward_data",
+                                              "aten::_log_softmax",
+                                              "aten::_log_softmax_backward_data"};
+  return names.count(op) > 0;
+}
+
+// The recorded profile's elementwise operators (among its top operators) take a large share of a CPU
+// step: work that fused kernels do in one pass at memory speed. On CUDA the operators' host times say
+// nothing of their kernels, so the rule is the CPU's.
+std::vector<Finding> pointwise_bound(const DoctorContext& c) {
+  if (c.cuda) return {};
+  const double steps = static_cast<double>(std::max<int64_t>(c.base.steps, 1));
+  const double step_ms = 1000 * c.base.phases.total() / steps;
+  double elementwise_ms = 0;
+  std::vector<std::string> largest;
+  for (const OperatorStat& op : c.base.operators) {  // by self time
+    if (!elementwise(op.name)) continue;
+    elementwise_ms += op.self_ms / steps;
+    if (largest.size() < 4) largest.push_back(fmt::format("{} {:.2f} ms", op.name, op.self_ms / steps));
+  }
+  const double share = elementwise_ms / std::max(step_ms, 1e-9);
+  if (share < kPointwiseBound) return {};
+  const auto kernels = detail::model_kernels(c.config);
+  return {
+      Finding("pointwise_bound", share >= 0.4 ? Severity::kMedium : Severity::kLow)
+          .title(kernels && *kernels == "aten"
+                     ? "The step is pointwise-bound: fuse its elementwise work with fasttrain's CPU kernels "
+                       "(model.kernels = \"fasttrain\")"
+                     : "The step is pointwise-bound: fuse its elementwise work (in a model of your own, "
+                       "fasttrain::kernels::bias_gelu, add_layer_norm and packed_causal_attention; "
+                       "fasttrain/kernels/cpu.h)")
+          .evidence(
+              fmt::format("{} of the recorded step is in elementwise operators, {:.2f} of {:.2f} ms per "
+                          "step: {}",
+                          percent(share), elementwise_ms, step_ms, fmt::join(largest, ", ")))
+          .estimated_gain(fmt::format("up to {} of step time (fused, such work runs in one pass at memory "
+                                      "speed)",
+                                      percent(share)))
+          .gain(share)};
 }
 
 // ---- debugging aids left on ----
@@ -436,6 +518,10 @@ Registry<DoctorRule>& doctor_rules() {
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
     r.add("own_kernels", "CPU: model.kernels = \"aten\", and fasttrain's kernels give >= 1.15x", own_kernels);
+    r.add("pointwise_bound",
+          "CPU: elementwise operators (activations, norms, softmax, adds, casts) take >= 20% of the recorded "
+          "step",
+          pointwise_bound);
     r.add("anomaly_detection", "autograd anomaly detection is on (always flagged, its cost measured)",
           anomaly_detection);
     r.add("profiler_on", "RecordFunction callbacks were active before the doctor ran", profiler_on);

@@ -118,37 +118,64 @@ TEST(Gpt, TiesTheOutputToTheTokenEmbedding) {
 // model.kernels on and off (attention, residual add + LayerNorm): the same loss and gradients in fp32, and
 // under bf16 autocast within bf16's rounding (the switch's parity test; tests/kernels checks the kernel
 // itself).
-TEST(Gpt, OwnKernelsMatchATensInLossAndGradients) {
+struct StepOutcome {
+  double loss;
+  std::vector<torch::Tensor> grads;
+};
+
+// One training step's loss and gradients of the small gpt, fp32 or under bf16 autocast.
+StepOutcome gpt_train_step(const GptOptions& options, bool bf16) {
+  torch::manual_seed(7);
   auto tokens = torch::randint(0, 256, {3, 12}, torch::kLong);
   auto targets = torch::randint(0, 256, {36}, torch::kLong);
-  struct Outcome {
-    double loss;
-    std::vector<torch::Tensor> grads;
-  };
-  auto train_step = [&](const std::string& kernels, bool bf16) {
-    torch::manual_seed(6);
-    auto model = make_gpt(small_gpt().kernels(kernels));
-    torch::Tensor loss;
-    {
-      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-      loss = torch::nn::functional::cross_entropy(logits_of(model, tokens).to(torch::kFloat), targets);
-    }
-    loss.backward();
-    Outcome outcome{loss.item<double>(), {}};
-    for (const auto& p : model.module().parameters()) outcome.grads.push_back(p.grad().clone());
-    return outcome;
-  };
+  torch::manual_seed(6);
+  auto model = make_gpt(options);
+  torch::Tensor loss;
+  {
+    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    loss = torch::nn::functional::cross_entropy(logits_of(model, tokens).to(torch::kFloat), targets);
+  }
+  loss.backward();
+  StepOutcome outcome{loss.item<double>(), {}};
+  for (const auto& p : model.module().parameters()) outcome.grads.push_back(p.grad().clone());
+  return outcome;
+}
+
+bool bitwise_equal(const StepOutcome& a, const StepOutcome& b) {
+  if (a.loss != b.loss) return false;
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    if (!torch::equal(a.grads[i], b.grads[i])) return false;
+  return true;
+}
+
+// All of fasttrain's kernels, and each alone (model.aten_kernels naming the others), against ATen's in
+// loss and gradients; each one alone changes the arithmetic (not bitwise ATen's) where it runs, and
+// naming all three in aten_kernels is ATen's run bit for bit, so the switch is what decides.
+TEST(Gpt, OwnKernelsMatchATensInLossAndGradients) {
+  const std::vector<std::string> all = {"attention", "layer_norm", "bias_gelu"};
   for (bool bf16 : {false, true}) {
-    auto own = train_step("fasttrain", bf16), aten = train_step("aten", bf16);
-    const double tolerance = bf16 ? 2e-2 : 1e-5;
-    EXPECT_NEAR(own.loss, aten.loss, tolerance * std::abs(aten.loss)) << (bf16 ? "bf16" : "fp32");
-    ASSERT_EQ(own.grads.size(), aten.grads.size());
-    for (size_t i = 0; i < own.grads.size(); ++i) {
-      const double error = (own.grads[i] - aten.grads[i]).abs().max().item<double>();
-      const double scale = aten.grads[i].abs().max().item<double>();
-      EXPECT_LE(error, 10 * tolerance * scale + 1e-7) << (bf16 ? "bf16" : "fp32") << " parameter " << i;
+    const StepOutcome aten = gpt_train_step(small_gpt().kernels("aten"), bf16);
+    EXPECT_TRUE(bitwise_equal(gpt_train_step(small_gpt().aten_kernels(all), bf16), aten));
+    for (const std::string own : {"all", "attention", "layer_norm", "bias_gelu"}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16 " : "fp32 ") + own);
+      std::vector<std::string> others;
+      for (const auto& name : all)
+        if (own != "all" && name != own) others.push_back(name);
+      const StepOutcome mine = gpt_train_step(small_gpt().aten_kernels(others), bf16);
+      // fasttrain's LayerNorm runs only under bf16 autocast (in fp32 ATen's is faster).
+      if (bf16 || own != "layer_norm") EXPECT_FALSE(bitwise_equal(mine, aten));
+      const double tolerance = bf16 ? 2e-2 : 1e-5;
+      EXPECT_NEAR(mine.loss, aten.loss, tolerance * std::abs(aten.loss));
+      ASSERT_EQ(mine.grads.size(), aten.grads.size());
+      for (size_t i = 0; i < mine.grads.size(); ++i) {
+        const double error = (mine.grads[i] - aten.grads[i]).abs().max().item<double>();
+        const double scale = aten.grads[i].abs().max().item<double>();
+        EXPECT_LE(error, 10 * tolerance * scale + 1e-7) << "parameter " << i;
+      }
     }
   }
+  const std::string message = testing::error_message([] { make_gpt(small_gpt().aten_kernels({"softmax"})); });
+  EXPECT_TRUE(testing::contains_all(message, {"model.aten_kernels", "'softmax'", "bias_gelu"})) << message;
 }
 
 TEST(Gpt, CheckpointedBlocksMatchThePlainGradients) {

@@ -113,6 +113,16 @@ std::vector<RuleCase> rule_cases() {
        },
        Severity::kMedium,
        {"model.kernels = \"fasttrain\"", "1.40x"}},
+      {"pointwise_bound",
+       [](Case& c) {
+         c.context.base.operators = {{"aten::mm", 400, 80.0},
+                                     {"aten::gelu_backward", 80, 50.0},
+                                     {"aten::gelu", 80, 20.0},
+                                     {"aten::native_layer_norm", 160, 10.0}};
+       },
+       Severity::kMedium,
+       {"pointwise-bound", "bias_gelu", "42.1% of the recorded step", "4.00 of 9.50 ms",
+        "aten::gelu_backward 2.50 ms"}},
       {"anomaly_detection",
        [](Case& c) { c.context.config.train.options.detect_anomaly(true); },
        Severity::kHigh,
@@ -204,6 +214,22 @@ TEST(DoctorRules, ASpeedupUnderTheThresholdIsNoFinding) {
     EXPECT_TRUE(c.run(rule).empty()) << rule;
     EXPECT_FALSE(c.compared.empty()) << rule << ": the rule measured nothing";
   }
+}
+
+// Below its threshold, on CUDA (host times of launches), and with matmuls and reductions, which are no
+// elementwise work, it stays quiet; with the gpt's kernels in ATen it names the switch.
+TEST(DoctorRules, PointwiseBoundCountsOnlyElementwiseOperatorsOnTheCpu) {
+  Case c;
+  c.context.base.operators = {{"aten::mm", 400, 150.0}, {"aten::sum", 80, 20.0}, {"aten::gelu", 80, 35.0}};
+  EXPECT_TRUE(c.run("pointwise_bound").empty()) << "35 of 190 ms is 18.4%";
+  c.context.base.operators.push_back({"aten::_to_copy", 200, 10.0});
+  const auto findings = c.run("pointwise_bound");
+  ASSERT_EQ(findings.size(), 1u) << "45 of 190 ms is 23.7%";
+  EXPECT_EQ(findings[0].severity(), Severity::kLow);
+  c.context.config.model.select("gpt").as<GptOptions>().kernels("aten");
+  EXPECT_NE(c.run("pointwise_bound").at(0).title().find("model.kernels = \"fasttrain\""), std::string::npos);
+  c.context.cuda = true;
+  EXPECT_TRUE(c.run("pointwise_bound").empty());
 }
 
 TEST(DoctorRules, EveryRegisteredRuleHasACaseAndUnknownNamesAreErrors) {

@@ -102,11 +102,17 @@ struct GptOptions {
   FT_KEY(int64_t, embed, "Embedding width (a multiple of heads)", at_least(1)) = 128;
   FT_KEY(int64_t, context, "Longest sequence (positions embedded; what the data cuts)", at_least(1)) = 128;
   FT_KEY(double, dropout, "Dropout on the embeddings and each residual branch", below_one()) = 0.0;
-  FT_KEY(std::string, kernels,
-         "CPU kernels: fasttrain (its own causal attention, reading the packed qkv in place, and under bf16 "
-         "autocast its residual add + LayerNorm, writing bf16 for the matmul) or aten "
-         "(scaled_dot_product_attention, or the math path on 1.x; add, layer_norm); GPUs run aten",
-         one_of({"fasttrain", "aten"})) = "fasttrain";
+  FT_KEY(
+      std::string, kernels,
+      "CPU kernels: fasttrain (its own causal attention, reading the packed qkv in place; the MLP's bias + "
+      "tanh-GELU in one pass; and under bf16 autocast its residual add + LayerNorm, writing bf16 for the "
+      "matmul) or aten (scaled_dot_product_attention, or the math path on 1.x; addmm, gelu, add, "
+      "layer_norm); GPUs run aten",
+      one_of({"fasttrain", "aten"})) = "fasttrain";
+  FT_KEY(std::vector<std::string>, aten_kernels,
+         "With kernels = fasttrain: those of its CPU kernels to leave to ATen (attention, layer_norm, "
+         "bias_gelu), to measure one kernel on and off",
+         each_one_of({"attention", "layer_norm", "bias_gelu"})) = {};
 };
 
 Model make_mlp(const MlpOptions& options, const DataShape& shape);

@@ -148,6 +148,15 @@ inline KeyRule<std::string> one_of(std::function<std::vector<std::string>()> cho
 inline KeyRule<std::string> one_of(std::vector<std::string> choices) {
   return one_of([choices] { return choices; });
 }
+// A list each of whose entries is one of `choices`.
+inline KeyRule<std::vector<std::string>> each_one_of(std::vector<std::string> choices) {
+  return KeyRule<std::vector<std::string>>(
+      [choices](const std::string& name, const std::vector<std::string>& values) {
+        for (const auto& value : values)
+          FT_CONFIG_CHECK(std::find(choices.begin(), choices.end(), value) != choices.end(),
+                          "{}: '{}' is not allowed; valid: {}", name, value, fmt::join(choices, ", "));
+      });
+}
 // An integer >= `minimum`, or "auto", stored as `auto_value` (data.workers = "auto" is -1).
 template <typename T>
 KeyRule<T> integer_or_auto(T auto_value, T minimum) {

@@ -5,8 +5,6 @@
 // where xhat = (s - mean) rstd. y may be written in another dtype than x (bf16 for the matmul after it
 // under autocast), which saves the cast autocast would make. Compiled once per CPU capability
 // (CMakeLists.txt), as attention_kernel.cpp is.
-#include <c10/util/BFloat16.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -18,24 +16,6 @@
 namespace fasttrain::kernels::CPU_CAPABILITY {
 
 namespace {
-
-void load_row(const void* base, bool bf16, int64_t offset, int64_t width, float* row) {
-  if (bf16) {
-    const c10::BFloat16* src = static_cast<const c10::BFloat16*>(base) + offset;
-    for (int64_t i = 0; i < width; ++i) row[i] = static_cast<float>(src[i]);
-  } else {
-    std::memcpy(row, static_cast<const float*>(base) + offset, static_cast<size_t>(width) * sizeof(float));
-  }
-}
-
-void store_row(const float* row, void* base, bool bf16, int64_t offset, int64_t width) {
-  if (bf16) {
-    c10::BFloat16* dst = static_cast<c10::BFloat16*>(base) + offset;
-    for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<c10::BFloat16>(row[i]);
-  } else {
-    std::memcpy(static_cast<float*>(base) + offset, row, static_cast<size_t>(width) * sizeof(float));
-  }
-}
 
 // Partial loads fill the missing lanes with zeros, so the sum needs no mask.
 float row_sum(const float* a, int64_t width) {

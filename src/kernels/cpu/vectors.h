@@ -1,9 +1,11 @@
 #pragma once
 // What the kernel bodies share, in the namespace of the capability each is compiled for.
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace fasttrain::kernels::CPU_CAPABILITY {
 
@@ -31,6 +33,26 @@ inline float row_dot(const float* a, const float* b, int64_t width) {
     total = at::vec::fmadd(Vec::loadu(a + i, count), Vec::loadu(b + i, count), total);
   });
   return lanes_sum(total);
+}
+
+// width values from `base` (fp32, or bf16 where `bf16`) at element `offset` into the fp32 `row`.
+inline void load_row(const void* base, bool bf16, int64_t offset, int64_t width, float* row) {
+  if (bf16) {
+    const c10::BFloat16* src = static_cast<const c10::BFloat16*>(base) + offset;
+    for (int64_t i = 0; i < width; ++i) row[i] = static_cast<float>(src[i]);
+  } else {
+    std::memcpy(row, static_cast<const float*>(base) + offset, static_cast<size_t>(width) * sizeof(float));
+  }
+}
+
+// The fp32 `row` to `base` (fp32, or bf16 where `bf16`, rounded to nearest even) at element `offset`.
+inline void store_row(const float* row, void* base, bool bf16, int64_t offset, int64_t width) {
+  if (bf16) {
+    c10::BFloat16* dst = static_cast<c10::BFloat16*>(base) + offset;
+    for (int64_t i = 0; i < width; ++i) dst[i] = static_cast<c10::BFloat16>(row[i]);
+  } else {
+    std::memcpy(static_cast<float*>(base) + offset, row, static_cast<size_t>(width) * sizeof(float));
+  }
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY
