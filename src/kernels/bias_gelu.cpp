@@ -63,10 +63,8 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     g.grad_bias_partial = bias_partial.data_ptr<float>();
     const auto kernel =
         kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
-    at::parallel_for(0, chunks.count, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t c = begin; c < end; ++c)
-        kernel(g, c * chunks.rows_each, std::min(g.rows, (c + 1) * chunks.rows_each), c);
-    });
+    detail::for_each_row_chunk(
+        g.rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(g, begin, end, chunk); });
     return {grad_pre, bias_partial.sum(0), torch::Tensor()};
   }
 };

@@ -110,10 +110,8 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   n.grad_weight_partial = weight_partial.data_ptr<float>();
   n.grad_bias_partial = bias_partial.data_ptr<float>();
   const auto kernel = kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
-  at::parallel_for(0, chunks.count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c)
-      kernel(n, c * chunks.rows_each, std::min(rows, (c + 1) * chunks.rows_each), c);
-  });
+  detail::for_each_row_chunk(
+      rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });
   grads.weight = weight_partial.sum(0);
   grads.bias = bias_partial.sum(0);
   return grads;

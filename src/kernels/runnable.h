@@ -32,4 +32,13 @@ inline RowChunks row_chunks(int64_t rows) {
   return {count, (rows + count - 1) / count};
 }
 
+// body(begin, end, chunk) for each of `chunks`' row ranges of [0, rows), in parallel.
+template <typename Body>
+void for_each_row_chunk(int64_t rows, const RowChunks& chunks, const Body& body) {
+  at::parallel_for(0, chunks.count, 1, [&](int64_t first, int64_t last) {
+    for (int64_t c = first; c < last; ++c)
+      body(c * chunks.rows_each, std::min(rows, (c + 1) * chunks.rows_each), c);
+  });
+}
+
 }  // namespace fasttrain::kernels::detail
