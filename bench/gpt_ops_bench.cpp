@@ -3,7 +3,8 @@
 // Linear + bias + GELU with fasttrain's bias + GELU kernel against ATen's addmm and gelu, and
 // fasttrain's causal attention kernel against ATen's (scaled_dot_product_attention where the LibTorch
 // build has it, else the math path), and its residual add + LayerNorm against ATen's add and
-// layer_norm, in fp32 and bf16.
+// layer_norm, in fp32 and bf16; and beside them the main job's 2x2 max-pool (the cnn's), fasttrain's
+// kernel against ATen's max_pool2d, and muon's Newton-Schulz on its matrices.
 // Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
 //
 //   gpt_ops_bench [--threads 1] [--repeats 50]
@@ -16,6 +17,7 @@
 #include <iostream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "fasttrain/detail/compat.h"
@@ -163,6 +165,43 @@ int main(int argc, char** argv) {
             y = torch::layer_norm(sum, {128}, w, b, 1e-5).to(dtype);
           }
           (sum.sum() + y.sum()).backward();
+        },
+        repeats);
+  }
+  // ---- the main job's two 2x2 max-pools (configs/default.toml: batch 128, conv widths 16 and 32 on
+  // 28x28 images), channels_last as it runs them: fasttrain's kernel against ATen's max_pool2d ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    for (const auto& [channels, side] : {std::pair<int64_t, int64_t>{16, 28}, {32, 14}}) {
+      const auto maps =
+          torch::randn({128, channels, side, side}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+      const auto grad = torch::randn({128, channels, side / 2, side / 2})
+                            .to(dtype)
+                            .contiguous(torch::MemoryFormat::ChannelsLast);
+      out["max_pool_" + std::to_string(channels) + "x" + std::to_string(side) + "_" + name] =
+          own_against_aten(
+              "NHWC [128, " + std::to_string(channels) + ", " + std::to_string(side) + ", " +
+                  std::to_string(side) + "] -> 2x2 max-pool, forward + backward",
+              [&](bool own) {
+                auto x = maps.detach().requires_grad_(true);
+                auto y = own ? fasttrain::kernels::max_pool2x2(x) : torch::max_pool2d(x, 2);
+                y.backward(grad);
+              },
+              repeats);
+    }
+  }
+  // ---- muon's Newton-Schulz (5 steps) on the main job's matrices: the conv kernels [16, 1x3x3] and
+  // [32, 16x3x3] and the last layer [10, 256] ----
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 9}, {32, 144}, {10, 256}}) {
+    const auto update = torch::randn({rows, cols});
+    out["newton_schulz_" + std::to_string(rows) + "x" + std::to_string(cols)] = own_against_aten(
+        "[" + std::to_string(rows) + ", " + std::to_string(cols) + "], 5 steps",
+        [&](bool own) {
+          if (own) {
+            fasttrain::kernels::newton_schulz(update, 5);
+          } else {
+            fasttrain::kernels::newton_schulz_aten(update, 5);
+          }
         },
         repeats);
   }

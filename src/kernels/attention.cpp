@@ -14,11 +14,7 @@ namespace fasttrain::kernels {
 namespace {
 
 detail::AttentionKernels kernels_for(CpuCapability capability) {
-#ifdef FASTTRAIN_X86_KERNELS
-  if (capability == CpuCapability::avx512) return AVX512::attention_kernels();
-  if (capability == CpuCapability::avx2) return AVX2::attention_kernels();
-#endif
-  return DEFAULT::attention_kernels();
+  return FASTTRAIN_BODIES_FOR(attention_kernels, capability);
 }
 
 detail::PackedAttention describe(const torch::Tensor& qkv, int64_t heads) {

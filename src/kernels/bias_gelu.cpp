@@ -14,11 +14,7 @@ namespace fasttrain::kernels {
 namespace {
 
 detail::BiasGeluKernels kernels_for(CpuCapability capability) {
-#ifdef FASTTRAIN_X86_KERNELS
-  if (capability == CpuCapability::avx512) return AVX512::bias_gelu_kernels();
-  if (capability == CpuCapability::avx2) return AVX2::bias_gelu_kernels();
-#endif
-  return DEFAULT::bias_gelu_kernels();
+  return FASTTRAIN_BODIES_FOR(bias_gelu_kernels, capability);
 }
 
 detail::BiasGeluRows describe(const torch::Tensor& pre, const torch::Tensor& bias) {

@@ -14,11 +14,7 @@ namespace fasttrain::kernels {
 namespace {
 
 detail::LayerNormKernels kernels_for(CpuCapability capability) {
-#ifdef FASTTRAIN_X86_KERNELS
-  if (capability == CpuCapability::avx512) return AVX512::layer_norm_kernels();
-  if (capability == CpuCapability::avx2) return AVX2::layer_norm_kernels();
-#endif
-  return DEFAULT::layer_norm_kernels();
+  return FASTTRAIN_BODIES_FOR(layer_norm_kernels, capability);
 }
 
 bool bf16(const torch::Tensor& t) {

@@ -4,6 +4,7 @@
 // benchmarks compare against.
 #include <torch/nn.h>
 
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
 
@@ -11,19 +12,37 @@ namespace fasttrain {
 
 namespace {
 
+// MaxPool2d(2) that runs fasttrain's max-pool kernel where it takes the input (channels_last on the CPU)
+// and ATen's elsewhere. It stays a MaxPool2d for whatever inspects the model (the doctor's layer
+// rules); a Sequential calls this forward, not the base's.
+class MaxPool2x2Impl : public torch::nn::MaxPool2dImpl {
+ public:
+  explicit MaxPool2x2Impl(bool own_kernel) : torch::nn::MaxPool2dImpl(2), own_kernel_(own_kernel) {}
+
+  torch::Tensor forward(const torch::Tensor& maps) {
+    return own_kernel_ && kernels::max_pool2x2_takes(maps) ? kernels::max_pool2x2(maps)
+                                                           : torch::nn::MaxPool2dImpl::forward(maps);
+  }
+
+ private:
+  bool own_kernel_;
+};
+TORCH_MODULE(MaxPool2x2);
+
 class Cnn : public torch::nn::Module {
  public:
   Cnn(const CnnOptions& options, const DataShape& shape) {
     int64_t channels = shape.input[0], height = shape.input[1], width = shape.input[2];
+    const bool own_pool = options.kernels() == "fasttrain";
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
       features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, stage_width, 3)
                                                  .padding(1)
                                                  .bias(!options.batchnorm() || options.bias_before_norm())));
-      if (options.pool_first()) features_->push_back(torch::nn::MaxPool2d(2));
+      if (options.pool_first()) features_->push_back(MaxPool2x2(own_pool));
       if (options.batchnorm()) features_->push_back(torch::nn::BatchNorm2d(stage_width));
       features_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-      if (!options.pool_first()) features_->push_back(torch::nn::MaxPool2d(2));
+      if (!options.pool_first()) features_->push_back(MaxPool2x2(own_pool));
       channels = stage_width;
       height /= 2;
       width /= 2;

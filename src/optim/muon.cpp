@@ -3,7 +3,8 @@
 //   M <- mu M + (1 - mu) G                          (torch.optim.Muon's buffer: an EMA, not a sum)
 //   U <- G + mu (M - G) if Nesterov, else M
 //   O <- NS5(U): U / |U|_F, then 5 quintic Newton-Schulz steps X <- a X + (b X X^T + c (X X^T)^2) X,
-//        in bf16, on the wide orientation (X X^T the smaller Gram matrix)
+//        in bf16, on the wide orientation (X X^T the smaller Gram matrix); small matrices on the CPU in
+//        one fasttrain kernel (optim.muon_newton_schulz)
 //   W <- W (1 - lr wd) - lr s O,  s = 0.2 sqrt(max(A, B)) (match_rms_adamw) or sqrt(max(1, A / B))
 // Conv kernels [out, in, kh, kw] are orthogonalised as [out, in kh kw] (Keller's form; torch.optim.Muon
 // takes only 2-d parameters). Everything else (biases, norms, optim.muon_exclude) steps with AdamW at
@@ -15,15 +16,13 @@
 
 #include "adam_update.h"
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain {
 
 namespace {
-
-// Keller Jordan's coefficients, torch.optim.Muon's defaults.
-constexpr double kNsA = 3.4445, kNsB = -4.7750, kNsC = 2.0315, kNsEps = 1e-7;
 
 bool steps_as_matrix(const std::string& name, const torch::Tensor& param, const OptimizerOptions& options) {
   if (param.dim() < 2) return false;
@@ -52,21 +51,6 @@ SplitGroups split(std::vector<ParamGroup> groups, const OptimizerOptions& option
     if (!others.params.empty()) out.groups.push_back(std::move(others)), out.muon.push_back(false);
   }
   return out;
-}
-
-// U [A, B] -> its Newton-Schulz orthogonalisation (bf16, [A, B]): torch.optim.Muon's
-// _zeropower_via_newtonschulz.
-torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps) {
-  const bool tall = update.size(0) > update.size(1);
-  torch::Tensor x = update.to(torch::kBFloat16);
-  if (tall) x = x.t();  // [S, L]: X X^T is the smaller Gram matrix
-  x = x / x.norm().clamp_min(kNsEps);
-  for (int64_t k = 0; k < steps; ++k) {
-    const torch::Tensor gram = torch::mm(x, x.t());                         // [S, S]
-    const torch::Tensor poly = torch::addmm(gram, gram, gram, kNsB, kNsC);  // b G + c G G
-    x = torch::addmm(x, poly, x, kNsA);                                     // a X + P X
-  }
-  return tall ? x.t() : x;
 }
 
 // The lr multiplier of a matrix [A, B] (a conv kernel as [out, in kh kw]).
@@ -145,6 +129,7 @@ class Muon : public Optimizer {
     const bool nesterov = options().muon_nesterov();
     const int64_t ns_steps = options().muon_ns_steps();
     const std::string& adjust_rule = options().muon_adjust_lr();
+    const bool own_kernel = options().muon_newton_schulz() == "fasttrain";
     const torch::Tensor lr64 = lr.to(torch::kDouble);
     // The group's decay factor once, not per matrix: these small updates are bound by operator dispatch.
     const torch::Tensor decay = weight_decay != 0 ? 1 - lr64 * weight_decay : torch::Tensor();
@@ -155,7 +140,10 @@ class Muon : public Optimizer {
       buffer.lerp_(grad, 1 - mu);
       const torch::Tensor update = nesterov ? grad.lerp(buffer, mu) : buffer;
       const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]
-      const torch::Tensor orthogonal = newton_schulz(matrix, ns_steps).reshape(update.sizes());
+      const torch::Tensor orthogonal =
+          (own_kernel && kernels::newton_schulz_takes(matrix) ? kernels::newton_schulz(matrix, ns_steps)
+                                                              : kernels::newton_schulz_aten(matrix, ns_steps))
+              .reshape(update.sizes());
       if (decay.defined()) param.mul_(decay.to(param.scalar_type()));
       const double adjustment = lr_adjustment(param, adjust_rule);
       param.sub_(orthogonal.to(param.scalar_type()) * (lr64 * adjustment).to(param.scalar_type()));

@@ -17,7 +17,7 @@
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
-#include "model_kernels.h"
+#include "kernel_switches.h"
 
 namespace fasttrain {
 
@@ -218,14 +218,20 @@ std::vector<Finding> channels_last(const DoctorContext& c) {
                    c.compare("channels_last", nhwc, kSwitchSpeedup), "in channels_last");
 }
 
-// The model's attention (and what else its `kernels` key covers) in ATen on the CPU, where fasttrain's
-// own kernels are faster by the switch threshold.
+// Work that fasttrain's own CPU kernels cover (the model's `kernels` key: the gpt's attention and
+// pointwise chain, the cnn's max-pool; muon's Newton-Schulz) left to ATen, where turning every such
+// switch to fasttrain is faster by the switch threshold.
 std::vector<Finding> own_kernels(const DoctorContext& c) {
-  const auto kernels = detail::model_kernels(c.config);
-  if (c.cuda || !kernels || *kernels == "fasttrain") return {};
+  if (c.cuda) return {};
   Config own = c.config;
-  apply_override(own, "model.kernels=fasttrain");
-  return if_faster("own_kernels", "Use fasttrain's CPU kernels: model.kernels = \"fasttrain\"",
+  std::vector<std::string> settings;
+  for (const detail::KernelSwitch& s : detail::kernel_switches(c.config)) {
+    if (s.value == "fasttrain") continue;
+    apply_override(own, s.key + "=fasttrain");
+    settings.push_back(fmt::format("{} = \"fasttrain\"", s.key));
+  }
+  if (settings.empty()) return {};
+  return if_faster("own_kernels", fmt::format("Use fasttrain's CPU kernels: {}", fmt::join(settings, ", ")),
                    c.compare("own_kernels", own, kSwitchSpeedup), "with fasttrain's kernels");
 }
 
@@ -517,7 +523,9 @@ Registry<DoctorRule>& doctor_rules() {
     r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
-    r.add("own_kernels", "CPU: model.kernels = \"aten\", and fasttrain's kernels give >= 1.15x", own_kernels);
+    r.add("own_kernels",
+          "CPU: model.kernels or optim.muon_newton_schulz = \"aten\", and fasttrain's kernels give >= 1.15x",
+          own_kernels);
     r.add("pointwise_bound",
           "CPU: elementwise operators (activations, norms, softmax, adds, casts) take >= 20% of the recorded "
           "step",

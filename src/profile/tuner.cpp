@@ -11,7 +11,7 @@
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
 #include "fasttrain/util/hardware.h"
-#include "model_kernels.h"
+#include "kernel_switches.h"
 
 namespace fasttrain {
 
@@ -150,14 +150,16 @@ std::vector<Candidate> bf16_candidates(int threads_in_effect) {
   return bf16;
 }
 
-// The other value of the model's `kernels` key (the gpt's: its own CPU kernels or ATen's), for a
-// model that has one; none otherwise.
+// The other value of each switch between fasttrain's CPU kernels and ATen's that the config has (the
+// model's `kernels` key, muon's Newton-Schulz).
 std::vector<Candidate> kernel_candidates(const Config& config) {
-  const auto kernels = detail::model_kernels(config);
-  if (!kernels) return {};
-  const std::string other = detail::other_kernels(*kernels);
-  return {{fmt::format("model.kernels = \"{}\"", other),
-           [other](Config& c) { apply_override(c, "model.kernels=" + other); }}};
+  std::vector<Candidate> candidates;
+  for (const detail::KernelSwitch& s : detail::kernel_switches(config)) {
+    const std::string other = detail::other_kernels(s.value);
+    candidates.push_back({fmt::format("{} = \"{}\"", s.key, other),
+                          [setting = s.key + "=" + other](Config& c) { apply_override(c, setting); }});
+  }
+  return candidates;
 }
 
 // 2x and 4x the batch with the LR scaled linearly (changes the optimisation: only when asked).

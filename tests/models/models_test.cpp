@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "fasttrain/models/registry.h"
+#include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
 #include "memory/peak_cpu_memory.h"
 #include "support.h"
@@ -111,6 +112,40 @@ TEST(Models, ChannelsLastComputesTheSameFunctionAndGradients) {
   // A model without 4-d weights: the switch says what is missing.
   EXPECT_TRUE(contains_all(error_message([&] { make_mlp(MlpOptions(), shape).to_channels_last(); }),
                            {"train.channels_last", "4-d"}));
+}
+
+TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
+  // model.kernels decides which max-pool runs; both give the same function and gradients exactly (the
+  // kernel's reference tests: tests/kernels/max_pool_test.cpp), in fp32 and under bf16 autocast.
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  for (const bool bf16 : {false, true}) {
+    for (const bool pool_first : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
+      auto step = [&](const std::string& kernels) {
+        torch::manual_seed(5);
+        Model model = make_cnn(
+            CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).pool_first(pool_first).kernels(kernels),
+            shape);
+        model.to_channels_last();
+        torch::manual_seed(6);
+        const auto input = torch::randn({4, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
+        torch::Tensor loss;
+        {
+          AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+          loss = forward(model, input).to(torch::kFloat).pow(2).sum();
+        }
+        loss.backward();
+        std::vector<torch::Tensor> result{loss.detach()};
+        for (const auto& p : model.module().parameters()) result.push_back(p.grad());
+        return result;
+      };
+      const auto own = step("fasttrain"), aten = step("aten");
+      ASSERT_EQ(own.size(), aten.size());
+      for (size_t i = 0; i < own.size(); ++i) EXPECT_TRUE(torch::equal(own[i], aten[i])) << "tensor " << i;
+    }
+  }
+  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().kernels("mine"), kFashion); }),
+                           {"model.kernels", "mine"}));
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {

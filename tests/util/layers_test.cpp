@@ -14,9 +14,9 @@ namespace fasttrain {
 namespace {
 
 // Bottom to top.
-const std::vector<std::string> kLayers = {"util",   "detail", "log",     "optim",  "state", "precision",
-                                          "memory", "data",   "kernels", "models", "task",  "dist",
-                                          "train",  "config", "run",     "profile"};
+const std::vector<std::string> kLayers = {"util",      "detail", "log",  "kernels", "optim", "state",
+                                          "precision", "memory", "data", "models",  "task",  "dist",
+                                          "train",     "config", "run",  "profile"};
 
 int layer_of(const std::string& concern) {
   const auto found = std::find(kLayers.begin(), kLayers.end(), concern);

@@ -7,6 +7,7 @@
 //   torch::Tensor y = fasttrain::kernels::packed_causal_attention(qkv, heads);   // [B, T, 3C] -> [B, T, C]
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
 //   torch::Tensor h = fasttrain::kernels::bias_gelu(torch::linear(x, fc->weight), fc->bias);  // [..., 4C]
+//   torch::Tensor pooled = fasttrain::kernels::max_pool2x2(maps);  // NHWC [N, C, H, W] -> [N, C, H/2, W/2]
 #include <torch/types.h>
 
 #include <string>
@@ -62,5 +63,40 @@ bool bias_gelu_takes(const torch::Tensor& pre, const torch::Tensor& bias);
 // Differentiable in pre and bias: backward writes grad_pre and sums grad_bias in the same pass.
 torch::Tensor bias_gelu(const torch::Tensor& pre, const torch::Tensor& bias,
                         CpuCapability capability = cpu_capability());
+
+// Whether max_pool2x2 takes this: images [N, C, H, W] with H and W at least 2, laid out channels_last
+// (NHWC), on the CPU in fp32 or bf16. Elsewhere (NCHW, a GPU) the caller runs ATen's max_pool2d.
+bool max_pool2x2_takes(const torch::Tensor& input);
+
+// max_pool2d(input, 2): the maximum of each 2x2 window at stride 2 (an odd last row or column left out),
+// channels_last, in input's dtype; equal to ATen's bit for bit in both directions (ties go to the
+// window's first value, NaN propagates). Differentiable: it keeps a byte per output value for backward
+// (ATen keeps an int64 index), and backward writes each input gradient once instead of zero-filling
+// the whole tensor and scattering into it.
+torch::Tensor max_pool2x2(const torch::Tensor& input, CpuCapability capability = cpu_capability());
+
+// Muon's quintic Newton-Schulz coefficients (Keller Jordan's, torch.optim.Muon's defaults), and the
+// floor of the norm that the update is divided by.
+struct NewtonSchulzCoefficients {
+  double a = 3.4445, b = -4.7750, c = 2.0315, eps = 1e-7;
+};
+
+// Whether newton_schulz takes this update: a matrix [A, B] on the CPU in fp32 or bf16 whose smaller side
+// is at most 64 and which holds at most 65536 values. Larger ones are matmul-bound: ATen's GEMMs win.
+bool newton_schulz_takes(const torch::Tensor& update);
+
+// Muon's orthogonalisation of `update` [A, B] (torch.optim.Muon's _zeropower_via_newtonschulz): X =
+// update / |update|_F in bf16, then `steps` times X <- a X + (b G + c G G) X, G = X X^T, on the wide
+// orientation. One call instead of ATen's three matmuls an iteration, with each product rounded to bf16
+// where ATen's bf16 matmuls round it. Returns bf16 [A, B]; not differentiable.
+torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps,
+                            const NewtonSchulzCoefficients& coefficients = {},
+                            CpuCapability capability = cpu_capability());
+
+// The same in ATen's ops, any size, any device: an mm and two addmm an iteration in bf16, as
+// torch.optim.Muon's _zeropower_via_newtonschulz; newton_schulz's reference, and what muon runs for
+// the matrices it does not take.
+torch::Tensor newton_schulz_aten(const torch::Tensor& update, int64_t steps,
+                                 const NewtonSchulzCoefficients& coefficients = {});
 
 }  // namespace fasttrain::kernels

@@ -82,6 +82,11 @@ struct CnnOptions {
          "Max-pool right after each conv, before BatchNorm and ReLU (they commute with it; 4x less "
          "normalisation work)") = false;
   FT_KEY(double, dropout, "Dropout before each fully connected layer", below_one()) = 0.0;
+  FT_KEY(std::string, kernels,
+         "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
+         "backward, which writes each input gradient once) or aten (max_pool2d); NCHW inputs and GPUs run "
+         "aten. Both give the same values bit for bit",
+         one_of({"fasttrain", "aten"})) = "fasttrain";
 };
 
 struct ResnetOptions {

@@ -67,6 +67,12 @@ struct OptimizerOptions {
       std::vector<std::string>, muon_exclude,
       "muon: weight matrices whose names contain one of these strings step with AdamW instead (embeddings, "
       "the classifier)") = {};
+  FT_KEY(std::string, muon_newton_schulz,
+         "muon's orthogonalisation of matrices whose smaller side is at most 64 (conv kernels, a classifier) "
+         "on the CPU: fasttrain (one kernel a matrix, rounding to bf16 where torch.optim.Muon's bf16 matmuls "
+         "round) or aten (an mm and two addmm per iteration, as torch.optim.Muon); larger matrices and GPUs "
+         "run aten",
+         one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(double, muon_adamw_lr_scale,
          "muon: lr multiplier of the parameters it steps with AdamW (biases, norms, muon_exclude)",
          at_least(0)) = 1.0;

@@ -43,22 +43,6 @@ inline Vec gelu_derivative(const Vec& u) {
   return at::vec::fmadd(Vec(2.f) * u * ds, terms.sech2_quarter_z, terms.half_one_plus_t);
 }
 
-// A row of `base` as fp32: in place for fp32 tensors, else converted into `scratch`.
-const float* row_in(const void* base, bool bf16, int64_t offset, int64_t width, std::vector<float>& scratch) {
-  if (!bf16) return static_cast<const float*>(base) + offset;
-  load_row(base, true, offset, width, scratch.data());
-  return scratch.data();
-}
-
-// Where a row is computed: the output in place for fp32, else `scratch`, which finish_row rounds out.
-float* row_out(void* base, bool bf16, int64_t offset, std::vector<float>& scratch) {
-  return bf16 ? scratch.data() : static_cast<float*>(base) + offset;
-}
-
-void finish_row(const float* row, void* base, bool bf16, int64_t offset, int64_t width) {
-  if (bf16) store_row(row, base, true, offset, width);
-}
-
 void forward(const detail::BiasGeluRows& g, int64_t begin, int64_t end) {
   const int64_t width = g.width;
   std::vector<float> pre_row(g.bf16 ? width : 0), y_row(g.bf16 ? width : 0);

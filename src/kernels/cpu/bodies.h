@@ -1,18 +1,33 @@
 #pragma once
-// Every kernel body's entry point, once per capability: attention_kernel.cpp, bias_gelu_kernel.cpp and
-// layer_norm_kernel.cpp define them in the namespace of the capability they are compiled for
-// (CMakeLists.txt).
+// Every kernel body's entry point, once per capability: attention_kernel.cpp, bias_gelu_kernel.cpp,
+// layer_norm_kernel.cpp, max_pool_kernel.cpp and newton_schulz_kernel.cpp define them in the namespace of the
+// capability they are compiled for (CMakeLists.txt).
 #include "attention_kernel.h"
 #include "bias_gelu_kernel.h"
 #include "layer_norm_kernel.h"
+#include "max_pool_kernel.h"
+#include "newton_schulz_kernel.h"
 
-#define FASTTRAIN_KERNEL_BODIES(capability)      \
-  namespace fasttrain::kernels::capability {     \
-  detail::AttentionKernels attention_kernels();  \
-  detail::BiasGeluKernels bias_gelu_kernels();   \
-  detail::LayerNormKernels layer_norm_kernels(); \
+#define FASTTRAIN_KERNEL_BODIES(capability)            \
+  namespace fasttrain::kernels::capability {           \
+  detail::AttentionKernels attention_kernels();        \
+  detail::BiasGeluKernels bias_gelu_kernels();         \
+  detail::LayerNormKernels layer_norm_kernels();       \
+  detail::MaxPoolKernels max_pool_kernels();           \
+  detail::NewtonSchulzKernels newton_schulz_kernels(); \
   }
 FASTTRAIN_KERNEL_BODIES(DEFAULT)
 FASTTRAIN_KERNEL_BODIES(AVX2)
 FASTTRAIN_KERNEL_BODIES(AVX512)
 #undef FASTTRAIN_KERNEL_BODIES
+
+// The bodies that `entry` (attention_kernels, ...) returns in the build for `capability`, a
+// CpuCapability the dispatcher has checked is runnable. Off x86 only the scalar build is compiled.
+#ifdef FASTTRAIN_X86_KERNELS
+#define FASTTRAIN_BODIES_FOR(entry, capability)                                                        \
+  ((capability) == ::fasttrain::kernels::CpuCapability::avx512 ? ::fasttrain::kernels::AVX512::entry() \
+   : (capability) == ::fasttrain::kernels::CpuCapability::avx2 ? ::fasttrain::kernels::AVX2::entry()   \
+                                                               : ::fasttrain::kernels::DEFAULT::entry())
+#else
+#define FASTTRAIN_BODIES_FOR(entry, capability) ::fasttrain::kernels::DEFAULT::entry()
+#endif

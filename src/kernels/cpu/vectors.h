@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace fasttrain::kernels::CPU_CAPABILITY {
 
@@ -53,6 +54,23 @@ inline void store_row(const float* row, void* base, bool bf16, int64_t offset, i
   } else {
     std::memcpy(static_cast<float*>(base) + offset, row, static_cast<size_t>(width) * sizeof(float));
   }
+}
+
+// A row of `base` as fp32: in place for fp32 tensors, else converted into `scratch`.
+inline const float* row_in(const void* base, bool bf16, int64_t offset, int64_t width,
+                           std::vector<float>& scratch) {
+  if (!bf16) return static_cast<const float*>(base) + offset;
+  load_row(base, true, offset, width, scratch.data());
+  return scratch.data();
+}
+
+// Where a row is computed: the output in place for fp32, else `scratch`, which finish_row rounds out.
+inline float* row_out(void* base, bool bf16, int64_t offset, std::vector<float>& scratch) {
+  return bf16 ? scratch.data() : static_cast<float*>(base) + offset;
+}
+
+inline void finish_row(const float* row, void* base, bool bf16, int64_t offset, int64_t width) {
+  if (bf16) store_row(row, base, true, offset, width);
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY
