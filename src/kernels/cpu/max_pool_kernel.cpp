@@ -25,6 +25,13 @@ RowPosition position(const detail::MaxPoolImages& p, int64_t row) {
   return {row / p.out_height, row % p.out_height};
 }
 
+// All bits set where `v` is NaN. Not `v != v`: LibTorch 1.13's AVX512 `!=` is an ordered compare, false
+// for NaN.
+inline Vec is_nan(const Vec& v) {
+  const Vec all_set = Vec(0.f) == Vec(0.f);
+  return (v == v) ^ all_set;
+}
+
 // Element offset of input row `h` of `image`.
 int64_t input_row_offset(const detail::MaxPoolImages& p, int64_t image, int64_t h) {
   return (image * p.height + h) * p.width * p.channels;
@@ -47,7 +54,7 @@ void forward(const detail::MaxPoolImages& p, int64_t begin, int64_t end) {
         Vec best = Vec::loadu(window[0] + c, count), which(0.f);
         for (int k = 1; k < kWindow; ++k) {
           const Vec value = Vec::loadu(window[k] + c, count);
-          const Vec wins = (value > best) | (value != value);
+          const Vec wins = (value > best) | is_nan(value);
           best = Vec::blendv(best, value, wins);
           which = Vec::blendv(which, Vec(static_cast<float>(k)), wins);
         }
