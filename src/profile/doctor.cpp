@@ -453,8 +453,10 @@ DoctorContext measure(RunBuilder& builder, const Config& requested, const std::s
   c.threads = run.threads;
   c.cores = physical_cores();
   c.blas = run.blas;
+  // The allocator counts retries over the process: the run's own are those its profile added.
+  const int64_t retries_before = memory_stats(run.device).alloc_retries;
   c.base = profile_built_run(run, out_dir + "/doctor/as-configured", profile_options, callbacks);
-  c.alloc_retries = c.cuda ? memory_stats(run.device).alloc_retries : 0;
+  c.alloc_retries = memory_stats(run.device).alloc_retries - retries_before;
   report.measurements["as_configured"] = c.base.to_json();
 
   // Speeds are compared between unrecorded runs (the profiler's per-operator cost is no part of a

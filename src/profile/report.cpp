@@ -16,6 +16,7 @@
 #include "fasttrain/detail/file_io.h"
 #include "fasttrain/detail/json.h"
 #include "fasttrain/log/metrics.h"
+#include "fasttrain/memory/snapshot.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 
@@ -433,12 +434,30 @@ std::string step_time_section(const std::optional<json>& summary, const fs::path
   return html + "<td class=\"num\">100%</td></tr>\n</table>\n</section>\n";
 }
 
-std::string memory_section(const Chart& chart, bool timeline_present, const std::optional<json>& summary) {
+// memory.snapshot's summary (memory_snapshot.json), beside the pickle it describes.
+std::string memory_snapshot_paragraph(const fs::path& path) {
+  if (!fs::exists(path)) return "";
+  const json snapshot = read_json_file(path);
+  const std::string what = fmt::format("'{}'", path.string());
+  FT_CHECK(snapshot.is_object(), "{} must be a JSON object", what);
+  const auto count = [&](const char* key) { return json_field<int64_t>(snapshot, key, what); };
+  return fmt::format(
+      "<p>The CUDA caching allocator's history (memory.snapshot): <code>{}</code>, {} events of which {} "
+      "allocations (the largest {}), {} segments holding {} when it was written. Open it in "
+      "<a href=\"https://pytorch.org/memory_viz\">pytorch.org/memory_viz</a>.</p>\n",
+      escape_html(json_field<std::string>(snapshot, "file", what)), count("events"), count("allocations"),
+      format_bytes(count("largest_allocation_bytes")), count("segments"),
+      format_bytes(count("reserved_bytes")));
+}
+
+std::string memory_section(const Chart& chart, bool timeline_present, const std::optional<json>& summary,
+                           const fs::path& snapshot_summary) {
   std::string html = "<section id=\"memory\">\n<h2>Memory timeline</h2>\n";
   if (summary && summary->contains("peak_memory_bytes") && summary->at("peak_memory_bytes").is_number()) {
     html += fmt::format("<p>Allocator peak of the fit: {} (summary.json peak_memory_bytes).</p>\n",
                         format_bytes(summary->at("peak_memory_bytes").get<int64_t>()));
   }
+  html += memory_snapshot_paragraph(snapshot_summary);
   if (!timeline_present) return html + not_recorded(kNoMemoryTimeline) + "</section>\n";
   return html + "<div class=\"charts\">\n" + chart_html(chart) + "</div>\n</section>\n";
 }
@@ -751,7 +770,7 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
   for (const Chart& chart : metric_charts) html += chart_html(chart);
   html += chart_html(lr) + "</div>\n</section>\n";
   html += step_time_section(summary, summary_path);
-  html += memory_section(memory, timeline_present, summary);
+  html += memory_section(memory, timeline_present, summary, dir / CudaMemoryHistory::kSummary);
   html += doctor_section(dir / "doctor.json");
   html += config_section(dir / "config.toml");
   html += "<script type=\"application/json\" id=\"report-data\">" + json_for_script(data) + "</script>\n";

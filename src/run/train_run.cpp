@@ -6,11 +6,13 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "fasttrain/data/text.h"
 #include "fasttrain/detail/file_io.h"
 #include "fasttrain/detail/json.h"
 #include "fasttrain/log/metrics.h"
+#include "fasttrain/memory/snapshot.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/run/batch_finder.h"
 #include "fasttrain/state/checkpoint_dir.h"
@@ -280,6 +282,8 @@ void clear_run_dir(const std::string& run_dir) {
   fs::remove_all(run_dir + "/final");
   fs::remove(run_dir + "/metrics.jsonl");
   fs::remove(run_dir + "/summary.json");
+  fs::remove(run_dir + "/" + CudaMemoryHistory::kPickle);
+  fs::remove(run_dir + "/" + CudaMemoryHistory::kSummary);
   for (const auto& entry : fs::directory_iterator(run_dir)) {
     if (entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0) fs::remove(entry.path());
   }
@@ -306,6 +310,9 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
   std::vector<std::string> extended;  // "train.epochs 2 -> 3": the resumed run is made longer
   if (start.saved) extended = check_same_training(*start.checkpoint, *start.saved, run.config);
   auto trainer = run.make_trainer(&reporter);
+  std::optional<CudaMemoryHistory>
+      memory_history;  // memory.snapshot: refused off CUDA before anything is cleared
+  if (run.config.memory.snapshot()) memory_history.emplace(run.device);
   if (!start.checkpoint) start_new_run(run_dir, options.fresh(), group);
 
   // What ran: "auto" resolved; checkpoints record it, so a resume elsewhere compares what ran.
@@ -328,9 +335,16 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
   }
 
   // ---- train ----
-  if (effective.memory.warmup()) trainer->warm_up(run.largest_batch());
+  if (effective.memory.warmup()) trainer->warm_up(run.largest_batch(), run.test_loader.get());
   if (rank0) trainer->add_callback(std::make_shared<RunLogger>(run_dir, reporter_ptr));
-  FitSummary summary = trainer->fit(*run.train_loader, run.test_loader.get());
+  FitSummary summary;
+  try {
+    summary = trainer->fit(*run.train_loader, run.test_loader.get());
+  } catch (const std::exception&) {
+    if (memory_history && rank0) memory_history->write(run_dir);  // what led to an out-of-memory error
+    throw;
+  }
+  if (memory_history && rank0) memory_history->write(run_dir);
   if (!summary.interrupted) write_outputs(*trainer, run.model, summary, run_dir);
   return summary;
 }

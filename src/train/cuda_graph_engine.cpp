@@ -15,6 +15,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/torch.h>
 
+#include <chrono>
+
 #include "fasttrain/train/step_engine.h"
 #include "fasttrain/util/check.h"
 
@@ -28,6 +30,7 @@ class CudaGraphEngine : public StepEngine {
   }
   const char* name() const override { return "cuda_graph"; }
   bool stops_inside_windows() const override { return false; }
+  double capture_seconds() const override { return capture_seconds_; }
 
   void add_micro_batch(const Batch& batch, int64_t index, int64_t size) override {
     if (!graph_) {  // warm-up and the capture step take the batches as they come
@@ -92,6 +95,7 @@ class CudaGraphEngine : public StepEngine {
   }
 
   void capture() {
+    const auto start = std::chrono::steady_clock::now();
     // The static inputs: the capture step's own batches, where each replay's batches are copied.
     static_window_ = std::move(window_);
     window_.clear();
@@ -120,6 +124,7 @@ class CudaGraphEngine : public StepEngine {
       }
       graph_->capture_end();
     });
+    capture_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   // As torch.cuda.graph's __exit__ after an error: the capture ends so the stream can be used again;
@@ -135,6 +140,7 @@ class CudaGraphEngine : public StepEngine {
   StepFunctions& step_;
   int warmup_steps_;
   int warmed_up_ = 0;
+  double capture_seconds_ = 0;
   int64_t window_size_ = 0;
   std::vector<Batch> window_;         // before capture: the current window's micro-batches
   std::vector<Batch> static_window_;  // after: the graph's input buffers

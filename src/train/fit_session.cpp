@@ -194,6 +194,7 @@ FitSummary FitSession::finish() {
   const MemoryStats memory = memory_stats(trainer_.device_);
   summary_.peak_memory_bytes = memory.peak_allocated_bytes;
   summary_.alloc_retries = memory.alloc_retries;
+  summary_.graph_capture_s = trainer_.engine_capture_seconds();
   summary_.peak_resident_bytes = fasttrain::peak_resident_bytes();
   if (trainer_.parallel_) {
     summary_.dist =

@@ -43,6 +43,41 @@ ModelOutput forward_with_mirror(const Model& model, const Batch& batch) {
   return named;
 }
 
+// Puts the optimizer's state back as it was when the guard was made: copies of what each parameter
+// had, and none where it had none (the state a warm-up step creates goes).
+class OptimizerStateGuard {
+ public:
+  explicit OptimizerStateGuard(Optimizer& optimizer) : optimizer_(optimizer) {
+    for (size_t group = 0; group < optimizer.groups().size(); ++group) {
+      for (size_t index = 0; index < optimizer.groups()[group].params.size(); ++index) {
+        if (!optimizer.has_state(group, index)) continue;
+        Saved saved{group, index, {}, 0};
+        for (size_t field = 0; field < optimizer.state_fields(group).size(); ++field)
+          saved.fields.push_back(optimizer.state(group, field, index).clone(at::MemoryFormat::Preserve));
+        if (optimizer.counts_steps(group))
+          saved.step = static_cast<int64_t>(optimizer.step_count(group, index).item<double>());
+        saved_.push_back(std::move(saved));
+      }
+    }
+  }
+  ~OptimizerStateGuard() {
+    optimizer_.clear_state();
+    for (Saved& saved : saved_)
+      optimizer_.set_state(saved.group, saved.index, std::move(saved.fields), saved.step);
+  }
+  OptimizerStateGuard(const OptimizerStateGuard&) = delete;
+  OptimizerStateGuard& operator=(const OptimizerStateGuard&) = delete;
+
+ private:
+  struct Saved {
+    size_t group, index;
+    std::vector<torch::Tensor> fields;
+    int64_t step;
+  };
+  Optimizer& optimizer_;
+  std::vector<Saved> saved_;
+};
+
 }  // namespace
 
 nlohmann::json FitSummary::to_json() const {
@@ -67,6 +102,7 @@ nlohmann::json FitSummary::to_json() const {
       {"interrupted", interrupted},
       {"checkpoint", checkpoint.empty() ? nlohmann::json(nullptr) : nlohmann::json(checkpoint)},
       {"step_engine", step_engine},
+      {"graph_capture_s", graph_capture_s},
       {"dist", dist},
   });
   return json;
@@ -255,7 +291,7 @@ void Trainer::count_replayed_step() {
   ++step_;
 }
 
-void Trainer::warm_up(const Batch& batch) {
+void Trainer::warm_up(const Batch& batch, DataLoader* evaluation) {
   for (const auto& parameter : parameters_) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
@@ -264,8 +300,23 @@ void Trainer::warm_up(const Batch& batch) {
   TensorValuesGuard keep_buffers(model_.module().buffers());  // BatchNorm statistics
   backward_micro_batch(batch, 1, /*ends_window=*/false);      // nothing communicated
   window_loss_.zero_();
+  // One update too, thrown away: the optimizer's kernels meet their shapes here, not in the first
+  // timed step (on a GPU, Muon's first Newton-Schulz matmuls took 0.1-0.2 s). Single-process runs:
+  // under ZeRO the optimizer steps shards whose gradients only communication fills.
+  if (!parallel_) {
+    TensorValuesGuard keep_parameters(parameters_);
+    OptimizerStateGuard keep_state(*optimizer_);
+    optimizer_->step(torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_)));
+  }
+  // And the step's loss bookkeeping, on a tracker of its own: its first kernels (isfinite, compares)
+  // took 33 ms of an H100 run's first step, where everything else had run before.
+  LossTracker scratch(device_);
+  scratch.add(window_loss_, device_step_);
+  scratch.take_sum();
+  scratch.check_finite("");
   // The model's gradients, not the optimizer's: under ZeRO the optimizer steps other tensors.
   for (const auto& parameter : parameters_) parameter.mutable_grad() = torch::Tensor();
+  if (evaluation) evaluate(*evaluation);  // eval mode, no gradients: nothing of the model changes
 }
 
 double Trainer::mean_over_ranks(double value) {

@@ -5,6 +5,12 @@
 
 #include <set>
 
+#ifdef FASTTRAIN_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+#include "fasttrain/memory/stats.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/hardware.h"
 #include "support.h"
@@ -123,6 +129,85 @@ TEST(Doctor, StaysQuietOnATunedConfig) {
   EXPECT_TRUE(report.findings.empty()) << report.text();
   EXPECT_NE(report.text().find("nothing to fix"), std::string::npos);
 }
+
+// ---- the GPU's rules, on a GPU ----
+#ifdef FASTTRAIN_CUDA
+
+const std::set<std::string> kGpuRules = {"cudnn_benchmark", "tensor_core_sizes", "variable_shapes",
+                                         "host_sync", "allocator_churn"};
+
+// The clean config on the GPU: sizes in multiples of 8, whole batches, cuDNN's benchmark on.
+Config clean_gpu_config() {
+  Config config = clean_config();
+  config.train.device("cuda");
+  config.train.cudnn_benchmark(true);
+  return config;
+}
+
+std::set<std::string> gpu_rules(const DoctorReport& report) {
+  std::set<std::string> found;
+  for (const auto& rule : rules(report))
+    if (kGpuRules.count(rule)) found.insert(rule);
+  return found;
+}
+
+// A run at its memory limit whose allocations grow: each micro-batch allocates a tensor 2 MiB larger
+// than the last (as a loss over ever longer sequences might), under a memory fraction that holds one
+// of them but not two. The cached smaller block cannot serve the larger one and the device has no room
+// for both, so the allocator frees its cache and retries: what allocator_churn reads.
+class GrowingAtTheMemoryLimit : public Callback {
+ public:
+  void on_fit_start(Trainer&, int64_t) override {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+    const int64_t reserved = memory_stats(torch::Device(torch::kCUDA, device_)).reserved_bytes;
+    const auto total = static_cast<double>(at::cuda::getDeviceProperties(device_)->totalGlobalMem);
+    c10::cuda::CUDACachingAllocator::setMemoryFraction((reserved + kBase * 3 / 2) / total, device_);
+  }
+  void on_micro_batch(Trainer&) override {
+    size_ += 2 << 20;
+    torch::empty({size_}, torch::TensorOptions().dtype(torch::kByte).device(torch::kCUDA, device_)).fill_(1);
+  }
+  void on_fit_end(Trainer&, const FitSummary&) override { restore(); }
+  ~GrowingAtTheMemoryLimit() override { restore(); }
+
+ private:
+  void restore() {
+    c10::cuda::CUDACachingAllocator::setMemoryFraction(1.0, device_);
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+  static constexpr int64_t kBase = int64_t{256} << 20;
+  c10::DeviceIndex device_ = c10::cuda::current_device();
+  int64_t size_ = kBase;
+};
+
+// Each of the GPU's rules fires on its planted problem on the GPU, and none on the clean config.
+TEST(Doctor, TheGpuRulesNameEachPlantedProblemAndNoneOnTheCleanConfig_CUDA) {
+  FT_REQUIRE_FASHION_MNIST();
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir dir;
+  const auto options = quick(8, 3, 0.3);
+  RunBuilder builder;
+
+  DoctorReport clean = diagnose(builder, clean_gpu_config(), dir.path(), options);
+  EXPECT_TRUE(gpu_rules(clean).empty()) << clean.text();
+
+  // cuDNN's benchmark off, a batch of 100 (not a multiple of 8; 8192 samples leave a last batch of
+  // 92, kept, and no memory.warmup), and a host read per micro-batch.
+  Config careless = clean_gpu_config();
+  careless.train.cudnn_benchmark(false);
+  careless.data.batch_size(100);
+  careless.data.loader.drop_last(false);
+  DoctorReport report = diagnose(builder, careless, dir.path(), options, {std::make_shared<SyncEveryStep>()});
+  for (const char* rule : {"cudnn_benchmark", "tensor_core_sizes", "variable_shapes", "host_sync"})
+    EXPECT_TRUE(rules(report).count(rule)) << rule << "\n" << report.text();
+  EXPECT_FALSE(rules(report).count("allocator_churn")) << "no retries here\n" << report.text();
+  EXPECT_NE(report.text().find("data.batch_size 100"), std::string::npos) << report.text();
+
+  DoctorReport churned = diagnose(builder, clean_gpu_config(), dir.path(), options,
+                                  {std::make_shared<GrowingAtTheMemoryLimit>()});
+  EXPECT_TRUE(rules(churned).count("allocator_churn")) << churned.text();
+}
+#endif  // FASTTRAIN_CUDA
 
 }  // namespace
 }  // namespace fasttrain

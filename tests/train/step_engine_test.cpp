@@ -161,6 +161,7 @@ TEST(StepEngine, OnTheCpuStepsRunEagerAndCapturingIsAnErrorNamingWhy) {
   TrainerCase eager = make_case(torch::kCPU, false, torch::kFloat, 4);
   const FitSummary summary = eager.trainer->fit(loader, nullptr);
   EXPECT_EQ(summary.step_engine, "eager");
+  EXPECT_EQ(summary.graph_capture_s, 0);
   EXPECT_EQ(summary.steps, 4);
   TrainerCase forced = make_case(torch::kCPU, true, torch::kFloat, 4);
   EXPECT_TRUE(testing::contains_all(testing::error_message([&] { forced.trainer->fit(loader, nullptr); }),
@@ -206,6 +207,7 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
       }
       EXPECT_EQ(summaries[0].step_engine, "eager") << what;
       EXPECT_EQ(summaries[1].step_engine, "cuda_graph") << what;
+      EXPECT_GT(summaries[1].graph_capture_s, 0) << what;
       EXPECT_EQ(runs[1].trainer->step(), steps) << what;
       // The same kernels in the same order: differences are the graph's, i.e. none beyond rounding.
       const double tolerance = precision.dtype == torch::kFloat ? 1e-5 : 1e-3;

@@ -360,25 +360,34 @@ TEST(Trainer, FitAfterFindLrIsTheFitWithoutIt) {
 namespace fasttrain {
 namespace {
 
-// memory.warmup: a forward and backward at the largest batch before training leaves nothing behind:
-// the run that follows is bit-identical to one without it (dropout masks, BatchNorm statistics,
-// weights), and the warm-up really ran a step's worth of allocations.
-TEST(Trainer, WarmUpLeavesTheRunBitIdentical) {
+// memory.warmup: a forward, backward and optimizer update at the largest batch, and an evaluation,
+// before training leave nothing behind: the run that follows is bit-identical to one without it (dropout
+// masks, BatchNorm statistics, weights, the optimizer's moments and step counts), and the warm-up really ran
+// a step's worth of allocations. Adam counts steps; muon keeps momentum buffers and orthogonalises.
+class WarmUp : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WarmUp, LeavesTheRunBitIdentical) {
   auto data = testing::synthetic_images(96, 1, 8, 8);
   auto train = [&](bool warm_up) {
     torch::manual_seed(4);
     auto model =
         make_cnn(CnnOptions().widths({4}).hidden({16}).batchnorm(true).dropout(0.3), testing::small_images());
-    auto trainer = make_trainer(model, TrainOptions().max_steps(6), 0.05, "adam");
+    auto trainer = make_trainer(model, TrainOptions().max_steps(6), 0.05, GetParam());
     DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0).seed(2));
     torch::manual_seed(5);
     int64_t warm_up_peak = 0;
     if (warm_up) {
       testing::PeakCpuMemory memory;
-      Batch largest{torch::zeros({16, 1, 8, 8}), torch::zeros({16}, torch::kLong)};
-      trainer->warm_up(largest);
+      Batch largest{torch::ones({16, 1, 8, 8}), torch::zeros({16}, torch::kLong)};
+      DataLoader test(data, plain_pipeline(), LoaderOptions(40).workers(0).shuffle(false).drop_last(false));
+      trainer->warm_up(largest, &test);
       warm_up_peak = memory.peak_bytes();
       for (const auto& parameter : model.module().parameters()) EXPECT_FALSE(parameter.grad().defined());
+      const Optimizer& optimizer = trainer->optimizer();
+      for (size_t group = 0; group < optimizer.groups().size(); ++group) {
+        for (size_t index = 0; index < optimizer.groups()[group].params.size(); ++index)
+          EXPECT_FALSE(optimizer.has_state(group, index)) << "group " << group << " parameter " << index;
+      }
     }
     trainer->fit(loader, nullptr);
     std::vector<torch::Tensor> state;
@@ -392,6 +401,30 @@ TEST(Trainer, WarmUpLeavesTheRunBitIdentical) {
   ASSERT_EQ(plain.size(), warmed.size());
   for (size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], warmed[i])) << "tensor " << i;
   EXPECT_GT(warm_up_peak, 16 * 4 * 8 * 8 * 4) << "the warm-up held at least the first conv's activations";
+}
+
+INSTANTIATE_TEST_SUITE_P(Trainer, WarmUp, ::testing::Values("adam", "muon"),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The state an optimizer already has (a resumed run's) comes back from the warm-up as it was.
+TEST(Trainer, WarmUpKeepsTheOptimizersStateAsItWas) {
+  auto data = testing::synthetic_images(32, 1, 8, 8);
+  auto model = make_cnn(CnnOptions().widths({4}).hidden({16}), testing::small_images());
+  auto trainer = make_trainer(model, TrainOptions().max_steps(2), 0.05, "adam");
+  DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0));
+  trainer->fit(loader, nullptr);
+  const Optimizer& optimizer = trainer->optimizer();
+  std::vector<torch::Tensor> before;
+  for (size_t index = 0; index < optimizer.groups()[0].params.size(); ++index) {
+    before.push_back(optimizer.state(0, 0, index).clone());
+    before.push_back(optimizer.step_count(0, index).clone());
+  }
+  trainer->warm_up(Batch{torch::ones({16, 1, 8, 8}), torch::zeros({16}, torch::kLong)});
+  for (size_t index = 0, i = 0; index < optimizer.groups()[0].params.size(); ++index) {
+    ASSERT_TRUE(optimizer.has_state(0, index));
+    EXPECT_TRUE(torch::equal(optimizer.state(0, 0, index), before[i++])) << "exp_avg of parameter " << index;
+    EXPECT_TRUE(torch::equal(optimizer.step_count(0, index), before[i++])) << "step of parameter " << index;
+  }
 }
 
 TEST(Trainer, WarmUpInsideAnAccumulationWindowIsAnError) {

@@ -183,13 +183,20 @@ struct MemoryConfig {
              },
              KeyTrait::kNeutral)) = "";
   FT_KEY(bool, warmup,
-         "One forward and backward at the largest batch before training (nothing kept): the allocator "
-         "reserves its peak once",
+         "One forward, backward and optimizer update at the largest batch, and one evaluation, before "
+         "training (nothing kept): the allocator reserves its peak once and every kernel of the step and "
+         "of the evaluation has run before the clock",
          KeyTrait::kNeutral) = false;
   FT_KEY(bool, expandable_segments,
          "CUDA: the caching allocator grows segments in place instead of caching many sizes "
          "(PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts; LibTorch >= 2.1)",
          KeyTrait::kNeutral) = false;
+  FT_KEY(
+      bool, snapshot,
+      "CUDA: record the caching allocator's every allocation and free (the last 100,000) from the warm-up "
+      "to the end of training, and write memory_snapshot.pickle in the run directory in the format of "
+      "torch.cuda.memory._dump_snapshot (open it in pytorch.org/memory_viz); the report shows what it holds",
+      KeyTrait::kNeutral) = false;
   FT_KEY(std::string, cpu_heap,
          "CPU runs: where freed tensor memory goes. retain: it stays in the process's heap for the next "
          "step (glibc: mmap threshold at its 32 MiB maximum, no trimming), which spares the page faults of "

@@ -63,6 +63,9 @@ class StepEngine {
   // Whether a stop may take effect between the micro-batches of a window (a checkpoint then holds
   // the gradients so far); otherwise stops wait for the window's end.
   virtual bool stops_inside_windows() const = 0;
+  // Host seconds spent capturing the step (recording and instantiating the graph; 0 for eager): a
+  // one-off cost inside the first timed steps.
+  virtual double capture_seconds() const { return 0; }
 };
 
 // What decides whether the step can be captured (see capture_blocker).

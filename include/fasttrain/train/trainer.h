@@ -121,8 +121,9 @@ struct FitSummary {
   bool interrupted = false;
   // The newest checkpoint this fit() wrote ("" = none).
   std::string checkpoint;
-  // How the steps ran: "eager" or "cuda_graph" (train.cuda_graphs).
+  // How the steps ran: "eager" or "cuda_graph" (train.cuda_graphs), and the seconds the capture took.
   std::string step_engine;
+  double graph_capture_s = 0;
   // Data parallel runs: world_size, backend, zero, bytes_sent_per_step (this rank, this session),
   // optimizer_state_bytes (this rank), ddp_timings_ns (DDP's sampled backward compute and
   // communication times and their overlap). Null in one process.
@@ -253,12 +254,16 @@ class Trainer : private StepFunctions {
   // random generators): a fit() afterwards trains as if the sweep had not run.
   LrFinderResult find_lr(DataLoader& loader, const LrFinderOptions& options);
 
-  // Allocator warm-up (memory.warmup): one forward and backward on `batch`, the largest shape the run
-  // will see, then the gradients back to None and the buffers (BatchNorm statistics) and random
+  // Allocator and kernel warm-up (memory.warmup): one forward and backward on `batch`, the largest
+  // shape the run will see, and (single-process runs) one optimizer update; then the gradients back
+  // to None and the parameters, the optimizer's state, the buffers (BatchNorm statistics) and random
   // generators as they were. Training afterwards is bit-identical to training without it, but the
-  // allocator has already held the peak: CUDA's caching allocator keeps those blocks and serves the
-  // smaller shapes that follow from them instead of fragmenting. Only between optimizer steps.
-  void warm_up(const Batch& batch);
+  // allocator has already held the peak (CUDA's caching allocator keeps those blocks and serves the
+  // smaller shapes that follow from them instead of fragmenting) and every kernel of the step, the
+  // optimizer's included, has run once. With `evaluation`, one evaluation on it too, whose result is
+  // dropped: its shapes' kernels and cuDNN's algorithm search (55 ms of the main job's first evaluation
+  // on an H100) come before the clock as well. Only between optimizer steps.
+  void warm_up(const Batch& batch, DataLoader* evaluation = nullptr);
 
   const Model& model() const { return model_; }
   Task& task() { return *task_; }
@@ -270,6 +275,7 @@ class Trainer : private StepFunctions {
   torch::Device device() const override { return device_; }
   // The engine fit() runs: "eager" or "cuda_graph" (set before the on_fit_start callbacks run).
   const char* engine_name() const { return engine_ ? engine_->name() : "eager"; }
+  double engine_capture_seconds() const { return engine_ ? engine_->capture_seconds() : 0; }
   // The time the step functions spent in forward, backward and optimizer so far; fit()'s records
   // and summary add data wait, host-to-device copies and "other" from the loader and its clock.
   const StepPhases& phases() const { return phases_; }
