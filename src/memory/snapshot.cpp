@@ -57,8 +57,8 @@ MemorySnapshotSummary CudaMemoryHistory::write(const std::string& dir) const {
   if (static_cast<size_t>(index) < info.device_traces.size()) {
     using Entry = c10::CachingDeviceAllocator::TraceEntry;
     for (const auto& entry : info.device_traces[static_cast<size_t>(index)]) {
-      if (entry.action_ == Entry::SNAPSHOT)
-        continue;  // each snapshot taken, this one's included, marks the trace
+      // Each snapshot taken, this one included, marks the trace: not an allocator event.
+      if (entry.action_ == Entry::SNAPSHOT) continue;
       ++summary.events;
       if (entry.action_ != Entry::ALLOC) continue;
       ++summary.allocations;

@@ -310,8 +310,8 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
   std::vector<std::string> extended;  // "train.epochs 2 -> 3": the resumed run is made longer
   if (start.saved) extended = check_same_training(*start.checkpoint, *start.saved, run.config);
   auto trainer = run.make_trainer(&reporter);
-  std::optional<CudaMemoryHistory>
-      memory_history;  // memory.snapshot: refused off CUDA before anything is cleared
+  // memory.snapshot: refused off CUDA before anything is cleared.
+  std::optional<CudaMemoryHistory> memory_history;
   if (run.config.memory.snapshot()) memory_history.emplace(run.device);
   if (!start.checkpoint) start_new_run(run_dir, options.fresh(), group);
 
