@@ -50,6 +50,7 @@ clis=("$cli")
 variants=("muon" "adamw --set optim.name=adamw" "muon-cold --set memory.warmup=false")
 [ -n "${FASTTRAIN_VARIANTS:-}" ] && mapfile -t variants <<<"$FASTTRAIN_VARIANTS"
 for variant in "${variants[@]}"; do
+  [ -z "${variant// /}" ] && continue  # a blank line of FASTTRAIN_VARIANTS
   read -r name extra <<<"$variant"
   for seed in 0 1 2; do
     for which in "${!clis[@]}"; do

@@ -55,7 +55,7 @@ MemorySnapshotSummary CudaMemoryHistory::write(const std::string& dir) const {
     summary.reserved_bytes += static_cast<int64_t>(segment.total_size);
   }
   if (static_cast<size_t>(index) < info.device_traces.size()) {
-    using Entry = c10::CachingDeviceAllocator::TraceEntry;
+    using Entry = c10::cuda::CUDACachingAllocator::TraceEntry;
     for (const auto& entry : info.device_traces[static_cast<size_t>(index)]) {
       // Each snapshot taken, this one included, marks the trace: not an allocator event.
       if (entry.action_ == Entry::SNAPSHOT) continue;

@@ -335,17 +335,28 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
   }
 
   // ---- train ----
-  if (effective.memory.warmup()) trainer->warm_up(run.largest_batch(), run.test_loader.get());
-  if (rank0) trainer->add_callback(std::make_shared<RunLogger>(run_dir, reporter_ptr));
+  // memory.snapshot: written also when the warm-up or training fails (an out-of-memory error's history),
+  // and never in the way of the run's own outputs or of the error that stopped it.
+  auto write_memory_history = [&] {
+    if (!memory_history || !rank0) return;
+    try {
+      memory_history->write(run_dir);
+    } catch (const std::exception& error) {
+      reporter.warning(
+          fmt::format("memory.snapshot: the allocator's history was not written: {}", error.what()));
+    }
+  };
   FitSummary summary;
   try {
+    if (effective.memory.warmup()) trainer->warm_up(run.largest_batch(), run.test_loader.get());
+    if (rank0) trainer->add_callback(std::make_shared<RunLogger>(run_dir, reporter_ptr));
     summary = trainer->fit(*run.train_loader, run.test_loader.get());
   } catch (const std::exception&) {
-    if (memory_history && rank0) memory_history->write(run_dir);  // what led to an out-of-memory error
+    write_memory_history();
     throw;
   }
-  if (memory_history && rank0) memory_history->write(run_dir);
   if (!summary.interrupted) write_outputs(*trainer, run.model, summary, run_dir);
+  write_memory_history();
   return summary;
 }
 

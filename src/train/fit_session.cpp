@@ -31,6 +31,7 @@ FitSession::FitSession(Trainer& trainer, DataLoader& train, DataLoader* test, in
       phases_at_start_(trainer.phases_),
       step_at_start_(trainer.step_),
       bytes_at_start_(trainer.parallel_ ? trainer.parallel_->group().bytes_sent() : 0),
+      retries_at_start_(memory_stats(trainer.device_).alloc_retries),
       interval_start_(elapsed_before_),
       interval_wait_start_(wait_at_start_) {
   const torch::Device device = trainer.device_;
@@ -193,7 +194,7 @@ FitSummary FitSession::finish() {
   summary_.padding_fraction = target_slots_ > 0 ? 1.0 - real_targets_ / target_slots_ : 0.0;
   const MemoryStats memory = memory_stats(trainer_.device_);
   summary_.peak_memory_bytes = memory.peak_allocated_bytes;
-  summary_.alloc_retries = memory.alloc_retries;
+  summary_.alloc_retries = memory.alloc_retries - retries_at_start_;
   summary_.graph_capture_s = trainer_.engine_capture_seconds();
   summary_.peak_resident_bytes = fasttrain::peak_resident_bytes();
   if (trainer_.parallel_) {

@@ -72,7 +72,8 @@ class FitSession {
   const StepPhases phases_at_start_;
   const int64_t step_at_start_;
   const int64_t bytes_at_start_;
-  double checkpoint_s_ = 0;  // this session's saves: not step time
+  const int64_t retries_at_start_;  // the allocator counts over the process (a batch search's probes too)
+  double checkpoint_s_ = 0;         // this session's saves: not step time
 
   // ---- the metrics interval ----
   int64_t interval_steps_ = 0, interval_samples_ = 0;

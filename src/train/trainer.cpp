@@ -61,9 +61,12 @@ class OptimizerStateGuard {
     }
   }
   ~OptimizerStateGuard() {
-    optimizer_.clear_state();
-    for (Saved& saved : saved_)
-      optimizer_.set_state(saved.group, saved.index, std::move(saved.fields), saved.step);
+    try {
+      optimizer_.clear_state();
+      for (Saved& saved : saved_)
+        optimizer_.set_state(saved.group, saved.index, std::move(saved.fields), saved.step);
+    } catch (const std::exception&) {  // unwinding from an out-of-memory error: the run ends with that one
+    }
   }
   OptimizerStateGuard(const OptimizerStateGuard&) = delete;
   OptimizerStateGuard& operator=(const OptimizerStateGuard&) = delete;

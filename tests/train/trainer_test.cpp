@@ -414,17 +414,26 @@ TEST(Trainer, WarmUpKeepsTheOptimizersStateAsItWas) {
   DataLoader loader(data, plain_pipeline(), LoaderOptions(16).workers(0));
   trainer->fit(loader, nullptr);
   const Optimizer& optimizer = trainer->optimizer();
-  std::vector<torch::Tensor> before;
-  for (size_t index = 0; index < optimizer.groups()[0].params.size(); ++index) {
-    before.push_back(optimizer.state(0, 0, index).clone());
-    before.push_back(optimizer.step_count(0, index).clone());
-  }
+  // Every group's every field (exp_avg, exp_avg_sq) and step count, before and after.
+  auto state_of = [&] {
+    std::vector<torch::Tensor> state;
+    for (size_t group = 0; group < optimizer.groups().size(); ++group) {
+      for (size_t index = 0; index < optimizer.groups()[group].params.size(); ++index) {
+        EXPECT_TRUE(optimizer.has_state(group, index)) << "group " << group << " parameter " << index;
+        for (size_t field = 0; field < optimizer.state_fields(group).size(); ++field)
+          state.push_back(optimizer.state(group, field, index).clone());
+        state.push_back(optimizer.step_count(group, index).clone());
+      }
+    }
+    return state;
+  };
+  const std::vector<torch::Tensor> before = state_of();
+  ASSERT_EQ(before.size(), model.module().parameters().size() * 3);
   trainer->warm_up(Batch{torch::ones({16, 1, 8, 8}), torch::zeros({16}, torch::kLong)});
-  for (size_t index = 0, i = 0; index < optimizer.groups()[0].params.size(); ++index) {
-    ASSERT_TRUE(optimizer.has_state(0, index));
-    EXPECT_TRUE(torch::equal(optimizer.state(0, 0, index), before[i++])) << "exp_avg of parameter " << index;
-    EXPECT_TRUE(torch::equal(optimizer.step_count(0, index), before[i++])) << "step of parameter " << index;
-  }
+  const std::vector<torch::Tensor> after = state_of();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i)
+    EXPECT_TRUE(torch::equal(after[i], before[i])) << "state tensor " << i;
 }
 
 TEST(Trainer, WarmUpInsideAnAccumulationWindowIsAnError) {

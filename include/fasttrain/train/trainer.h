@@ -114,7 +114,7 @@ struct FitSummary {
   // resident set (everything: LibTorch, the dataset, the loader's queue).
   int64_t peak_memory_bytes = 0;
   int64_t peak_resident_bytes = 0;
-  int64_t alloc_retries = 0;  // CUDA: allocations that had to flush the cache first
+  int64_t alloc_retries = 0;  // CUDA: this fit's allocations that had to flush the cache first
   // This session's training time by phase (step_phases_s in JSON; evaluation and checkpoints excluded).
   StepPhases step_phases;
   // fit() returned early because a stop was requested (SIGINT/SIGTERM or request_stop()).
