@@ -43,43 +43,18 @@ ModelOutput forward_with_mirror(const Model& model, const Batch& batch) {
   return named;
 }
 
-// Puts the optimizer's state back as it was when the guard was made: copies of what each parameter
-// had, and none where it had none (the state a warm-up step creates goes).
-class OptimizerStateGuard {
- public:
-  explicit OptimizerStateGuard(Optimizer& optimizer) : optimizer_(optimizer) {
-    for (size_t group = 0; group < optimizer.groups().size(); ++group) {
-      for (size_t index = 0; index < optimizer.groups()[group].params.size(); ++index) {
-        if (!optimizer.has_state(group, index)) continue;
-        Saved saved{group, index, {}, 0};
-        for (size_t field = 0; field < optimizer.state_fields(group).size(); ++field)
-          saved.fields.push_back(optimizer.state(group, field, index).clone(at::MemoryFormat::Preserve));
-        if (optimizer.counts_steps(group))
-          saved.step = static_cast<int64_t>(optimizer.step_count(group, index).item<double>());
-        saved_.push_back(std::move(saved));
-      }
-    }
-  }
-  ~OptimizerStateGuard() {
-    try {
-      optimizer_.clear_state();
-      for (Saved& saved : saved_)
-        optimizer_.set_state(saved.group, saved.index, std::move(saved.fields), saved.step);
-    } catch (const std::exception&) {  // unwinding from an out-of-memory error: the run ends with that one
-    }
-  }
-  OptimizerStateGuard(const OptimizerStateGuard&) = delete;
-  OptimizerStateGuard& operator=(const OptimizerStateGuard&) = delete;
+// The optimizer's state as a checkpoint holds it (each stepped parameter's fields and step count),
+// copied: optimizer_state's tensors are the live ones, which the steps that follow change in place.
+OptimizerStateTensors copy_of_state(const Optimizer& optimizer) {
+  OptimizerStateTensors state = optimizer_state(optimizer);
+  for (auto& [name, tensor] : state.tensors) tensor = tensor.clone();
+  return state;
+}
 
- private:
-  struct Saved {
-    size_t group, index;
-    std::vector<torch::Tensor> fields;
-    int64_t step;
-  };
-  Optimizer& optimizer_;
-  std::vector<Saved> saved_;
-};
+// Puts `state` back: each parameter's as it was, and none where it had none.
+void restore_state(Optimizer& optimizer, const OptimizerStateTensors& state, const char* before_what) {
+  load_optimizer_state(optimizer, SafetensorsFile(state.tensors, state.metadata, before_what));
+}
 
 }  // namespace
 
@@ -304,12 +279,13 @@ void Trainer::warm_up(const Batch& batch, DataLoader* evaluation) {
   backward_micro_batch(batch, 1, /*ends_window=*/false);      // nothing communicated
   window_loss_.zero_();
   // One update too, thrown away: the optimizer's kernels meet their shapes here, not in the first
-  // timed step (on a GPU, Muon's first Newton-Schulz matmuls took 0.1-0.2 s). Single-process runs:
+  // timed step (on an H100, Muon's first Newton-Schulz matmuls took 0.06 s). Single-process runs:
   // under ZeRO the optimizer steps shards whose gradients only communication fills.
   if (!parallel_) {
     TensorValuesGuard keep_parameters(parameters_);
-    OptimizerStateGuard keep_state(*optimizer_);
+    const OptimizerStateTensors state = copy_of_state(*optimizer_);
     optimizer_->step(torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(device_)));
+    restore_state(*optimizer_, state, "the optimizer before the warm-up");
   }
   // And the step's loss bookkeeping, on a tracker of its own: its first kernels (isfinite, compares)
   // took 33 ms of an H100 run's first step, where everything else had run before.
@@ -400,8 +376,7 @@ struct Trainer::Snapshot {
     for (const auto& tensor : trainer.model_.module().parameters())
       weights.push_back(tensor.detach().clone());
     for (const auto& tensor : trainer.model_.module().buffers()) weights.push_back(tensor.detach().clone());
-    optimizer = optimizer_state(*trainer.optimizer_);
-    for (auto& [name, tensor] : optimizer.tensors) tensor = tensor.clone();
+    optimizer = copy_of_state(*trainer.optimizer_);
     if (trainer.ema_) {
       for (const auto& tensor : trainer.ema_->shadow()) ema.push_back(tensor.clone());
       ema_calls = trainer.ema_->calls();
@@ -416,8 +391,7 @@ struct Trainer::Snapshot {
     for (const auto& buffer : trainer.model_.module().buffers()) live.push_back(buffer);
     for (size_t i = 0; i < live.size(); ++i) live[i].copy_(weights[i]);
     trainer.optimizer_->zero_grad();
-    load_optimizer_state(*trainer.optimizer_, SafetensorsFile(optimizer.tensors, optimizer.metadata,
-                                                              "the optimizer before find-lr"));
+    restore_state(*trainer.optimizer_, optimizer, "the optimizer before find-lr");
     if (trainer.ema_) trainer.ema_->load_state(ema, ema_calls, ema_updates);
     if (trainer.scaler_.enabled()) trainer.scaler_.load_state(scaler);
     for (const auto& [device, state] : random) set_generator_state(device, state);

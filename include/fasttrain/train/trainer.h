@@ -261,8 +261,8 @@ class Trainer : private StepFunctions {
   // allocator has already held the peak (CUDA's caching allocator keeps those blocks and serves the
   // smaller shapes that follow from them instead of fragmenting) and every kernel of the step, the
   // optimizer's included, has run once. With `evaluation`, one evaluation on it too, whose result is
-  // dropped: its shapes' kernels and cuDNN's algorithm search (55 ms of the main job's first evaluation
-  // on an H100) come before the clock as well. Only between optimizer steps.
+  // dropped: its shapes' kernels and cuDNN's algorithm search (66-70 ms of the main job's first
+  // evaluation on an H100) come before the clock as well. Only between optimizer steps.
   void warm_up(const Batch& batch, DataLoader* evaluation = nullptr);
 
   const Model& model() const { return model_; }
