@@ -4,10 +4,11 @@
 // fasttrain's causal attention kernel against ATen's (scaled_dot_product_attention where the LibTorch
 // build has it, else the math path), and its residual add + LayerNorm against ATen's add and
 // layer_norm, in fp32 and bf16; and beside them the main job's 2x2 max-pool (the cnn's), fasttrain's
-// kernel against ATen's max_pool2d, and muon's Newton-Schulz on its matrices.
+// kernel against ATen's max_pool2d, its BatchNorm + ReLU against batch_norm and relu, and muon's
+// Newton-Schulz on its matrices.
 // Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
 //
-//   gpt_ops_bench [--threads 1] [--repeats 50]
+//   gpt_ops_bench [--threads 1] [--repeats 50] [--only gpt|cnn]
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -61,16 +62,22 @@ nlohmann::json own_against_aten(const std::string& shape, const std::function<vo
 
 }  // namespace
 
+void gpt_rows(nlohmann::json& out, int repeats);
+void cnn_rows(nlohmann::json& out, int repeats);
+
 int main(int argc, char** argv) {
   int threads = 1, repeats = 50;
+  std::string only;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--threads") {
       threads = std::atoi(argv[i + 1]);
     } else if (flag == "--repeats") {
       repeats = std::atoi(argv[i + 1]);
+    } else if (flag == "--only" && (std::string(argv[i + 1]) == "gpt" || std::string(argv[i + 1]) == "cnn")) {
+      only = argv[i + 1];
     } else {
-      std::cerr << "usage: gpt_ops_bench [--threads N] [--repeats N]\n";
+      std::cerr << "usage: gpt_ops_bench [--threads N] [--repeats N] [--only gpt|cnn]\n";
       return 2;
     }
   }
@@ -79,6 +86,14 @@ int main(int argc, char** argv) {
   nlohmann::json out{
       {"torch", fasttrain::compat::torch_version()}, {"threads", threads}, {"repeats", repeats}};
 
+  if (only != "cnn") gpt_rows(out, repeats);
+  if (only != "gpt") cnn_rows(out, repeats);
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+// The gpt's kernels.
+void gpt_rows(nlohmann::json& out, int repeats) {
   // ---- GELU on the MLP's hidden activations [B, T, 4C] ----
   const auto hidden = torch::randn({32, 128, 512});
   const double fused = median_ms(forward_backward(hidden, fasttrain::gelu_tanh), repeats);
@@ -168,6 +183,10 @@ int main(int argc, char** argv) {
         },
         repeats);
   }
+}
+
+// The main job's: the cnn's and muon's.
+void cnn_rows(nlohmann::json& out, int repeats) {
   // ---- the main job's two 2x2 max-pools (configs/default.toml: batch 128, conv widths 16 and 32 on
   // 28x28 images), channels_last as it runs them: fasttrain's kernel against ATen's max_pool2d ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
@@ -190,6 +209,33 @@ int main(int argc, char** argv) {
               repeats);
     }
   }
+  // ---- the main job's BatchNorm + ReLU after each pool (pool_first: [128, 16, 14, 14] and [128, 32, 7, 7]),
+  // training mode: fasttrain's kernel against ATen's batch_norm and relu ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    for (const auto& [channels, side] : {std::pair<int64_t, int64_t>{16, 14}, {32, 7}}) {
+      const auto maps =
+          torch::randn({128, channels, side, side}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+      const auto grad = torch::randn_like(maps);
+      auto weight = torch::rand({channels}).requires_grad_(true),
+           bias = torch::randn({channels}).requires_grad_(true);
+      auto running_mean = torch::zeros({channels}), running_var = torch::ones({channels});
+      out["batch_norm_relu_" + std::to_string(channels) + "x" + std::to_string(side) + "_" + name] =
+          own_against_aten(
+              "NHWC [128, " + std::to_string(channels) + ", " + std::to_string(side) + ", " +
+                  std::to_string(side) + "] -> BatchNorm (batch statistics) + ReLU, forward + backward",
+              [&](bool own) {
+                auto x = maps.detach().requires_grad_(true);
+                auto y = own ? fasttrain::kernels::batch_norm_relu(x, weight, bias, running_mean, running_var,
+                                                                   true, 0.1, 1e-5)
+                             : torch::batch_norm(x, weight, bias, running_mean, running_var, true, 0.1, 1e-5,
+                                                 false)
+                                   .relu_();
+                y.backward(grad);
+              },
+              repeats);
+    }
+  }
   // ---- muon's Newton-Schulz (5 steps) on the main job's matrices: the conv kernels [16, 1x3x3] and
   // [32, 16x3x3] and the last layer [10, 256] ----
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 9}, {32, 144}, {10, 256}}) {
@@ -205,6 +251,4 @@ int main(int argc, char** argv) {
         },
         repeats);
   }
-  std::cout << out.dump() << "\n";
-  return 0;
 }

@@ -63,14 +63,36 @@ class PairSource : public fasttrain::BatchSource {
 };
 
 // ---- the model: one encoder for both images, a head on how their codes differ ----
+// A conv's 2x2 max-pool, then BatchNorm and ReLU: fasttrain's CPU kernels where they take the maps
+// (channels_last on the CPU, which train.channels_last gives), ATen's ops elsewhere (a GPU).
+struct PoolNormReluImpl : torch::nn::Module {
+  explicit PoolNormReluImpl(int64_t channels)
+      : norm(register_module("norm", torch::nn::BatchNorm2d(channels))) {}
+  torch::Tensor forward(const torch::Tensor& maps) {  // [B, C, H, W] -> [B, C, H / 2, W / 2]
+    namespace kernels = fasttrain::kernels;
+    const torch::Tensor pooled =
+        kernels::max_pool2x2_takes(maps) ? kernels::max_pool2x2(maps) : torch::max_pool2d(maps, 2);
+    if (!kernels::batch_norm_relu_takes(pooled, norm->weight, norm->bias, norm->running_mean,
+                                        norm->running_var, is_training()))
+      return torch::relu(norm->forward(pooled));
+    if (is_training()) norm->num_batches_tracked.add_(1);  // as BatchNorm2d counts them
+    return kernels::batch_norm_relu(pooled, norm->weight, norm->bias, norm->running_mean, norm->running_var,
+                                    is_training(), /*momentum=*/0.1, /*eps=*/1e-5);
+  }
+  torch::nn::BatchNorm2d norm{nullptr};
+};
+TORCH_MODULE(PoolNormRelu);
+
 struct SiameseImpl : torch::nn::Module {
   SiameseImpl() {
+    // No conv bias: BatchNorm's shift replaces it.
     encoder = register_module(
-        "encoder", torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1)),
-                                         torch::nn::ReLU(), torch::nn::MaxPool2d(2),
-                                         torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1)),
-                                         torch::nn::ReLU(), torch::nn::MaxPool2d(2), torch::nn::Flatten(),
-                                         torch::nn::Linear(32 * 7 * 7, 64)));
+        "encoder",
+        torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)),
+                              PoolNormRelu(16),  // 14 x 14
+                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)),
+                              PoolNormRelu(32),  // 7 x 7
+                              torch::nn::Flatten(), torch::nn::Linear(32 * 7 * 7, 64)));
     head = register_module("head", torch::nn::Linear(64, 2));
   }
   torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) {     // [B, 1, 28, 28] each
@@ -104,6 +126,7 @@ int main(int argc, char** argv) {
     config.optim.name("adamw").lr(2e-3);
     config.schedule.name("one-cycle");
     config.train.precision("auto").threads(0);  // bf16 where native; the cores
+    config.train.channels_last(true);           // the conv kernels' layout, which fasttrain's kernels take
     config.train.options.epochs(1).eval_every_steps(200).target("accuracy >= 0.85");
     config.checkpoint.every_steps(100);
     for (int i = 1; i + 1 < argc; ++i) {

@@ -1,8 +1,12 @@
 // cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2 (or, with
 // pool_first, conv3x3 + maxpool2 [+ BatchNorm] + ReLU), then flatten, hidden Linear+ReLU layers and
-// the output layer. With widths {32, 64} and hidden {128} this is the textbook MNIST network the
+// the output layer. On the CPU the max-pools and each BatchNorm + ReLU run fasttrain's kernels
+// (model.kernels). With widths {32, 64} and hidden {128} this is the textbook MNIST network the
 // benchmarks compare against.
 #include <torch/nn.h>
+
+#include <algorithm>
+#include <ostream>
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/registry.h"
@@ -29,20 +33,74 @@ class MaxPool2x2Impl : public torch::nn::MaxPool2dImpl {
 };
 TORCH_MODULE(MaxPool2x2);
 
+// BatchNorm2d and the ReLU after it: fasttrain's kernel where it takes the maps (channels_last on the
+// CPU), else ATen's batch_norm and an in-place relu. It stays a BatchNorm2d, with its parameters and
+// buffers, for checkpoints and whatever inspects the model.
+class BatchNormReLU2dImpl : public torch::nn::BatchNorm2dImpl {
+ public:
+  explicit BatchNormReLU2dImpl(int64_t features) : torch::nn::BatchNorm2dImpl(features) {}
+
+  torch::Tensor forward(const torch::Tensor& maps) {
+    if (!kernels::batch_norm_relu_takes(maps, weight, bias, running_mean, running_var, is_training())) {
+      torch::Tensor normed = torch::nn::BatchNorm2dImpl::forward(maps);
+      return normed.relu_();
+    }
+    return kernels::batch_norm_relu(maps, weight, bias, running_mean, running_var, is_training(),
+                                    running_average_factor(), options.eps());
+  }
+
+  // Its own: LibTorch 1.13 does not export BatchNormImplBase's.
+  void pretty_print(std::ostream& stream) const override {
+    stream << "BatchNormReLU2d(" << options.num_features() << ", eps=" << options.eps() << ")";
+  }
+
+ private:
+  // What BatchNormImplBase::forward passes as batch_norm's momentum, counting the batch as it does.
+  double running_average_factor() {
+    double factor = options.momentum().has_value() ? options.momentum().value() : 0.0;
+    if (is_training() && num_batches_tracked.defined()) {
+      num_batches_tracked += 1;
+      if (!options.momentum().has_value()) factor = 1.0 / num_batches_tracked.item<double>();
+    }
+    return factor;
+  }
+};
+TORCH_MODULE(BatchNormReLU2d);
+
+// Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
+struct OwnKernels {
+  bool max_pool = false, batch_norm_relu = false;
+
+  explicit OwnKernels(const CnnOptions& options) {
+    if (options.kernels() != "fasttrain") return;
+    const auto& aten = options.aten_kernels();
+    auto own = [&](const char* name) { return std::find(aten.begin(), aten.end(), name) == aten.end(); };
+    max_pool = own("max_pool");
+    batch_norm_relu = own("batch_norm_relu");
+  }
+};
+
 class Cnn : public torch::nn::Module {
  public:
   Cnn(const CnnOptions& options, const DataShape& shape) {
     int64_t channels = shape.input[0], height = shape.input[1], width = shape.input[2];
-    const bool own_pool = options.kernels() == "fasttrain";
+    const OwnKernels own(options);
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
       features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, stage_width, 3)
                                                  .padding(1)
                                                  .bias(!options.batchnorm() || options.bias_before_norm())));
-      if (options.pool_first()) features_->push_back(MaxPool2x2(own_pool));
-      if (options.batchnorm()) features_->push_back(torch::nn::BatchNorm2d(stage_width));
-      features_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
-      if (!options.pool_first()) features_->push_back(MaxPool2x2(own_pool));
+      if (options.pool_first()) features_->push_back(MaxPool2x2(own.max_pool));
+      if (options.batchnorm() && own.batch_norm_relu) {
+        features_->push_back(BatchNormReLU2d(stage_width));
+        // The ReLU ran inside it; Identity holds its place, so the modules after keep their indices and
+        // the parameters their names (checkpoints load either way).
+        features_->push_back(torch::nn::Identity());
+      } else {
+        if (options.batchnorm()) features_->push_back(torch::nn::BatchNorm2d(stage_width));
+        features_->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+      }
+      if (!options.pool_first()) features_->push_back(MaxPool2x2(own.max_pool));
       channels = stage_width;
       height /= 2;
       width /= 2;

@@ -114,6 +114,11 @@ TEST(Models, ChannelsLastComputesTheSameFunctionAndGradients) {
                            {"train.channels_last", "4-d"}));
 }
 
+// Two conv stages with BatchNorm, for the kernel switches' tests.
+CnnOptions small_batchnorm_cnn(bool pool_first) {
+  return CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).pool_first(pool_first);
+}
+
 TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
   // model.kernels decides which max-pool runs; both give the same function and gradients exactly (the
   // kernel's reference tests: tests/kernels/max_pool_test.cpp), in fp32 and under bf16 autocast.
@@ -123,9 +128,9 @@ TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
       SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
       auto step = [&](const std::string& kernels) {
         torch::manual_seed(5);
+        // The BatchNorm + ReLU kernel sums in its own order: CnnOwnBatchNormReluKernelMatchesATensStep.
         Model model = make_cnn(
-            CnnOptions().widths({8, 16}).hidden({32}).batchnorm(true).pool_first(pool_first).kernels(kernels),
-            shape);
+            small_batchnorm_cnn(pool_first).kernels(kernels).aten_kernels({"batch_norm_relu"}), shape);
         model.to_channels_last();
         torch::manual_seed(6);
         const auto input = torch::randn({4, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
@@ -146,6 +151,59 @@ TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
   }
   EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().kernels("mine"), kFashion); }),
                            {"model.kernels", "mine"}));
+}
+
+TEST(Models, CnnOwnBatchNormReluKernelMatchesATensStep) {
+  // model.aten_kernels = ["batch_norm_relu"] runs ATen's BatchNorm2d and ReLU; fasttrain's kernel gives the
+  // same loss, gradients, running statistics and batch count to fp32's (or bf16's) rounding, in training
+  // and in evaluation, and the same parameter and buffer names (a checkpoint of one loads in the other).
+  // The kernel's reference tests: tests/kernels/batch_norm_relu_test.cpp.
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  for (const bool bf16 : {false, true}) {
+    for (const bool pool_first : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
+      auto steps = [&](const std::vector<std::string>& aten_kernels) {
+        torch::manual_seed(5);
+        Model model = make_cnn(small_batchnorm_cnn(pool_first).aten_kernels(aten_kernels), shape);
+        model.to_channels_last();
+        torch::manual_seed(6);
+        std::vector<torch::Tensor> result;
+        for (int step = 0; step < 2; ++step) {
+          const auto input = torch::randn({6, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
+          torch::Tensor loss;
+          {
+            AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+            loss = forward(model, input).to(torch::kFloat).pow(2).sum();
+          }
+          loss.backward();
+          result.push_back(loss.detach());
+        }
+        for (const auto& p : model.module().parameters()) result.push_back(p.grad());
+        for (const auto& b : model.module().named_buffers()) result.push_back(b.value().to(torch::kFloat));
+        model.module().eval();
+        torch::NoGradGuard no_grad;
+        result.push_back(
+            forward(model, torch::randn({3, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)));
+        return std::make_pair(result, model.module().named_buffers().keys());
+      };
+      const auto [own, own_buffers] = steps({});
+      const auto [aten, aten_buffers] = steps({"batch_norm_relu"});
+      EXPECT_EQ(own_buffers, aten_buffers);
+      ASSERT_EQ(own.size(), aten.size());
+      const double tolerance = bf16 ? 2e-2 : 1e-4;
+      for (size_t i = 0; i < own.size(); ++i) {
+        EXPECT_TRUE(
+            torch::allclose(own[i].to(torch::kFloat), aten[i].to(torch::kFloat), tolerance, tolerance))
+            << "tensor " << i << ": " << (own[i] - aten[i]).abs().max().item<double>();
+      }
+    }
+  }
+  Model model = make_cnn(CnnOptions().batchnorm(true), kFashion);
+  const auto names = model.module().named_parameters().keys();
+  Model aten = make_cnn(CnnOptions().batchnorm(true).kernels("aten"), kFashion);
+  EXPECT_EQ(names, aten.module().named_parameters().keys());
+  EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().aten_kernels({"conv"}), kFashion); }),
+                           {"model.aten_kernels", "conv"}));
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {

@@ -2,12 +2,14 @@
 // fasttrain's own CPU kernels, for the work where ATen's composed ops leave speed behind: each one is
 // compiled for every x86 capability (scalar, AVX2, AVX512) and the process runs the widest its CPU
 // has. Each has a reference in ATen ops it is tested against (tests/kernels) and a switch that turns
-// it off (model.kernels = "aten" for the gpt).
+// it off (model.kernels = "aten" for the gpt and the cnn).
 //
 //   torch::Tensor y = fasttrain::kernels::packed_causal_attention(qkv, heads);   // [B, T, 3C] -> [B, T, C]
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
 //   torch::Tensor h = fasttrain::kernels::bias_gelu(torch::linear(x, fc->weight), fc->bias);  // [..., 4C]
 //   torch::Tensor pooled = fasttrain::kernels::max_pool2x2(maps);  // NHWC [N, C, H, W] -> [N, C, H/2, W/2]
+//   torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias, bn->running_mean,
+//                                                         bn->running_var, true, 0.1, 1e-5);  // NHWC
 #include <torch/types.h>
 
 #include <string>
@@ -74,6 +76,23 @@ bool max_pool2x2_takes(const torch::Tensor& input);
 // (ATen keeps an int64 index), and backward writes each input gradient once instead of zero-filling
 // the whole tensor and scattering into it.
 torch::Tensor max_pool2x2(const torch::Tensor& input, CpuCapability capability = cpu_capability());
+
+// Whether batch_norm_relu takes these: maps [N, C, H, W] laid out channels_last on the CPU in fp32 or
+// bf16 (at least two values per channel when training), weight, bias, running_mean and running_var fp32
+// [C]. Elsewhere (NCHW, a GPU, no running statistics) the caller runs ATen's batch_norm and relu.
+bool batch_norm_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                           const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                           bool training);
+
+// relu(batch_norm(x, ...)) as BatchNorm2d and the ReLU after it compute it, in x's dtype (fp32 arithmetic):
+// with batch statistics when `training` (and running_mean, running_var updated in place by `momentum`,
+// the variance unbiased), else with the running ones. Differentiable in x, weight and bias; it keeps x
+// and four numbers per channel for backward, which recomputes ReLU's mask, where ATen runs four
+// operators and keeps x and y.
+torch::Tensor batch_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                              const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                              bool training, double momentum, double eps,
+                              CpuCapability capability = cpu_capability());
 
 // Muon's quintic Newton-Schulz coefficients (Keller Jordan's, torch.optim.Muon's defaults), and the
 // floor of the norm that the update is divided by.

@@ -84,9 +84,15 @@ struct CnnOptions {
   FT_KEY(double, dropout, "Dropout before each fully connected layer", below_one()) = 0.0;
   FT_KEY(std::string, kernels,
          "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
-         "backward, which writes each input gradient once) or aten (max_pool2d); NCHW inputs and GPUs run "
-         "aten. Both give the same values bit for bit",
+         "backward, which writes each input gradient once, ATen's values bit for bit; and BatchNorm with the "
+         "ReLU after it in one kernel, keeping x alone for backward) or aten (max_pool2d, batch_norm, relu); "
+         "NCHW inputs and GPUs run aten",
          one_of({"fasttrain", "aten"})) = "fasttrain";
+  FT_KEY(
+      std::vector<std::string>, aten_kernels,
+      "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu), to "
+      "measure one kernel on and off",
+      each_one_of({"max_pool", "batch_norm_relu"})) = {};
 };
 
 struct ResnetOptions {

@@ -1,0 +1,219 @@
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/types.h>
+
+#include <cmath>
+#include <vector>
+
+#include "cpu/bodies.h"
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
+#include "runnable.h"
+
+namespace fasttrain::kernels {
+
+namespace {
+
+detail::BatchNormReluKernels kernels_for(CpuCapability capability) {
+  return FASTTRAIN_BODIES_FOR(batch_norm_relu_kernels, capability);
+}
+
+constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+
+// The per-channel values both directions read, fp32 [4, C] in one allocation.
+struct ChannelTerms {
+  torch::Tensor all;  // rows: mean, invstd, scale (weight * invstd), shift (the bias)
+  float* row(int64_t i) { return all.data_ptr<float>() + i * all.size(1); }
+  float* mean() { return row(0); }
+  float* invstd() { return row(1); }
+  float* scale() { return row(2); }
+  float* shift() { return row(3); }
+};
+
+detail::BatchNormReluMaps describe(const torch::Tensor& x, ChannelTerms& terms) {
+  detail::BatchNormReluMaps m;
+  m.channels = x.size(1);
+  m.rows = x.numel() / m.channels;
+  m.bf16 = x.scalar_type() == torch::kBFloat16;
+  m.x = x.data_ptr();
+  m.mean = terms.mean();
+  m.scale = terms.scale();
+  m.shift = terms.shift();
+  return m;
+}
+
+// Each chunk's two partial rows [chunks][channels] from a chunked body (statistics, backward_sums).
+struct ChunkPartials {
+  detail::RowChunks chunks;
+  std::vector<float> first, second;
+};
+
+template <typename ChunkedBody>
+ChunkPartials run_by_chunks(detail::BatchNormReluMaps m, ChunkedBody body) {
+  ChunkPartials partials{detail::row_chunks(m.rows), {}, {}};
+  partials.first.resize(partials.chunks.count * m.channels);
+  partials.second.resize(partials.chunks.count * m.channels);
+  m.partial_first = partials.first.data();
+  m.partial_second = partials.second.data();
+  detail::for_each_row_chunk(m.rows, partials.chunks,
+                             [&](int64_t begin, int64_t end, int64_t chunk) { body(m, begin, end, chunk); });
+  return partials;
+}
+
+// The batch's mean and biased variance per channel, from each chunk's mean and squared deviations
+// (Chan et al.'s pairwise merge, in double): two passes over L1-sized blocks, no cancellation.
+void batch_statistics(const detail::BatchNormReluMaps& m, const detail::BatchNormReluKernels& kernels,
+                      std::vector<double>& mean, std::vector<double>& variance) {
+  const ChunkPartials partials = run_by_chunks(m, kernels.statistics);
+  const detail::RowChunks& chunks = partials.chunks;
+  const std::vector<float>&chunk_mean = partials.first, &chunk_squares = partials.second;
+  for (int64_t c = 0; c < m.channels; ++c) {
+    double count = 0, centre = 0, squares = 0;
+    for (int64_t k = 0; k < chunks.count; ++k) {
+      const double n =
+          static_cast<double>(std::min(m.rows, (k + 1) * chunks.rows_each) - k * chunks.rows_each);
+      if (n <= 0) continue;
+      const double chunk_centre = chunk_mean[k * m.channels + c], delta = chunk_centre - centre;
+      squares += chunk_squares[k * m.channels + c] + delta * delta * count * n / (count + n);
+      centre += delta * n / (count + n);
+      count += n;
+    }
+    mean[c] = centre;
+    variance[c] = squares / count;
+  }
+}
+
+// running = (1 - momentum) running + momentum batch, the variance unbiased (as ATen's batch_norm).
+void update_running(const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                    const std::vector<double>& mean, const std::vector<double>& variance, int64_t rows,
+                    double momentum) {
+  float* rm = running_mean.data_ptr<float>();
+  float* rv = running_var.data_ptr<float>();
+  const double unbiased = static_cast<double>(rows) / static_cast<double>(rows - 1);
+  for (size_t c = 0; c < mean.size(); ++c) {
+    rm[c] = static_cast<float>((1 - momentum) * rm[c] + momentum * mean[c]);
+    rv[c] = static_cast<float>((1 - momentum) * rv[c] + momentum * variance[c] * unbiased);
+  }
+}
+
+// Saves x and the per-channel terms, not y: backward recomputes ReLU's mask from x.
+class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const torch::Tensor& bias,
+                               const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                               bool training, double momentum, double eps, int64_t capability) {
+    const auto kernels = kernels_for(static_cast<CpuCapability>(capability));
+    ChannelTerms terms{torch::empty({4, x.size(1)}, x.options().dtype(torch::kFloat))};
+    detail::BatchNormReluMaps m = describe(x, terms);
+    std::vector<double> mean(m.channels), variance(m.channels);
+    if (training) {
+      batch_statistics(m, kernels, mean, variance);
+      update_running(running_mean, running_var, mean, variance, m.rows, momentum);
+    } else {
+      for (int64_t c = 0; c < m.channels; ++c) {
+        mean[c] = running_mean.data_ptr<float>()[c];
+        variance[c] = running_var.data_ptr<float>()[c];
+      }
+    }
+    const float* w = weight.data_ptr<float>();
+    const float* b = bias.data_ptr<float>();
+    for (int64_t c = 0; c < m.channels; ++c) {
+      terms.mean()[c] = static_cast<float>(mean[c]);
+      terms.invstd()[c] = static_cast<float>(1.0 / std::sqrt(variance[c] + eps));
+      terms.scale()[c] = w[c] * terms.invstd()[c];
+      terms.shift()[c] = b[c];
+    }
+    torch::Tensor y = torch::empty_like(x, x.options(), kChannelsLast);
+    m.y = y.data_ptr();
+    at::parallel_for(0, m.rows, detail::rows_per_task(m.channels),
+                     [&](int64_t begin, int64_t end) { kernels.normalize(m, begin, end); });
+    ctx->save_for_backward({x, terms.all});
+    ctx->saved_data["training"] = training;
+    ctx->saved_data["capability"] = capability;
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor& x = saved[0];
+    ChannelTerms terms{saved[1]};
+    const auto kernels = kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
+    const torch::Tensor grad_y = grads[0].to(x.scalar_type()).contiguous(kChannelsLast);
+    detail::BatchNormReluMaps m = describe(x, terms);
+    m.grad_y = grad_y.data_ptr();
+
+    // sum g and sum g (x - mean) per channel: the bias's and (times invstd) the weight's gradients.
+    const ChunkPartials partials = run_by_chunks(m, kernels.backward_sums);
+    const detail::RowChunks& chunks = partials.chunks;
+    const std::vector<float>&grad_sums = partials.first, &grad_dots = partials.second;
+    torch::Tensor grad_weight = torch::empty({m.channels}, x.options().dtype(torch::kFloat));
+    torch::Tensor grad_bias = torch::empty({m.channels}, x.options().dtype(torch::kFloat));
+    // grad_x's coefficients: with batch statistics, the gradient through the mean and the variance.
+    torch::Tensor coefficients = torch::zeros({2, m.channels}, x.options().dtype(torch::kFloat));
+    float* centred = coefficients.data_ptr<float>();
+    float* offset = centred + m.channels;
+    const bool training = ctx->saved_data["training"].toBool();
+    for (int64_t c = 0; c < m.channels; ++c) {
+      double sum = 0, dot = 0;
+      for (int64_t k = 0; k < chunks.count; ++k) {
+        sum += grad_sums[k * m.channels + c];
+        dot += grad_dots[k * m.channels + c];
+      }
+      const double invstd = terms.invstd()[c], scale = terms.scale()[c];
+      grad_bias.data_ptr<float>()[c] = static_cast<float>(sum);
+      grad_weight.data_ptr<float>()[c] = static_cast<float>(dot * invstd);
+      if (training) {
+        centred[c] = static_cast<float>(-scale * invstd * invstd * dot / static_cast<double>(m.rows));
+        offset[c] = static_cast<float>(-scale * sum / static_cast<double>(m.rows));
+      }
+    }
+    m.grad_centered = centred;
+    m.grad_offset = offset;
+    torch::Tensor grad_x = torch::empty_like(x, x.options(), kChannelsLast);
+    m.grad_x = grad_x.data_ptr();
+    at::parallel_for(0, m.rows, detail::rows_per_task(m.channels),
+                     [&](int64_t begin, int64_t end) { kernels.backward_input(m, begin, end); });
+    return {grad_x,          grad_weight,     grad_bias,       torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+bool channel_vector(const torch::Tensor& t, int64_t channels) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.dim() == 1 &&
+         t.size(0) == channels && t.is_contiguous();
+}
+
+}  // namespace
+
+bool batch_norm_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                           const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                           bool training) {
+  if (!detail::cpu_float_or_bf16(x) || x.dim() != 4 || x.numel() == 0 || !x.is_contiguous(kChannelsLast))
+    return false;
+  const int64_t channels = x.size(1);
+  // One value per channel has no variance: ATen's batch_norm says so.
+  if (training && x.numel() / channels < 2) return false;
+  return channel_vector(weight, channels) && channel_vector(bias, channels) &&
+         channel_vector(running_mean, channels) && channel_vector(running_var, channels);
+}
+
+torch::Tensor batch_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                              const torch::Tensor& running_mean, const torch::Tensor& running_var,
+                              bool training, double momentum, double eps, CpuCapability capability) {
+  FT_CHECK(
+      batch_norm_relu_takes(x, weight, bias, running_mean, running_var, training),
+      "batch_norm_relu takes maps [N, C, H, W] in channels_last on the CPU in fp32 or bf16 (at least two "
+      "values per channel when training) with weight, bias, running_mean and running_var fp32 [C]; got "
+      "{} {}{}, weight {}, running_mean {}",
+      x.defined() ? x.sizes() : c10::IntArrayRef{}, x.defined() ? c10::toString(x.scalar_type()) : "none",
+      x.defined() && x.dim() == 4 && !x.is_contiguous(kChannelsLast) ? " not in channels_last" : "",
+      weight.defined() ? weight.sizes() : c10::IntArrayRef{},
+      running_mean.defined() ? running_mean.sizes() : c10::IntArrayRef{});
+  detail::check_runnable(capability, "batch_norm_relu");
+  return BatchNormReluFunction::apply(x, weight, bias, running_mean, running_var, training, momentum, eps,
+                                      static_cast<int64_t>(capability));
+}
+
+}  // namespace fasttrain::kernels

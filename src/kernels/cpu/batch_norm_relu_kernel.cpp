@@ -1,0 +1,198 @@
+// BatchNorm over channels_last maps with the ReLU after it, in fp32 arithmetic whatever the dtype, a
+// block of rows at a time (a block's values stay in L1; bf16 blocks are converted once), vectorised over
+// the channels with each channel vector's sums kept in a register down the block's rows:
+//   statistics      each block's mean and squared deviations (two passes over it in L1), merged per chunk
+//   normalize       y = max(0, (x - mean) * scale + shift): x - mean first, as a far mean would
+//                   otherwise cost the result its low bits
+//   backward_sums   g = grad_y masked by ReLU (recomputed from x: nothing of y is kept), sum g, sum g (x -
+//   mean) backward_input  grad_x = g * scale + (x - mean) * grad_centered + grad_offset
+// ATen runs the same as native_batch_norm, relu, threshold_backward and native_batch_norm_backward,
+// each its own pass and allocation. Compiled once per CPU capability (CMakeLists.txt).
+#include <vector>
+
+#include "bodies.h"
+#include "vectors.h"
+
+namespace fasttrain::kernels::CPU_CAPABILITY {
+
+namespace {
+
+using Maps = detail::BatchNormReluMaps;
+
+// Rows per block: 4096 fp32 values (16 KiB) per operand.
+int64_t block_rows(int64_t channels) {
+  return std::max<int64_t>(1, 4096 / channels);
+}
+
+// body(first_row, row_count) for each block of [begin, end).
+template <typename Body>
+void for_blocks(const Maps& m, int64_t begin, int64_t end, const Body& body) {
+  const int64_t step = block_rows(m.channels);
+  for (int64_t r = begin; r < end; r += step) body(r, std::min(step, end - r));
+}
+
+std::vector<float> block_scratch(const Maps& m) {
+  return std::vector<float>(m.bf16 ? block_rows(m.channels) * m.channels : 0);
+}
+
+Vec load(const float* values, int64_t c, int64_t lanes) {
+  return Vec::loadu(values + c, lanes);
+}
+
+Vec pre_activation(const Vec& x, const Vec& mean, const Vec& scale, const Vec& shift) {
+  return at::vec::fmadd(x - mean, scale, shift);
+}
+
+// ReLU's gradient mask: where the pre-activation is positive (false for NaN, as threshold_backward).
+Vec relu_grad(const Vec& x, const Vec& mean, const Vec& scale, const Vec& shift, const Vec& grad_y) {
+  return Vec::blendv(Vec(0.f), grad_y, pre_activation(x, mean, scale, shift) > Vec(0.f));
+}
+
+// A chunk's per-channel count, mean and sum of squared deviations, in double, merged a block at a time
+// (Chan et al.'s pairwise update): a long chunk loses no more than a block's fp32 rounding.
+class ChannelMoments {
+ public:
+  explicit ChannelMoments(int64_t channels) : mean_(channels, 0.0), squares_(channels, 0.0) {}
+
+  // Joins a block of `rows` whose lanes [c, c + lanes) have these means and squared deviations.
+  void join(const Vec& block_mean, const Vec& block_squares, int64_t c, int64_t lanes, int64_t rows) {
+    float means[kLanes], squares[kLanes];
+    block_mean.store(means, lanes);
+    block_squares.store(squares, lanes);
+    const double n = static_cast<double>(rows), total = count_ + n;
+    for (int64_t l = 0; l < lanes; ++l) {
+      const double delta = means[l] - mean_[c + l];
+      squares_[c + l] += squares[l] + delta * delta * count_ * n / total;
+      mean_[c + l] += delta * n / total;
+    }
+  }
+  // After every channel of a block has joined.
+  void count_block(int64_t rows) { count_ += static_cast<double>(rows); }
+  double mean(int64_t c) const { return mean_[c]; }
+  double squares(int64_t c) const { return squares_[c]; }
+
+ private:
+  double count_ = 0;
+  std::vector<double> mean_, squares_;
+};
+
+// Each block (converted once) twice from L1: its sum less the chunk's first row (values of the spread's
+// size, not the mean's, so a mean far from zero costs no low bits), then squared deviations from its mean.
+void statistics(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
+  const int64_t channels = m.channels;
+  std::vector<float> block = block_scratch(m), origin(channels);
+  load_row(m.x, m.bf16, begin * channels, channels, origin.data());
+  ChannelMoments moments(channels);
+  for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
+    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, block);
+    const Vec inverse_count(1.f / static_cast<float>(count));
+    by_vectors(channels, [&](int64_t c, int64_t lanes) {
+      const Vec shift = load(origin.data(), c, lanes);
+      Vec sum(0.f);
+      for (int64_t r = 0; r < count; ++r) sum = sum + (load(x + r * channels, c, lanes) - shift);
+      const Vec centre = at::vec::fmadd(sum, inverse_count, shift);
+      Vec squares(0.f);
+      for (int64_t r = 0; r < count; ++r) {
+        const Vec deviation = load(x + r * channels, c, lanes) - centre;
+        squares = at::vec::fmadd(deviation, deviation, squares);
+      }
+      moments.join(centre, squares, c, lanes, count);
+    });
+    moments.count_block(count);
+  });
+  for (int64_t c = 0; c < channels; ++c) {
+    m.partial_first[chunk * channels + c] = static_cast<float>(moments.mean(c));
+    m.partial_second[chunk * channels + c] = static_cast<float>(moments.squares(c));
+  }
+}
+
+// Per-channel sums in double of fp32 block sums: a block's rows add up in a register, then the block's sum
+// joins the chunk's in double, so a long chunk loses no more than a block's rounding.
+class ChannelTotals {
+ public:
+  explicit ChannelTotals(int64_t channels) : totals_(channels, 0.0) {}
+  void add(const Vec& block_sum, int64_t c, int64_t lanes) {
+    float values[kLanes];
+    block_sum.store(values, lanes);
+    for (int64_t l = 0; l < lanes; ++l) totals_[c + l] += values[l];
+  }
+  double operator[](int64_t c) const { return totals_[c]; }
+
+ private:
+  std::vector<double> totals_;
+};
+
+void normalize(const Maps& m, int64_t begin, int64_t end) {
+  const int64_t channels = m.channels;
+  std::vector<float> in_block = block_scratch(m), out_block = block_scratch(m);
+  for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
+    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, in_block);
+    float* y = row_out(m.y, m.bf16, first * channels, out_block);
+    by_vectors(channels, [&](int64_t c, int64_t lanes) {
+      const Vec scale = load(m.scale, c, lanes), shift = load(m.shift, c, lanes),
+                mean = load(m.mean, c, lanes);
+      for (int64_t r = 0; r < count; ++r) {
+        const Vec value = pre_activation(load(x + r * channels, c, lanes), mean, scale, shift);
+        at::vec::maximum(value, Vec(0.f)).store(y + r * channels + c, lanes);
+      }
+    });
+    finish_row(y, m.y, m.bf16, first * channels, count * channels);
+  });
+}
+
+void backward_sums(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
+  const int64_t channels = m.channels;
+  ChannelTotals grad_sum(channels), grad_dot(channels);
+  std::vector<float> x_block = block_scratch(m), dy_block = block_scratch(m);
+  for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
+    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, x_block);
+    const float* dy = row_in(m.grad_y, m.bf16, first * channels, count * channels, dy_block);
+    by_vectors(channels, [&](int64_t c, int64_t lanes) {
+      const Vec scale = load(m.scale, c, lanes), shift = load(m.shift, c, lanes),
+                mean = load(m.mean, c, lanes);
+      Vec sum(0.f), dot(0.f);
+      for (int64_t r = 0; r < count; ++r) {
+        const Vec value = load(x + r * channels, c, lanes);
+        const Vec g = relu_grad(value, mean, scale, shift, load(dy + r * channels, c, lanes));
+        sum = sum + g;
+        dot = at::vec::fmadd(g, value - mean, dot);
+      }
+      grad_sum.add(sum, c, lanes);
+      grad_dot.add(dot, c, lanes);
+    });
+  });
+  for (int64_t c = 0; c < channels; ++c) {
+    m.partial_first[chunk * channels + c] = static_cast<float>(grad_sum[c]);
+    m.partial_second[chunk * channels + c] = static_cast<float>(grad_dot[c]);
+  }
+}
+
+void backward_input(const Maps& m, int64_t begin, int64_t end) {
+  const int64_t channels = m.channels;
+  std::vector<float> x_block = block_scratch(m), dy_block = block_scratch(m), dx_block = block_scratch(m);
+  for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
+    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, x_block);
+    const float* dy = row_in(m.grad_y, m.bf16, first * channels, count * channels, dy_block);
+    float* dx = row_out(m.grad_x, m.bf16, first * channels, dx_block);
+    by_vectors(channels, [&](int64_t c, int64_t lanes) {
+      const Vec scale = load(m.scale, c, lanes), shift = load(m.shift, c, lanes),
+                mean = load(m.mean, c, lanes);
+      const Vec centred = load(m.grad_centered, c, lanes), offset = load(m.grad_offset, c, lanes);
+      for (int64_t r = 0; r < count; ++r) {
+        const Vec value = load(x + r * channels, c, lanes);
+        const Vec g = relu_grad(value, mean, scale, shift, load(dy + r * channels, c, lanes));
+        at::vec::fmadd(g, scale, at::vec::fmadd(value - mean, centred, offset))
+            .store(dx + r * channels + c, lanes);
+      }
+    });
+    finish_row(dx, m.grad_x, m.bf16, first * channels, count * channels);
+  });
+}
+
+}  // namespace
+
+detail::BatchNormReluKernels batch_norm_relu_kernels() {
+  return {&statistics, &normalize, &backward_sums, &backward_input};
+}
+
+}  // namespace fasttrain::kernels::CPU_CAPABILITY
