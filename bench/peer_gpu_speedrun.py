@@ -13,7 +13,8 @@ figures below are the defaults of the flags where the config leaves a key out.
             normalised float32 images (--resident float, default) or as uint8 with the table applied to
             each gathered batch (--resident uint8); a batch is gathered on the device by index from a
             per-epoch torch.randperm (a seeded device generator).
-  model     fasttrain's "cnn" (src/models/cnn.cpp) with widths [16, 32], hidden [256], batchnorm, pool_first:
+  model     fasttrain's "cnn" (src/models/cnn.cpp) with widths [16, 32], batchnorm, pool_first and the
+            config's hidden layers (--hidden; configs/default.toml's model.hidden = [256]):
             Conv2d(1, 16, 3, padding 1, no bias), MaxPool2d(2), BatchNorm2d(16), ReLU,
             Conv2d(16, 32, 3, padding 1, no bias), MaxPool2d(2), BatchNorm2d(32), ReLU, flatten,
             Linear(1568, 256), ReLU, Linear(256, 10). LibTorch's default init (the same as PyTorch's), built on
@@ -116,7 +117,7 @@ def job_from_config(path):
         return config.get(section, {}).get(name)
 
     implemented = {("data", "dataset"): "fashion-mnist", ("model", "name"): "cnn", ("model", "widths"): [16, 32],
-                   ("model", "hidden"): [256], ("model", "batchnorm"): True, ("model", "pool_first"): True,
+                   ("model", "batchnorm"): True, ("model", "pool_first"): True,
                    ("train", "channels_last"): True, ("schedule", "name"): "one-cycle",
                    ("schedule", "cycle_momentum"): False}
     for (section, name), value in implemented.items():
@@ -124,7 +125,7 @@ def job_from_config(path):
             sys.exit(f"{path}: {section}.{name} = {key(section, name)!r}, but this peer implements {value!r} only")
     if key("optim", "name") not in (None, "adamw", "muon"):
         sys.exit(f"{path}: optim.name = {key('optim', 'name')!r}, but this peer implements adamw and muon only")
-    flags = {"batch_size": ("data", "batch_size"), "max_steps": ("train", "max_steps"),
+    flags = {"batch_size": ("data", "batch_size"), "hidden": ("model", "hidden"), "max_steps": ("train", "max_steps"),
              "optimizer": ("optim", "name"), "muon_exclude": ("optim", "muon_exclude"), "lr": ("optim", "lr"),
              "weight_decay": ("optim", "weight_decay"), "pct_start": ("schedule", "pct_start"),
              "div_factor": ("schedule", "div_factor"), "final_div_factor": ("schedule", "final_div_factor"),
@@ -362,7 +363,7 @@ class Job:
 
     def build_model(self, seed):
         torch.manual_seed(seed)  # fasttrain: torch::manual_seed(train.seed), the model built on the CPU, then moved
-        model = Cnn(num_classes=self.data.num_classes)
+        model = Cnn(hidden=self.args.hidden, num_classes=self.data.num_classes)
         return model.to(self.device).to(memory_format=torch.channels_last).train()
 
     def autocast(self, cache_enabled=None):
@@ -411,7 +412,7 @@ class Job:
         """Fresh initial weights (those of a model built with `seed`) loaded into the one model in place:
         the compiled module and its guards stay valid."""
         torch.manual_seed(seed)
-        fresh = Cnn(num_classes=self.data.num_classes)
+        fresh = Cnn(hidden=self.args.hidden, num_classes=self.data.num_classes)
         self.model.load_state_dict(fresh.state_dict())
         self.model.train()
         for p in self.model.parameters():
@@ -590,6 +591,7 @@ def main():
     # the job: from --config, where these defaults are overridden by the config's keys; change only for smoke tests
     p.add_argument("--config", default=DEFAULT_CONFIG, help="the fasttrain config whose job this runs")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--hidden", type=int, nargs="+", default=[256], help="model.hidden: the hidden layers' widths")
     p.add_argument("--eval-batch-size", type=int, default=1000)
     p.add_argument("--max-steps", type=int, default=700)
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
