@@ -77,7 +77,7 @@ struct PoolNormReluImpl : torch::nn::Module {
       return torch::relu(norm->forward(pooled));
     if (is_training()) norm->num_batches_tracked.add_(1);  // as BatchNorm2d counts them
     return kernels::batch_norm_relu(pooled, norm->weight, norm->bias, norm->running_mean, norm->running_var,
-                                    is_training(), /*momentum=*/0.1, /*eps=*/1e-5);
+                                    is_training(), *norm->options.momentum(), norm->options.eps());
   }
   torch::nn::BatchNorm2d norm{nullptr};
 };

@@ -83,10 +83,13 @@ void batch_statistics(const detail::BatchNormReluMaps& m, const detail::BatchNor
   }
 }
 
-// running = (1 - momentum) running + momentum batch, the variance unbiased (as ATen's batch_norm).
+// running = (1 - momentum) running + momentum batch, the variance unbiased (as ATen's batch_norm), in
+// place: their versions move, as an in-place op's would.
 void update_running(const torch::Tensor& running_mean, const torch::Tensor& running_var,
                     const std::vector<double>& mean, const std::vector<double>& variance, int64_t rows,
                     double momentum) {
+  running_mean.unsafeGetTensorImpl()->bump_version();
+  running_var.unsafeGetTensorImpl()->bump_version();
   float* rm = running_mean.data_ptr<float>();
   float* rv = running_var.data_ptr<float>();
   const double unbiased = static_cast<double>(rows) / static_cast<double>(rows - 1);
@@ -171,6 +174,7 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
     }
     m.grad_centered = centred;
     m.grad_offset = offset;
+    m.batch_statistics = training;
     torch::Tensor grad_x = torch::empty_like(x, x.options(), kChannelsLast);
     m.grad_x = grad_x.data_ptr();
     at::parallel_for(0, m.rows, detail::rows_per_task(m.channels),

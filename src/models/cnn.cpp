@@ -55,14 +55,10 @@ class BatchNormReLU2dImpl : public torch::nn::BatchNorm2dImpl {
   }
 
  private:
-  // What BatchNormImplBase::forward passes as batch_norm's momentum, counting the batch as it does.
+  // The batch counted as BatchNorm2d counts it; the cnn's BatchNorms keep the default momentum (0.1).
   double running_average_factor() {
-    double factor = options.momentum().has_value() ? options.momentum().value() : 0.0;
-    if (is_training() && num_batches_tracked.defined()) {
-      num_batches_tracked += 1;
-      if (!options.momentum().has_value()) factor = 1.0 / num_batches_tracked.item<double>();
-    }
-    return factor;
+    if (is_training()) num_batches_tracked += 1;
+    return *options.momentum();
   }
 };
 TORCH_MODULE(BatchNormReLU2d);

@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "fasttrain/kernels/cpu.h"
 #include "support.h"
 
@@ -116,6 +120,38 @@ TEST(CpuBatchNormRelu, StatisticsHoldAFarMeanAndTheCumulativeMomentum) {
     SCOPED_TRACE(kernels::to_string(capability));
     expect_matches_double(x, true, capability, 1.0, 10);
   }
+}
+
+TEST(CpuBatchNormRelu, ChunksPastTheLastRowReadNothing) {
+  // 16 threads over 75 and 17 rows: row_chunks gives chunks of 5 and 2 rows, so the last ones start at or
+  // past the end (a read there would be out of bounds: the sanitizer build runs this too).
+  const int threads = at::get_num_threads();
+  at::set_num_threads(16);
+  torch::manual_seed(3);
+  for (const auto& sizes : {std::vector<int64_t>{3, 4, 5, 5}, std::vector<int64_t>{1, 3, 1, 17}}) {
+    SCOPED_TRACE(c10::str(c10::IntArrayRef(sizes)));
+    expect_matches_double(torch::randn(sizes), true, kernels::cpu_capability());
+  }
+  at::set_num_threads(threads);
+}
+
+TEST(CpuBatchNormRelu, PassesTheGradientAtANaNAsThresholdBackwardDoes) {
+  // ReLU's backward in ATen is `result <= 0 ? 0 : grad`: a NaN result passes its gradient on. In evaluation
+  // one NaN input stays one NaN pre-activation, so its input gradient is grad_y * scale, finite.
+  torch::manual_seed(4);
+  auto x = torch::randn({2, 3, 4, 4}).contiguous(kChannelsLast);
+  x.select(1, 1).select(1, 2).select(1, 3)[0] = std::numeric_limits<float>::quiet_NaN();
+  const Norm norm = make_norm(3);
+  const auto grad_y = torch::randn(x.sizes());
+  const Result got = run_kernel(x, norm, grad_y, false, 0.1, kernels::cpu_capability());
+  auto xx = x.detach().requires_grad_(true);
+  torch::relu(torch::batch_norm(xx, norm.weight, norm.bias, norm.running_mean, norm.running_var, false, 0.1,
+                                1e-5, false))
+      .backward(grad_y);
+  EXPECT_TRUE(torch::equal(got.y.isnan(), x.isnan()));
+  EXPECT_TRUE(torch::allclose(got.grad_x, xx.grad(), 1e-5, 1e-6))
+      << "the NaN's gradient passes, the rest as ATen's";
+  EXPECT_TRUE(std::isfinite(got.grad_x.select(1, 1).select(1, 2).select(1, 3)[0].item<double>()));
 }
 
 TEST(CpuBatchNormRelu, TellsAWrongGradientApart) {

@@ -86,9 +86,9 @@ bool batch_norm_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, 
 
 // relu(batch_norm(x, ...)) as BatchNorm2d and the ReLU after it compute it, in x's dtype (fp32 arithmetic):
 // with batch statistics when `training` (and running_mean, running_var updated in place by `momentum`,
-// the variance unbiased), else with the running ones. Differentiable in x, weight and bias; it keeps x
-// and four numbers per channel for backward, which recomputes ReLU's mask, where ATen runs four
-// operators and keeps x and y.
+// the variance unbiased), else with the running ones. Differentiable in x, weight and bias (once: its
+// backward is not itself differentiable); it keeps x and four numbers per channel for backward, which
+// recomputes ReLU's mask, where ATen runs four operators and keeps x and y.
 torch::Tensor batch_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                               const torch::Tensor& running_mean, const torch::Tensor& running_var,
                               bool training, double momentum, double eps,

@@ -43,9 +43,10 @@ Vec pre_activation(const Vec& x, const Vec& mean, const Vec& scale, const Vec& s
   return at::vec::fmadd(x - mean, scale, shift);
 }
 
-// ReLU's gradient mask: where the pre-activation is positive (false for NaN, as threshold_backward).
+// ReLU's gradient: zero where the pre-activation is at most 0, grad_y elsewhere, NaN included (as
+// threshold_backward's `result <= 0 ? 0 : grad`).
 Vec relu_grad(const Vec& x, const Vec& mean, const Vec& scale, const Vec& shift, const Vec& grad_y) {
-  return Vec::blendv(Vec(0.f), grad_y, pre_activation(x, mean, scale, shift) > Vec(0.f));
+  return Vec::blendv(grad_y, Vec(0.f), pre_activation(x, mean, scale, shift) <= Vec(0.f));
 }
 
 // A chunk's per-channel count, mean and sum of squared deviations, in double, merged a block at a time
@@ -80,6 +81,11 @@ class ChannelMoments {
 // size, not the mean's, so a mean far from zero costs no low bits), then squared deviations from its mean.
 void statistics(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
   const int64_t channels = m.channels;
+  if (begin >= end) {  // a chunk past the last row (more threads than rows per chunk): nothing to read
+    std::fill(m.partial_first + chunk * channels, m.partial_first + (chunk + 1) * channels, 0.f);
+    std::fill(m.partial_second + chunk * channels, m.partial_second + (chunk + 1) * channels, 0.f);
+    return;
+  }
   std::vector<float> block = block_scratch(m), origin(channels);
   load_row(m.x, m.bf16, begin * channels, channels, origin.data());
   ChannelMoments moments(channels);
@@ -181,8 +187,10 @@ void backward_input(const Maps& m, int64_t begin, int64_t end) {
       for (int64_t r = 0; r < count; ++r) {
         const Vec value = load(x + r * channels, c, lanes);
         const Vec g = relu_grad(value, mean, scale, shift, load(dy + r * channels, c, lanes));
-        at::vec::fmadd(g, scale, at::vec::fmadd(value - mean, centred, offset))
-            .store(dx + r * channels + c, lanes);
+        // Evaluation leaves x out: a NaN input then keeps its gradient, as ATen's backward does.
+        const Vec through_statistics =
+            m.batch_statistics ? at::vec::fmadd(value - mean, centred, offset) : Vec(0.f);
+        at::vec::fmadd(g, scale, through_statistics).store(dx + r * channels + c, lanes);
       }
     });
     finish_row(dx, m.grad_x, m.bf16, first * channels, count * channels);

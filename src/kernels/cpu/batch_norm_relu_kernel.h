@@ -11,10 +11,12 @@ namespace fasttrain::kernels::detail {
 // arrays are fp32 [channels]; the partial arrays fp32 [chunks][channels].
 //   forward   y = max(0, (x - mean) * scale + shift)     scale = weight * invstd, shift = bias
 //   backward  g = grad_y where (x - mean) * scale + shift > 0, else 0 (ReLU's mask, recomputed from x)
-//             grad_x = g * scale + (x - mean) * grad_centered + grad_offset
+//             grad_x = g * scale + (x - mean) * grad_centered + grad_offset   (training: batch statistics)
+//             grad_x = g * scale                                            (evaluation: running ones)
 struct BatchNormReluMaps {
   int64_t rows = 0, channels = 0;
   bool bf16 = false;
+  bool batch_statistics = false;  // backward: the gradient through the mean and variance too
   const void* x = nullptr;
   void* y = nullptr;
   const void* grad_y = nullptr;
