@@ -61,7 +61,7 @@ ChunkPartials run_by_chunks(detail::BatchNormReluMaps m, ChunkedBody body) {
 }
 
 // The batch's mean and biased variance per channel, from each chunk's mean and squared deviations
-// (Chan et al.'s pairwise merge, in double): two passes over L1-sized blocks, no cancellation.
+// (join_moments, in double): two passes over L1-sized blocks, no cancellation.
 void batch_statistics(const detail::BatchNormReluMaps& m, const detail::BatchNormReluKernels& kernels,
                       std::vector<double>& mean, std::vector<double>& variance) {
   const ChunkPartials partials = run_by_chunks(m, kernels.statistics);
@@ -73,9 +73,8 @@ void batch_statistics(const detail::BatchNormReluMaps& m, const detail::BatchNor
       const double n =
           static_cast<double>(std::min(m.rows, (k + 1) * chunks.rows_each) - k * chunks.rows_each);
       if (n <= 0) continue;
-      const double chunk_centre = chunk_mean[k * m.channels + c], delta = chunk_centre - centre;
-      squares += chunk_squares[k * m.channels + c] + delta * delta * count * n / (count + n);
-      centre += delta * n / (count + n);
+      detail::join_moments(count, n, chunk_mean[k * m.channels + c], chunk_squares[k * m.channels + c],
+                           centre, squares);
       count += n;
     }
     mean[c] = centre;
@@ -114,9 +113,11 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
       batch_statistics(m, kernels, mean, variance);
       update_running(running_mean, running_var, mean, variance, m.rows, momentum);
     } else {
+      const float* rm = running_mean.data_ptr<float>();
+      const float* rv = running_var.data_ptr<float>();
       for (int64_t c = 0; c < m.channels; ++c) {
-        mean[c] = running_mean.data_ptr<float>()[c];
-        variance[c] = running_var.data_ptr<float>()[c];
+        mean[c] = rm[c];
+        variance[c] = rv[c];
       }
     }
     const float* w = weight.data_ptr<float>();
@@ -157,6 +158,8 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
     torch::Tensor coefficients = torch::zeros({2, m.channels}, x.options().dtype(torch::kFloat));
     float* centred = coefficients.data_ptr<float>();
     float* offset = centred + m.channels;
+    float* bias_grad = grad_bias.data_ptr<float>();
+    float* weight_grad = grad_weight.data_ptr<float>();
     const bool training = ctx->saved_data["training"].toBool();
     for (int64_t c = 0; c < m.channels; ++c) {
       double sum = 0, dot = 0;
@@ -165,8 +168,8 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
         dot += grad_dots[k * m.channels + c];
       }
       const double invstd = terms.invstd()[c], scale = terms.scale()[c];
-      grad_bias.data_ptr<float>()[c] = static_cast<float>(sum);
-      grad_weight.data_ptr<float>()[c] = static_cast<float>(dot * invstd);
+      bias_grad[c] = static_cast<float>(sum);
+      weight_grad[c] = static_cast<float>(dot * invstd);
       if (training) {
         centred[c] = static_cast<float>(-scale * invstd * invstd * dot / static_cast<double>(m.rows));
         offset[c] = static_cast<float>(-scale * sum / static_cast<double>(m.rows));

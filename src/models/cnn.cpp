@@ -5,12 +5,12 @@
 // benchmarks compare against.
 #include <torch/nn.h>
 
-#include <algorithm>
 #include <ostream>
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
+#include "own_kernels.h"
 
 namespace fasttrain {
 
@@ -67,13 +67,9 @@ TORCH_MODULE(BatchNormReLU2d);
 struct OwnKernels {
   bool max_pool = false, batch_norm_relu = false;
 
-  explicit OwnKernels(const CnnOptions& options) {
-    if (options.kernels() != "fasttrain") return;
-    const auto& aten = options.aten_kernels();
-    auto own = [&](const char* name) { return std::find(aten.begin(), aten.end(), name) == aten.end(); };
-    max_pool = own("max_pool");
-    batch_norm_relu = own("batch_norm_relu");
-  }
+  explicit OwnKernels(const CnnOptions& options)
+      : max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "max_pool")),
+        batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")) {}
 };
 
 class Cnn : public torch::nn::Module {

@@ -11,6 +11,7 @@
 #include "fasttrain/models/attention.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
+#include "own_kernels.h"
 
 namespace fasttrain {
 
@@ -20,14 +21,10 @@ namespace {
 struct OwnKernels {
   bool attention = false, layer_norm = false, bias_gelu = false;
 
-  explicit OwnKernels(const GptOptions& options) {
-    if (options.kernels() != "fasttrain") return;
-    const auto& aten = options.aten_kernels();
-    auto own = [&](const char* name) { return std::find(aten.begin(), aten.end(), name) == aten.end(); };
-    attention = own("attention");
-    layer_norm = own("layer_norm");
-    bias_gelu = own("bias_gelu");
-  }
+  explicit OwnKernels(const GptOptions& options)
+      : attention(runs_own_kernel(options.kernels(), options.aten_kernels(), "attention")),
+        layer_norm(runs_own_kernel(options.kernels(), options.aten_kernels(), "layer_norm")),
+        bias_gelu(runs_own_kernel(options.kernels(), options.aten_kernels(), "bias_gelu")) {}
 };
 
 // x + attention(ln1(x)), then x + mlp(ln2(x)).

@@ -60,12 +60,9 @@ class ChannelMoments {
     float means[kLanes], squares[kLanes];
     block_mean.store(means, lanes);
     block_squares.store(squares, lanes);
-    const double n = static_cast<double>(rows), total = count_ + n;
-    for (int64_t l = 0; l < lanes; ++l) {
-      const double delta = means[l] - mean_[c + l];
-      squares_[c + l] += squares[l] + delta * delta * count_ * n / total;
-      mean_[c + l] += delta * n / total;
-    }
+    for (int64_t l = 0; l < lanes; ++l)
+      detail::join_moments(count_, static_cast<double>(rows), means[l], squares[l], mean_[c + l],
+                           squares_[c + l]);
   }
   // After every channel of a block has joined.
   void count_block(int64_t rows) { count_ += static_cast<double>(rows); }

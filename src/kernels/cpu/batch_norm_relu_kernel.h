@@ -32,6 +32,16 @@ struct BatchNormReluMaps {
   float* partial_second = nullptr;
 };
 
+// Chan et al.'s pairwise update of one channel's (mean, sum of squared deviations) over `count` values by a
+// group of `n` more with their own: how the bodies merge blocks into a chunk and the dispatcher chunks into
+// the batch. The caller adds n to its count after.
+inline void join_moments(double count, double n, double group_mean, double group_squares, double& mean,
+                         double& squares) {
+  const double delta = group_mean - mean, total = count + n;
+  squares += group_squares + delta * delta * count * n / total;
+  mean += delta * n / total;
+}
+
 // Rows [begin, end); the chunked ones write partial row `chunk`.
 using BatchNormReluStatistics = void (*)(const BatchNormReluMaps& maps, int64_t begin, int64_t end,
                                          int64_t chunk);
