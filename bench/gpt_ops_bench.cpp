@@ -4,8 +4,8 @@
 // fasttrain's causal attention kernel against ATen's (scaled_dot_product_attention where the LibTorch
 // build has it, else the math path), and its residual add + LayerNorm against ATen's add and
 // layer_norm, in fp32 and bf16; and beside them the main job's 2x2 max-pool (the cnn's), fasttrain's
-// kernel against ATen's max_pool2d, its BatchNorm + ReLU against batch_norm and relu, and muon's
-// Newton-Schulz on its matrices.
+// kernel against ATen's max_pool2d, its first conv fused with its max-pool against conv2d and the
+// max-pool, its BatchNorm + ReLU against batch_norm and relu, and muon's Newton-Schulz on its matrices.
 // Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
 //
 //   gpt_ops_bench [--threads 1] [--repeats 50] [--only gpt|cnn]
@@ -208,6 +208,35 @@ void cnn_rows(nlohmann::json& out, int repeats) {
               },
               repeats);
     }
+  }
+  // ---- the main job's first conv and its max-pool (pool_first: [128, 1, 28, 28] -> 16 channels, 3x3, no
+  // bias), fp32 images and weight as the model holds them, computed in fp32 or in bf16 (as under
+  // autocast): fasttrain's fused kernel against ATen's conv2d (its inputs cast, as autocast casts them)
+  // and then fasttrain's max-pool kernel, what the cnn runs with aten_kernels = ["conv_max_pool"] ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    // channels_last's own strides, as the cnn's batches and weights have them: over one channel
+    // .contiguous(ChannelsLast) keeps NCHW's, and conv2d then takes its slow NCHW path (7-8 ms here).
+    auto channels_last = [](const torch::Tensor& t) {
+      return torch::empty(t.sizes(), t.options().memory_format(torch::MemoryFormat::ChannelsLast)).copy_(t);
+    };
+    const auto images = channels_last(torch::randn({128, 1, 28, 28}));
+    auto weight = channels_last(torch::randn({16, 1, 3, 3})).requires_grad_(true);
+    const auto grad = torch::randn({128, 16, 14, 14}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+    out["conv_max_pool_1to16x28_" + name] = own_against_aten(
+        "NHWC [128, 1, 28, 28] -> conv 3x3 to 16 channels -> 2x2 max-pool, forward + backward (weight)",
+        [&](bool own) {
+          torch::Tensor y;
+          if (own) {
+            y = fasttrain::kernels::conv3x3_max_pool2x2(images, weight, {}, dtype);
+          } else {
+            const auto maps = torch::conv2d(images.to(dtype), weight.to(dtype), {}, 1, 1);
+            y = fasttrain::kernels::max_pool2x2_takes(maps) ? fasttrain::kernels::max_pool2x2(maps)
+                                                            : torch::max_pool2d(maps, 2);
+          }
+          y.backward(grad);
+        },
+        repeats);
   }
   // ---- the main job's BatchNorm + ReLU after each pool (pool_first: [128, 16, 14, 14] and [128, 32, 7, 7]),
   // training mode: fasttrain's kernel against ATen's batch_norm and relu ----

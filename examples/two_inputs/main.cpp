@@ -63,15 +63,28 @@ class PairSource : public fasttrain::BatchSource {
 };
 
 // ---- the model: one encoder for both images, a head on how their codes differ ----
-// A conv's 2x2 max-pool, then BatchNorm and ReLU: fasttrain's CPU kernels where they take the maps
-// (channels_last on the CPU, which train.channels_last gives), ATen's ops elsewhere (a GPU).
-struct PoolNormReluImpl : torch::nn::Module {
-  explicit PoolNormReluImpl(int64_t channels)
-      : norm(register_module("norm", torch::nn::BatchNorm2d(channels))) {}
-  torch::Tensor forward(const torch::Tensor& maps) {  // [B, C, H, W] -> [B, C, H / 2, W / 2]
+// A stage: conv 3x3, 2x2 max-pool, then BatchNorm and ReLU, with fasttrain's CPU kernels where they take the
+// maps (channels_last on the CPU, which train.channels_last gives) and ATen's ops elsewhere (a GPU). The
+// first stage's conv (one input channel) and its max-pool run as one kernel, in the dtype the conv would
+// run in under autocast.
+struct ConvPoolNormReluImpl : torch::nn::Module {
+  ConvPoolNormReluImpl(int64_t in_channels, int64_t channels)
+      // No conv bias: BatchNorm's shift replaces it.
+      : conv(register_module(
+            "conv",
+            torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, channels, 3).padding(1).bias(false)))),
+        norm(register_module("norm", torch::nn::BatchNorm2d(channels))) {}
+  torch::Tensor forward(const torch::Tensor& maps) {  // [B, C_in, H, W] -> [B, C, H / 2, W / 2]
     namespace kernels = fasttrain::kernels;
-    const torch::Tensor pooled =
-        kernels::max_pool2x2_takes(maps) ? kernels::max_pool2x2(maps) : torch::max_pool2d(maps, 2);
+    const torch::ScalarType dtype = kernels::cpu_compute_dtype(maps);
+    torch::Tensor pooled;
+    if (kernels::conv3x3_max_pool2x2_takes(maps, conv->weight, conv->bias, dtype)) {
+      pooled = kernels::conv3x3_max_pool2x2(maps, conv->weight, conv->bias, dtype);
+    } else {
+      const torch::Tensor convolved = conv->forward(maps);
+      pooled = kernels::max_pool2x2_takes(convolved) ? kernels::max_pool2x2(convolved)
+                                                     : torch::max_pool2d(convolved, 2);
+    }
     if (!kernels::batch_norm_relu_takes(pooled, norm->weight, norm->bias, norm->running_mean,
                                         norm->running_var, is_training()))
       return torch::relu(norm->forward(pooled));
@@ -79,20 +92,17 @@ struct PoolNormReluImpl : torch::nn::Module {
     return kernels::batch_norm_relu(pooled, norm->weight, norm->bias, norm->running_mean, norm->running_var,
                                     is_training(), *norm->options.momentum(), norm->options.eps());
   }
+  torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d norm{nullptr};
 };
-TORCH_MODULE(PoolNormRelu);
+TORCH_MODULE(ConvPoolNormRelu);
 
 struct SiameseImpl : torch::nn::Module {
   SiameseImpl() {
-    // No conv bias: BatchNorm's shift replaces it.
-    encoder = register_module(
-        "encoder",
-        torch::nn::Sequential(torch::nn::Conv2d(torch::nn::Conv2dOptions(1, 16, 3).padding(1).bias(false)),
-                              PoolNormRelu(16),  // 14 x 14
-                              torch::nn::Conv2d(torch::nn::Conv2dOptions(16, 32, 3).padding(1).bias(false)),
-                              PoolNormRelu(32),  // 7 x 7
-                              torch::nn::Flatten(), torch::nn::Linear(32 * 7 * 7, 64)));
+    encoder = register_module("encoder",
+                              torch::nn::Sequential(ConvPoolNormRelu(1, 16),   // 14 x 14
+                                                    ConvPoolNormRelu(16, 32),  // 7 x 7
+                                                    torch::nn::Flatten(), torch::nn::Linear(32 * 7 * 7, 64)));
     head = register_module("head", torch::nn::Linear(64, 2));
   }
   torch::Tensor forward(const torch::Tensor& a, const torch::Tensor& b) {     // [B, 1, 28, 28] each

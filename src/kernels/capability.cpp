@@ -2,6 +2,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 #include "runnable.h"
@@ -63,6 +64,11 @@ std::string to_string(CpuCapability capability) {
       break;
   }
   return "scalar";
+}
+
+torch::ScalarType cpu_compute_dtype(const torch::Tensor& x) {
+  return compat::autocast_enabled(c10::DeviceType::CPU) ? compat::autocast_dtype(c10::DeviceType::CPU)
+                                                        : x.scalar_type();
 }
 
 }  // namespace fasttrain::kernels

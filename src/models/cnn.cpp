@@ -1,8 +1,8 @@
 // cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2 (or, with
 // pool_first, conv3x3 + maxpool2 [+ BatchNorm] + ReLU), then flatten, hidden Linear+ReLU layers and
-// the output layer. On the CPU the max-pools and each BatchNorm + ReLU run fasttrain's kernels
-// (model.kernels). With widths {32, 64} and hidden {128} this is the textbook MNIST network the
-// benchmarks compare against.
+// the output layer. On the CPU the max-pools, each BatchNorm + ReLU and, with pool_first, the first conv
+// with its max-pool run fasttrain's kernels (model.kernels). With widths {32, 64} and hidden {128} this is
+// the textbook MNIST network the benchmarks compare against.
 #include <torch/nn.h>
 
 #include <ostream>
@@ -32,6 +32,28 @@ class MaxPool2x2Impl : public torch::nn::MaxPool2dImpl {
   bool own_kernel_;
 };
 TORCH_MODULE(MaxPool2x2);
+
+// Conv2d(3x3, padding 1) and the MaxPool2d(2) after it: fasttrain's fused kernel where it takes them (an
+// image's few channels, channels_last on the CPU), which writes only the pooled maps and sums the weight's
+// gradient at the windows' winners; elsewhere the conv and then MaxPool2x2. It stays a Conv2d, with its
+// parameters' names, for checkpoints and whatever inspects the model; an Identity holds the max-pool's place.
+class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
+ public:
+  ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool)
+      : torch::nn::Conv2dImpl(options), pool_(own_max_pool) {}
+
+  torch::Tensor forward(const torch::Tensor& images) {
+    const torch::ScalarType dtype = kernels::cpu_compute_dtype(images);
+    if (kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
+      return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype);
+    }
+    return pool_->forward(torch::nn::Conv2dImpl::forward(images));
+  }
+
+ private:
+  MaxPool2x2 pool_;  // not registered: it holds nothing
+};
+TORCH_MODULE(ConvMaxPool2d);
 
 // BatchNorm2d and the ReLU after it: fasttrain's kernel where it takes the maps (channels_last on the
 // CPU), else ATen's batch_norm and an in-place relu. It stays a BatchNorm2d, with its parameters and
@@ -65,11 +87,12 @@ TORCH_MODULE(BatchNormReLU2d);
 
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
 struct OwnKernels {
-  bool max_pool = false, batch_norm_relu = false;
+  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false;
 
   explicit OwnKernels(const CnnOptions& options)
       : max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "max_pool")),
-        batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")) {}
+        batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")),
+        conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")) {}
 };
 
 class Cnn : public torch::nn::Module {
@@ -79,10 +102,16 @@ class Cnn : public torch::nn::Module {
     const OwnKernels own(options);
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
-      features_->push_back(torch::nn::Conv2d(torch::nn::Conv2dOptions(channels, stage_width, 3)
-                                                 .padding(1)
-                                                 .bias(!options.batchnorm() || options.bias_before_norm())));
-      if (options.pool_first()) features_->push_back(MaxPool2x2(own.max_pool));
+      const auto conv = torch::nn::Conv2dOptions(channels, stage_width, 3)
+                            .padding(1)
+                            .bias(!options.batchnorm() || options.bias_before_norm());
+      if (options.pool_first() && own.conv_max_pool && channels <= kernels::kConvMaxPoolInChannels) {
+        features_->push_back(ConvMaxPool2d(conv, own.max_pool));
+        features_->push_back(torch::nn::Identity());
+      } else {
+        features_->push_back(torch::nn::Conv2d(conv));
+        if (options.pool_first()) features_->push_back(MaxPool2x2(own.max_pool));
+      }
       if (options.batchnorm() && own.batch_norm_relu) {
         features_->push_back(BatchNormReLU2d(stage_width));
         // The ReLU ran inside it; Identity holds its place, so the modules after keep their indices and

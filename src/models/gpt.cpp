@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fasttrain/detail/compat.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/attention.h"
 #include "fasttrain/models/registry.h"
@@ -69,7 +68,7 @@ class GptBlockImpl : public torch::nn::Module {
   // own_norm says, else ATen's.
   torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
     if (!own_norm(x, {}, ln)) return ln->forward(x);
-    return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), matmul_dtype(x));
+    return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::cpu_compute_dtype(x));
   }
   // x + branch and ln(x + branch), in one pass where fasttrain's kernel takes them.
   std::pair<torch::Tensor, torch::Tensor> add_norm(const torch::Tensor& x, const torch::Tensor& branch,
@@ -78,17 +77,14 @@ class GptBlockImpl : public torch::nn::Module {
       auto sum = x + branch;
       return {sum, ln->forward(sum)};
     }
-    return kernels::add_layer_norm(x, branch, ln->weight, ln->bias, ln->options.eps(), matmul_dtype(x));
+    return kernels::add_layer_norm(x, branch, ln->weight, ln->bias, ln->options.eps(),
+                                   kernels::cpu_compute_dtype(x));
   }
   // Where it writes bf16 for an fp32 stream (autocast): it saves the cast, and measured faster than
   // ATen's add + layer_norm + cast; in fp32 ATen's is faster (BENCHMARKS.md "Own CPU kernels").
   bool own_norm(const torch::Tensor& x, const torch::Tensor& branch, torch::nn::LayerNorm& ln) const {
-    return own_kernels_.layer_norm && matmul_dtype(x) == torch::kBFloat16 &&
+    return own_kernels_.layer_norm && kernels::cpu_compute_dtype(x) == torch::kBFloat16 &&
            x.scalar_type() == torch::kFloat && kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
-  }
-  static torch::ScalarType matmul_dtype(const torch::Tensor& x) {
-    return compat::autocast_enabled(c10::DeviceType::CPU) ? compat::autocast_dtype(c10::DeviceType::CPU)
-                                                          : x.scalar_type();
   }
 
   int64_t heads_;

@@ -37,7 +37,8 @@ std::string percent(double fraction) {
   return fmt::format("{:.1f}%", 100 * fraction);
 }
 
-// Convolutions with a bias directly followed (max-pool in between commutes) by a BatchNorm.
+// Convolutions with a bias directly followed (a max-pool, or the Identity holding a fused one's place,
+// in between commutes) by a BatchNorm.
 int64_t conv_biases_before_batchnorm(torch::nn::Module& model) {
   int64_t count = 0;
   for (const auto& module : model.modules(/*include_self=*/true)) {
@@ -51,7 +52,7 @@ int64_t conv_biases_before_batchnorm(torch::nn::Module& model) {
       } else if (child.ptr()->as<torch::nn::BatchNorm2d>()) {
         count += biased_conv ? 1 : 0;
         biased_conv = false;
-      } else if (!child.ptr()->as<torch::nn::MaxPool2d>()) {
+      } else if (!child.ptr()->as<torch::nn::MaxPool2d>() && !child.ptr()->as<torch::nn::Identity>()) {
         biased_conv = false;
       }
     }

@@ -128,9 +128,12 @@ TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
       SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
       auto step = [&](const std::string& kernels) {
         torch::manual_seed(5);
-        // The BatchNorm + ReLU kernel sums in its own order: CnnOwnBatchNormReluKernelMatchesATensStep.
-        Model model = make_cnn(
-            small_batchnorm_cnn(pool_first).kernels(kernels).aten_kernels({"batch_norm_relu"}), shape);
+        // The BatchNorm + ReLU and the conv + max-pool kernels sum in their own order:
+        // CnnOwnBatchNormReluKernelMatchesATensStep, CnnOwnConvMaxPoolKernelMatchesATensStep.
+        Model model = make_cnn(small_batchnorm_cnn(pool_first)
+                                   .kernels(kernels)
+                                   .aten_kernels({"batch_norm_relu", "conv_max_pool"}),
+                               shape);
         model.to_channels_last();
         torch::manual_seed(6);
         const auto input = torch::randn({4, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
@@ -153,6 +156,45 @@ TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
                            {"model.kernels", "mine"}));
 }
 
+// What a cnn's kernel switch may change only to rounding: two training steps' losses, then every
+// parameter's gradient, every buffer and an evaluation's output (seeded; fp32 or bf16 autocast).
+std::vector<torch::Tensor> two_steps_and_an_evaluation(const CnnOptions& options, const DataShape& shape,
+                                                       bool bf16) {
+  torch::manual_seed(5);
+  Model model = make_cnn(options, shape);
+  model.to_channels_last();
+  torch::manual_seed(6);
+  std::vector<torch::Tensor> result;
+  for (int step = 0; step < 2; ++step) {
+    const auto input = torch::randn({6, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
+    torch::Tensor loss;
+    {
+      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+      loss = forward(model, input).to(torch::kFloat).pow(2).sum();
+    }
+    loss.backward();
+    result.push_back(loss.detach());
+  }
+  for (const auto& p : model.module().parameters()) result.push_back(p.grad());
+  for (const auto& b : model.module().named_buffers()) result.push_back(b.value().to(torch::kFloat));
+  model.module().eval();
+  torch::NoGradGuard no_grad;
+  result.push_back(
+      forward(model, torch::randn({3, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)));
+  return result;
+}
+
+// Each of `own`'s tensors equal to `aten`'s to fp32's rounding (bf16's where `bf16`).
+void expect_close_to_rounding(const std::vector<torch::Tensor>& own, const std::vector<torch::Tensor>& aten,
+                              bool bf16) {
+  ASSERT_EQ(own.size(), aten.size());
+  const double tolerance = bf16 ? 2e-2 : 1e-4;
+  for (size_t i = 0; i < own.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(own[i].to(torch::kFloat), aten[i].to(torch::kFloat), tolerance, tolerance))
+        << "tensor " << i << ": " << (own[i] - aten[i]).abs().max().item<double>();
+  }
+}
+
 TEST(Models, CnnOwnBatchNormReluKernelMatchesATensStep) {
   // model.aten_kernels = ["batch_norm_relu"] runs ATen's BatchNorm2d and ReLU; fasttrain's kernel gives the
   // same loss, gradients, running statistics and batch count to fp32's (or bf16's) rounding, in training
@@ -162,48 +204,59 @@ TEST(Models, CnnOwnBatchNormReluKernelMatchesATensStep) {
   for (const bool bf16 : {false, true}) {
     for (const bool pool_first : {false, true}) {
       SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
-      auto steps = [&](const std::vector<std::string>& aten_kernels) {
-        torch::manual_seed(5);
-        Model model = make_cnn(small_batchnorm_cnn(pool_first).aten_kernels(aten_kernels), shape);
-        model.to_channels_last();
-        torch::manual_seed(6);
-        std::vector<torch::Tensor> result;
-        for (int step = 0; step < 2; ++step) {
-          const auto input = torch::randn({6, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
-          torch::Tensor loss;
-          {
-            AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-            loss = forward(model, input).to(torch::kFloat).pow(2).sum();
-          }
-          loss.backward();
-          result.push_back(loss.detach());
-        }
-        for (const auto& p : model.module().parameters()) result.push_back(p.grad());
-        for (const auto& b : model.module().named_buffers()) result.push_back(b.value().to(torch::kFloat));
-        model.module().eval();
-        torch::NoGradGuard no_grad;
-        result.push_back(
-            forward(model, torch::randn({3, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)));
-        return std::make_pair(result, model.module().named_buffers().keys());
-      };
-      const auto [own, own_buffers] = steps({});
-      const auto [aten, aten_buffers] = steps({"batch_norm_relu"});
-      EXPECT_EQ(own_buffers, aten_buffers);
-      ASSERT_EQ(own.size(), aten.size());
-      const double tolerance = bf16 ? 2e-2 : 1e-4;
-      for (size_t i = 0; i < own.size(); ++i) {
-        EXPECT_TRUE(
-            torch::allclose(own[i].to(torch::kFloat), aten[i].to(torch::kFloat), tolerance, tolerance))
-            << "tensor " << i << ": " << (own[i] - aten[i]).abs().max().item<double>();
-      }
+      const CnnOptions options = small_batchnorm_cnn(pool_first);
+      expect_close_to_rounding(
+          two_steps_and_an_evaluation(options, shape, bf16),
+          two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"batch_norm_relu"}), shape, bf16),
+          bf16);
     }
   }
+  // The same buffer names either way (a checkpoint of one loads in the other).
+  EXPECT_EQ(make_cnn(small_batchnorm_cnn(true), shape).module().named_buffers().keys(),
+            make_cnn(small_batchnorm_cnn(true).aten_kernels({"batch_norm_relu"}), shape)
+                .module()
+                .named_buffers()
+                .keys());
   Model model = make_cnn(CnnOptions().batchnorm(true), kFashion);
   const auto names = model.module().named_parameters().keys();
   Model aten = make_cnn(CnnOptions().batchnorm(true).kernels("aten"), kFashion);
   EXPECT_EQ(names, aten.module().named_parameters().keys());
   EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().aten_kernels({"conv"}), kFashion); }),
                            {"model.aten_kernels", "conv"}));
+}
+
+TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
+  // With pool_first the first conv (one input channel) and its max-pool run fasttrain's fused kernel;
+  // model.aten_kernels = ["conv_max_pool"] runs ATen's conv2d and then the max-pool. The same loss,
+  // gradients, running statistics and evaluation to fp32's (or bf16's) rounding, and the same parameter
+  // names. The kernel's reference tests: tests/kernels/conv_max_pool_test.cpp.
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  for (const bool bf16 : {false, true}) {
+    for (const bool bias : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (bias ? " conv bias" : ""));
+      const CnnOptions options = small_batchnorm_cnn(true).bias_before_norm(bias);
+      expect_close_to_rounding(
+          two_steps_and_an_evaluation(options, shape, bf16),
+          two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"conv_max_pool"}), shape, bf16),
+          bf16);
+      EXPECT_EQ(make_cnn(options, shape).module().named_parameters().keys(),
+                make_cnn(CnnOptions(options).aten_kernels({"conv_max_pool"}), shape)
+                    .module()
+                    .named_parameters()
+                    .keys());
+    }
+  }
+  // Only a conv whose max-pool comes straight after it (pool_first) and that takes few channels (the first)
+  // is fused; an Identity holds its max-pool's place, as one holds the ReLU's after each BatchNorm + ReLU.
+  auto identities = [&](bool pool_first, const std::vector<std::string>& aten_kernels) {
+    Model model = make_cnn(small_batchnorm_cnn(pool_first).aten_kernels(aten_kernels), shape);
+    int64_t count = 0;
+    for (const auto& module : model.module().modules()) count += module->as<torch::nn::Identity>() ? 1 : 0;
+    return count;
+  };
+  EXPECT_EQ(identities(true, {}), 3);
+  EXPECT_EQ(identities(true, {"conv_max_pool"}), 2);
+  EXPECT_EQ(identities(false, {}), 2);
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {

@@ -8,6 +8,7 @@
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
 //   torch::Tensor h = fasttrain::kernels::bias_gelu(torch::linear(x, fc->weight), fc->bias);  // [..., 4C]
 //   torch::Tensor pooled = fasttrain::kernels::max_pool2x2(maps);  // NHWC [N, C, H, W] -> [N, C, H/2, W/2]
+//   torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {}, cpu_compute_dtype(x));
 //   torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias, bn->running_mean,
 //                                                         bn->running_var, true, 0.1, 1e-5);  // NHWC
 #include <torch/types.h>
@@ -26,6 +27,10 @@ CpuCapability cpu_capability();
 // Every capability this CPU runs, narrowest first (what the reference tests check).
 std::vector<CpuCapability> runnable_cpu_capabilities();
 std::string to_string(CpuCapability capability);
+
+// The dtype an op on `x` computes in on the CPU: autocast's where CPU autocast is on, else x's. What the
+// dtype arguments below take, so that a kernel runs as the matmul or conv it feeds or replaces would.
+torch::ScalarType cpu_compute_dtype(const torch::Tensor& x);
 
 // Whether packed_causal_attention takes these inputs: qkv [B, T, 3C] on the CPU, fp32 or bf16,
 // C a multiple of `heads`. Elsewhere (a GPU, another dtype) the caller runs ATen's attention.
@@ -76,6 +81,29 @@ bool max_pool2x2_takes(const torch::Tensor& input);
 // (ATen keeps an int64 index), and backward writes each input gradient once instead of zero-filling
 // the whole tensor and scattering into it.
 torch::Tensor max_pool2x2(const torch::Tensor& input, CpuCapability capability = cpu_capability());
+
+// The most input channels conv3x3_max_pool2x2 takes: an image's few, where the direct conv beats oneDNN's
+// GEMM-shaped kernels; wider convs are theirs.
+constexpr int64_t kConvMaxPoolInChannels = 4;
+
+// Whether conv3x3_max_pool2x2 takes these: images [N, C, H, W] with 1 to kConvMaxPoolInChannels channels
+// and H and W at least 2, laid out channels_last (NHWC) on the CPU in fp32 or bf16; weight [Cout, C, 3, 3]
+// and bias [Cout] (or undefined) on the CPU in fp32 or bf16; dtype fp32 or bf16. Elsewhere the caller runs
+// ATen's conv2d and then the max-pool.
+bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& weight,
+                               const torch::Tensor& bias, torch::ScalarType dtype);
+
+// max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2) in one pass, channels_last, computed in
+// `dtype` (bf16: autocast's dtype, to which the input, weight and bias are rounded as autocast's conv rounds
+// them, and each conv output before the max-pool compares it; fp32 arithmetic either way) and returned in
+// it. It writes only the pooled maps and a byte per value saying which of its window won (ties to the
+// window's first, NaN propagates: max_pool2x2's rule); backward sums the weight's and the bias's gradients
+// at the winners only, in fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in
+// the parameters' own dtype and layout; the input's gradient, where it needs one, is ATen's transposed conv.
+// Differentiable once (its backward is not itself differentiable).
+torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, torch::ScalarType dtype,
+                                  CpuCapability capability = cpu_capability());
 
 // Whether batch_norm_relu takes these: maps [N, C, H, W] laid out channels_last on the CPU in fp32 or
 // bf16 (at least two values per channel when training), weight, bias, running_mean and running_var fp32

@@ -82,17 +82,18 @@ struct CnnOptions {
          "Max-pool right after each conv, before BatchNorm and ReLU (they commute with it; 4x less "
          "normalisation work)") = false;
   FT_KEY(double, dropout, "Dropout before each fully connected layer", below_one()) = 0.0;
-  FT_KEY(std::string, kernels,
-         "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
-         "backward, which writes each input gradient once, ATen's values bit for bit; and BatchNorm with the "
-         "ReLU after it in one kernel, keeping x alone for backward) or aten (max_pool2d, batch_norm, relu); "
-         "NCHW inputs and GPUs run aten",
-         one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(
-      std::vector<std::string>, aten_kernels,
-      "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu), to "
-      "measure one kernel on and off",
-      each_one_of({"max_pool", "batch_norm_relu"})) = {};
+      std::string, kernels,
+      "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
+      "backward, which writes each input gradient once, ATen's values bit for bit; BatchNorm with the "
+      "ReLU after it in one kernel, keeping x alone for backward; and with pool_first, a conv over at most "
+      "4 input channels (the first) fused with its max-pool, writing only the pooled maps) or aten "
+      "(conv2d, max_pool2d, batch_norm, relu); NCHW inputs and GPUs run aten",
+      one_of({"fasttrain", "aten"})) = "fasttrain";
+  FT_KEY(std::vector<std::string>, aten_kernels,
+         "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
+         "conv_max_pool), to measure one kernel on and off",
+         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool"})) = {};
 };
 
 struct ResnetOptions {

@@ -63,8 +63,7 @@ void forward(const detail::MaxPoolImages& p, int64_t begin, int64_t end) {
       });
     }
     finish_row(out, p.output, p.bf16, r * out_width, out_width);
-    uint8_t* argmax = p.argmax + r * out_width;
-    for (int64_t i = 0; i < out_width; ++i) argmax[i] = static_cast<uint8_t>(argmax_row[i]);
+    store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
   }
 }
 

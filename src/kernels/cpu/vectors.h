@@ -27,6 +27,48 @@ void by_vectors(int64_t width, const Op& op) {
   for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
 }
 
+// Each lane rounded to the nearest bf16 (ties to even), kept as fp32, NaN kept: what a bf16 op's output
+// holds, for comparisons that must see the values it would see.
+inline Vec round_to_bf16(const Vec& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))),
+                       _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, _mm512_castsi512_ps(rounded));
+#elif defined(CPU_CAPABILITY_AVX2)
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded =
+      _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))),
+                       _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+#else
+  float lanes[kLanes];
+  v.store(lanes);
+  for (float& lane : lanes) lane = static_cast<float>(static_cast<c10::BFloat16>(lane));
+  return Vec::loadu(lanes);
+#endif
+}
+
+// width fp32 values that hold bf16 values already (round_to_bf16's) to the bf16 `base` at element `offset`:
+// their upper halves, a loop GCC vectorises (store_row's rounding conversion stays scalar).
+inline void store_bf16_row(const float* row, void* base, int64_t offset, int64_t width) {
+  uint16_t* dst = static_cast<uint16_t*>(base) + offset;
+  for (int64_t i = 0; i < width; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, row + i, sizeof(bits));
+    dst[i] = static_cast<uint16_t>(bits >> 16);
+  }
+}
+
+// Small whole numbers held as floats (an argmax row) written as bytes. Through int32: GCC leaves a direct
+// float-to-byte cast's loop scalar, and vectorises this one.
+inline void store_bytes(const float* values, uint8_t* bytes, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(static_cast<int32_t>(values[i]));
+}
+
 // a . b over [0, width). Partial loads fill the missing lanes with zeros, so no mask is needed.
 inline float row_dot(const float* a, const float* b, int64_t width) {
   Vec total(0.f);

@@ -1,0 +1,186 @@
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/torch.h>
+
+#include "cpu/bodies.h"
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
+#include "runnable.h"
+
+namespace fasttrain::kernels {
+
+namespace {
+
+static_assert(kConvMaxPoolInChannels == detail::kConvMaxPoolInChannels);
+
+constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+
+detail::ConvMaxPoolKernels kernels_for(CpuCapability capability) {
+  return FASTTRAIN_BODIES_FOR(conv_max_pool_kernels, capability);
+}
+
+// input [N, Cin, H, W] (NHWC in memory), weight [Cout, Cin, 3, 3], computed in `dtype`.
+detail::ConvMaxPoolImages describe(c10::IntArrayRef input_sizes, torch::ScalarType input_dtype,
+                                   int64_t out_channels, torch::ScalarType dtype) {
+  detail::ConvMaxPoolImages p;
+  p.batch = input_sizes[0];
+  p.in_channels = input_sizes[1];
+  p.height = input_sizes[2];
+  p.width = input_sizes[3];
+  p.out_channels = out_channels;
+  p.out_height = p.height / 2;
+  p.out_width = p.width / 2;
+  p.input_bf16 = input_dtype == torch::kBFloat16;
+  p.bf16 = dtype == torch::kBFloat16;
+  return p;
+}
+
+// A parameter as fp32 holding the values it has in `dtype` (autocast rounds a bf16 conv's weight and bias).
+torch::Tensor rounded_to(const torch::Tensor& parameter, torch::ScalarType dtype) {
+  return parameter.detach().to(dtype).to(torch::kFloat);
+}
+
+// The weight [Cout, Cin, 3, 3] as the bodies' taps: fp32 [Cin, 3, 3, Cout], a row of Cout per tap.
+torch::Tensor taps_of(const torch::Tensor& weight, torch::ScalarType dtype) {
+  return rounded_to(weight, dtype).permute({1, 2, 3, 0}).contiguous();
+}
+
+// The output rows' parallel tasks: a row costs its 4 x 9 x Cin multiply-adds per output value.
+int64_t rows_per_task(const detail::ConvMaxPoolImages& p) {
+  return detail::rows_per_task(p.out_width * p.out_channels * 36 * p.in_channels);
+}
+
+// grad_y scattered to each window's winner ([N, Cout, H, W], NHWC, zero elsewhere: the max-pool kernel's
+// backward) and through the conv's transpose: the input's gradient, which the first conv of a network
+// does not need, so it is left to ATen.
+torch::Tensor input_gradient(const detail::ConvMaxPoolImages& conv, const torch::Tensor& grad_output,
+                             const torch::Tensor& argmax, const torch::Tensor& weight,
+                             torch::ScalarType dtype, torch::ScalarType input_dtype,
+                             CpuCapability capability) {
+  torch::Tensor grad_maps = torch::empty({conv.batch, conv.out_channels, conv.height, conv.width},
+                                         grad_output.options().memory_format(kChannelsLast));
+  detail::MaxPoolImages pool;
+  pool.batch = conv.batch;
+  pool.channels = conv.out_channels;
+  pool.height = conv.height;
+  pool.width = conv.width;
+  pool.out_height = conv.out_height;
+  pool.out_width = conv.out_width;
+  pool.bf16 = conv.bf16;
+  pool.argmax = argmax.data_ptr<uint8_t>();
+  pool.grad_output = grad_output.data_ptr();
+  pool.grad_input = grad_maps.data_ptr();
+  const auto scatter = FASTTRAIN_BODIES_FOR(max_pool_kernels, capability).backward;
+  at::parallel_for(0, pool.batch * pool.out_height, detail::rows_per_task(pool.width * pool.channels),
+                   [&](int64_t begin, int64_t end) { scatter(pool, begin, end); });
+  return torch::conv_transpose2d(grad_maps, weight.detach().to(dtype), {}, 1, 1)
+      .to(input_dtype)
+      .contiguous(kChannelsLast);
+}
+
+// Saves the input and the argmax bytes, not the conv's output: backward sums the weight's gradient from
+// the input at each window's winner.
+class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
+                               const torch::Tensor& weight, const torch::Tensor& bias, bool has_bias,
+                               int64_t dtype_code, int64_t capability) {
+    const auto dtype = static_cast<torch::ScalarType>(dtype_code);
+    detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
+    const torch::Tensor taps = taps_of(weight, dtype);
+    const torch::Tensor bias_values = has_bias ? rounded_to(bias, dtype).contiguous() : torch::Tensor();
+    torch::Tensor output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
+                                        input.options().dtype(dtype).memory_format(kChannelsLast));
+    torch::Tensor argmax = torch::empty({output.numel()}, input.options().dtype(torch::kByte));
+    p.input = input.data_ptr();
+    p.taps = taps.data_ptr<float>();
+    p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
+    p.output = output.data_ptr();
+    p.argmax = argmax.data_ptr<uint8_t>();
+    const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
+    at::parallel_for(0, p.batch * p.out_height, rows_per_task(p),
+                     [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+    ctx->save_for_backward({input, weight, argmax});
+    ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["dtype"] = dtype_code;
+    ctx->saved_data["capability"] = capability;
+    return output;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &input = saved[0], &weight = saved[1], &argmax = saved[2];
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const auto capability = static_cast<CpuCapability>(ctx->saved_data["capability"].toInt());
+    const torch::Tensor grad_output = grads[0].to(dtype).contiguous(kChannelsLast);
+    detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
+    p.input = input.data_ptr();
+    p.argmax = argmax.data_ptr<uint8_t>();
+    p.grad_output = grad_output.data_ptr();
+    const int64_t taps = p.in_channels * 9;
+    const detail::RowChunks chunks = detail::row_chunks(p.batch * p.out_height);
+    torch::Tensor sums =
+        torch::zeros({chunks.count, taps + 1, p.out_channels}, weight.options().dtype(torch::kFloat));
+    p.grad_taps = sums.data_ptr<float>();
+    const auto kernel = kernels_for(capability).weight_backward;
+    detail::for_each_row_chunk(
+        p.batch * p.out_height, chunks,
+        [&](int64_t begin, int64_t end, int64_t chunk) { kernel(p, begin, end, chunk); });
+    // [Cin * 9 + 1, Cout], rounded to the compute dtype as a conv's backward in it gives them (autocast then
+    // casts them back to the parameters' fp32)
+    const torch::Tensor total = sums.sum(0).to(dtype).to(torch::kFloat);
+    // The parameter's own layout (channels_last or not): what DDP's bucket views expect of a gradient.
+    torch::Tensor grad_weight = torch::empty_like(weight).copy_(
+        total.narrow(0, 0, taps).view({p.in_channels, 3, 3, p.out_channels}).permute({3, 0, 1, 2}));
+    torch::Tensor grad_bias =
+        ctx->saved_data["has_bias"].toBool() ? total[taps].to(weight.scalar_type()) : torch::Tensor();
+    torch::Tensor grad_input =
+        ctx->needs_input_grad(0)
+            ? input_gradient(p, grad_output, argmax, weight, dtype, input.scalar_type(), capability)
+            : torch::Tensor();
+    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+bool is_float_or_bf16(torch::ScalarType dtype) {
+  return dtype == torch::kFloat || dtype == torch::kBFloat16;
+}
+
+}  // namespace
+
+bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& weight,
+                               const torch::Tensor& bias, torch::ScalarType dtype) {
+  const bool images = detail::cpu_float_or_bf16(input) && input.dim() == 4 && input.size(0) > 0 &&
+                      input.size(1) >= 1 && input.size(1) <= kConvMaxPoolInChannels && input.size(2) >= 2 &&
+                      input.size(3) >= 2 && input.is_contiguous(kChannelsLast);
+  const bool kernel = images && detail::cpu_float_or_bf16(weight) && weight.dim() == 4 &&
+                      weight.size(0) >= 1 && weight.size(1) == input.size(1) && weight.size(2) == 3 &&
+                      weight.size(3) == 3;
+  const bool bias_fits = !bias.defined() || (detail::cpu_float_or_bf16(bias) && bias.dim() == 1 &&
+                                             weight.defined() && bias.size(0) == weight.size(0));
+  return kernel && bias_fits && is_float_or_bf16(dtype);
+}
+
+torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
+                                  const torch::Tensor& bias, torch::ScalarType dtype,
+                                  CpuCapability capability) {
+  FT_CHECK(
+      conv3x3_max_pool2x2_takes(input, weight, bias, dtype),
+      "conv3x3_max_pool2x2 takes images [N, C, H, W] (1 to {} channels, H and W at least 2) in channels_last "
+      "on the CPU in fp32 or bf16, a weight [Cout, C, 3, 3] and a bias [Cout] or none, computed in fp32 or "
+      "bf16; got images {} {}{}, weight {}, bias {}, dtype {}",
+      kConvMaxPoolInChannels, input.defined() ? input.sizes() : c10::IntArrayRef{},
+      input.defined() ? c10::toString(input.scalar_type()) : "none",
+      input.defined() && input.dim() == 4 && !input.is_contiguous(kChannelsLast) ? " not in channels_last"
+                                                                                 : "",
+      weight.defined() ? weight.sizes() : c10::IntArrayRef{},
+      bias.defined() ? bias.sizes() : c10::IntArrayRef{}, c10::toString(dtype));
+  detail::check_runnable(capability, "conv3x3_max_pool2x2");
+  // A custom Function's tensor arguments must be defined: no bias is a zero one that takes no gradient.
+  const torch::Tensor some_bias = bias.defined() ? bias : torch::zeros({weight.size(0)}, weight.options());
+  return ConvMaxPoolFunction::apply(input, weight, some_bias, bias.defined(), static_cast<int64_t>(dtype),
+                                    static_cast<int64_t>(capability));
+}
+
+}  // namespace fasttrain::kernels

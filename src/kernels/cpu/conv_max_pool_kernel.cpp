@@ -1,0 +1,208 @@
+// A 3x3 conv (padding 1) over a few input channels and the 2x2 max-pool after it, in one pass over
+// channels_last images, vectorised over the output channels (contiguous in NHWC):
+//   forward   the four conv outputs of each pooling window from the 4x4 input patch under it
+//             (conv[k] = bias + sum over ci, ky, kx of x[2 oh + dy - 1 + ky, 2 ow + dx - 1 + kx, ci] w[ci,
+//             ky, kx], k = 2 dy + dx); y = their maximum, argmax = which (the max-pool kernel's rule: the
+//             first in row order, replaced by a greater value or a NaN)
+//   backward  grad w[ci, ky, kx] += grad_y x[the winner's position + (ky - 1, kx - 1), ci], grad bias +=
+//   grad_y
+// Only the pooled maps are written (a quarter of the conv's), and only the winners are summed in backward:
+// a conv followed by a max-pool writes and reads the whole conv output in each direction.
+// Compiled once per CPU capability (CMakeLists.txt), as attention_kernel.cpp is.
+#include <vector>
+
+#include "bodies.h"
+#include "vectors.h"
+
+namespace fasttrain::kernels::CPU_CAPABILITY {
+
+namespace {
+
+constexpr int kTaps = 9;    // 3 x 3
+constexpr int kPatch = 4;   // the rows and columns of input under a 2x2 window of 3x3 convs
+constexpr int kWindow = 4;  // top left, top right, bottom left, bottom right
+
+// All bits set where `v` is NaN (see max_pool_kernel.cpp: not `v != v`).
+inline Vec is_nan(const Vec& v) {
+  const Vec all_set = Vec(0.f) == Vec(0.f);
+  return (v == v) ^ all_set;
+}
+
+// The kPatch input rows under output row `row` (input rows 2 oh - 1 .. 2 oh + 2) as fp32, each with a zero
+// column on either side: patch[i * padded_width + (w + 1) * Cin + ci] = x[2 oh - 1 + i, w, ci], zero outside
+// the image; rounded to bf16 where the conv runs in bf16.
+void load_patch(const detail::ConvMaxPoolImages& p, int64_t row, std::vector<float>& patch) {
+  const int64_t image = row / p.out_height, out_row = row % p.out_height;
+  const int64_t cin = p.in_channels, padded_width = (p.width + 2) * cin;
+  std::fill(patch.begin(), patch.end(), 0.f);
+  for (int i = 0; i < kPatch; ++i) {
+    const int64_t h = 2 * out_row - 1 + i;
+    if (h < 0 || h >= p.height) continue;
+    float* values = patch.data() + i * padded_width + cin;
+    const int64_t offset = (image * p.height + h) * p.width * cin;
+    if (p.bf16 && !p.input_bf16) {  // rounded on the way in: a copy and then a reload would stall the load
+      const float* input = static_cast<const float*>(p.input) + offset;
+      by_vectors(p.width * cin, [&](int64_t j, int64_t count) {
+        round_to_bf16(Vec::loadu(input + j, count)).store(values + j, count);
+      });
+    } else {
+      load_row(p.input, p.input_bf16, offset, p.width * cin, values);
+    }
+  }
+}
+
+// op(w, k, tap, value) for each of kWindows side by side pooling windows w (output columns ow, ow + 1, ...),
+// each position k of its 2x2 window, each of its taps (ci * 9 + ky * 3 + kx) and the patch value that tap
+// multiplies. The loops have constant bounds, so the compiler unrolls them and drops the pairs that fall
+// outside the 3x3 kernel; the windows are innermost, so their sums are independent chains in flight at
+// once (one window's four would wait on the multiply-add's latency).
+template <int kCin, int kWindows, typename Op>
+inline void for_each_tap(const float* patch, int64_t padded_width, int64_t ow, const Op& op) {
+#pragma GCC unroll 4
+  for (int ci = 0; ci < kCin; ++ci) {
+#pragma GCC unroll 4
+    for (int pr = 0; pr < kPatch; ++pr) {
+#pragma GCC unroll 4
+      for (int pc = 0; pc < kPatch; ++pc) {
+#pragma GCC unroll 2
+        for (int dy = 0; dy < 2; ++dy) {
+#pragma GCC unroll 2
+          for (int dx = 0; dx < 2; ++dx) {
+            const int ky = pr - dy, kx = pc - dx;
+            if (ky < 0 || ky >= 3 || kx < 0 || kx >= 3) continue;
+#pragma GCC unroll 4
+            for (int w = 0; w < kWindows; ++w) {
+              const float value = patch[pr * padded_width + (2 * (ow + w) + pc) * kCin + ci];
+              op(w, 2 * dy + dx, ci * kTaps + ky * 3 + kx, Vec(value));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The max-pool's rule over a window's four conv outputs: its maximum and which of the four (as a float).
+inline void pool_window(const Vec (&conv)[kWindow], Vec& best, Vec& which) {
+  best = conv[0];
+  which = Vec(0.f);
+  for (int k = 1; k < kWindow; ++k) {
+    const Vec wins = (conv[k] > best) | is_nan(conv[k]);
+    best = Vec::blendv(best, conv[k], wins);
+    which = Vec::blendv(which, Vec(static_cast<float>(k)), wins);
+  }
+}
+
+// Output columns [ow, ow + kWindows) of one row for output channels [c, c + count): their conv outputs,
+// maxima and argmax.
+template <int kCin, int kWindows>
+inline void forward_windows(const detail::ConvMaxPoolImages& p, const float* patch, int64_t padded_width,
+                            const Vec* taps, const Vec& bias, int64_t ow, int64_t c, int64_t count,
+                            float* out, float* argmax_row) {
+  Vec conv[kWindows][kWindow];
+  for (auto& window : conv)
+    for (Vec& v : window) v = bias;
+  for_each_tap<kCin, kWindows>(patch, padded_width, ow, [&](int w, int k, int64_t tap, const Vec& value) {
+    conv[w][k] = at::vec::fmadd(value, taps[tap], conv[w][k]);
+  });
+  for (int w = 0; w < kWindows; ++w) {
+    if (p.bf16) {
+      for (Vec& v : conv[w]) v = round_to_bf16(v);
+    }
+    Vec best, which;
+    pool_window(conv[w], best, which);
+    const int64_t at = (ow + w) * p.out_channels + c;
+    best.store(out + at, count);
+    which.store(argmax_row + at, count);
+  }
+}
+
+// The input channels are a template argument: the tap arrays hold exactly the taps, and the loops over
+// them unroll.
+template <int kCin>
+void forward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end) {
+  const int64_t cout = p.out_channels, padded_width = (p.width + 2) * kCin;
+  const int64_t out_width = p.out_width * cout;
+  std::vector<float> patch(kPatch * padded_width), out_row(p.bf16 ? out_width : 0), argmax_row(out_width);
+  for (int64_t r = begin; r < end; ++r) {
+    load_patch(p, r, patch);
+    float* out = row_out(p.output, p.bf16, r * out_width, out_row);
+    by_vectors(cout, [&](int64_t c, int64_t count) {
+      Vec taps[kCin * kTaps];
+      for (int t = 0; t < kCin * kTaps; ++t) taps[t] = Vec::loadu(p.taps + t * cout + c, count);
+      const Vec bias = p.bias ? Vec::loadu(p.bias + c, count) : Vec(0.f);
+      int64_t ow = 0;
+      for (; ow + 2 <= p.out_width; ow += 2)
+        forward_windows<kCin, 2>(p, patch.data(), padded_width, taps, bias, ow, c, count, out,
+                                 argmax_row.data());
+      if (ow < p.out_width)
+        forward_windows<kCin, 1>(p, patch.data(), padded_width, taps, bias, ow, c, count, out,
+                                 argmax_row.data());
+    });
+    if (p.bf16) store_bf16_row(out, p.output, r * out_width, out_width);  // rounded already
+    store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
+  }
+}
+
+template <int kCin>
+void weight_backward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
+  const int64_t cout = p.out_channels, padded_width = (p.width + 2) * kCin;
+  const int64_t out_width = p.out_width * cout, bias_row = kCin * kTaps;
+  float* sums = p.grad_taps + chunk * (bias_row + 1) * cout;
+  std::vector<float> patch(kPatch * padded_width), dy_row(p.bf16 ? out_width : 0), argmax_row(out_width);
+  for (int64_t r = begin; r < end; ++r) {
+    load_patch(p, r, patch);
+    const float* dy = row_in(p.grad_output, p.bf16, r * out_width, out_width, dy_row);
+    const uint8_t* argmax = p.argmax + r * out_width;
+    for (int64_t i = 0; i < out_width; ++i) argmax_row[i] = static_cast<float>(argmax[i]);
+    by_vectors(cout, [&](int64_t c, int64_t count) {
+      Vec grad_taps[kCin * kTaps];
+      for (int t = 0; t < bias_row; ++t) grad_taps[t] = Vec::loadu(sums + t * cout + c, count);
+      Vec grad_bias = Vec::loadu(sums + bias_row * cout + c, count);
+      for (int64_t ow = 0; ow < p.out_width; ++ow) {
+        const Vec grad = Vec::loadu(dy + ow * cout + c, count);
+        const Vec which = Vec::loadu(argmax_row.data() + ow * cout + c, count);
+        Vec grad_at[kWindow];  // grad where position k won, else 0
+        for (int k = 0; k < kWindow; ++k)
+          grad_at[k] = Vec::blendv(Vec(0.f), grad, which == Vec(static_cast<float>(k)));
+        grad_bias = grad_bias + grad;
+        for_each_tap<kCin, 1>(patch.data(), padded_width, ow, [&](int, int k, int64_t tap, const Vec& value) {
+          grad_taps[tap] = at::vec::fmadd(grad_at[k], value, grad_taps[tap]);
+        });
+      }
+      for (int t = 0; t < bias_row; ++t) grad_taps[t].store(sums + t * cout + c, count);
+      grad_bias.store(sums + bias_row * cout + c, count);
+    });
+  }
+}
+
+// body<kCin>(...) for the images' input channel count (1 to kConvMaxPoolInChannels).
+#define FASTTRAIN_BY_IN_CHANNELS(body, p, ...) \
+  switch ((p).in_channels) {                   \
+    case 1:                                    \
+      return body<1>((p), __VA_ARGS__);        \
+    case 2:                                    \
+      return body<2>((p), __VA_ARGS__);        \
+    case 3:                                    \
+      return body<3>((p), __VA_ARGS__);        \
+    default:                                   \
+      return body<4>((p), __VA_ARGS__);        \
+  }
+static_assert(detail::kConvMaxPoolInChannels == 4, "FASTTRAIN_BY_IN_CHANNELS covers 1 to 4 channels");
+
+void forward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end) {
+  FASTTRAIN_BY_IN_CHANNELS(forward_rows, p, begin, end)
+}
+
+void weight_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
+  FASTTRAIN_BY_IN_CHANNELS(weight_backward_rows, p, begin, end, chunk)
+}
+#undef FASTTRAIN_BY_IN_CHANNELS
+
+}  // namespace
+
+detail::ConvMaxPoolKernels conv_max_pool_kernels() {
+  return {&forward, &weight_backward};
+}
+
+}  // namespace fasttrain::kernels::CPU_CAPABILITY

@@ -1,0 +1,45 @@
+#pragma once
+// The fused 3x3 conv + 2x2 max-pool kernel's contract between its dispatcher (src/kernels/conv_max_pool.cpp)
+// and its bodies (conv_max_pool_kernel.cpp, compiled once per CPU capability; bodies.h declares each one's
+// entry point).
+#include <cstdint>
+
+namespace fasttrain::kernels::detail {
+
+// The most input channels the bodies take: a direct conv over a few channels (an image's), where oneDNN's
+// GEMM-shaped kernels have little to multiply.
+constexpr int64_t kConvMaxPoolInChannels = 4;
+
+// conv2d(input, weight, bias, stride 1, padding 1) and then max_pool2d(., 2) over channels_last images:
+// input [N, H, W, Cin] in memory (bf16 where input_bf16, else fp32), output [N, H / 2, W / 2, Cout] (bf16
+// where bf16, else fp32). argmax holds which of each window's four conv outputs won, one byte per output
+// value (0 top left, 1 top right, 2 bottom left, 3 bottom right: MaxPoolImages's bytes). taps is the
+// weight as fp32 [Cin, 3, 3, Cout] (a row of Cout per tap) and bias fp32 [Cout] or null, both already
+// rounded to the compute dtype; where `bf16` the input values and each conv output are rounded to bf16,
+// as a bf16 conv's are, before the max-pool compares them.
+struct ConvMaxPoolImages {
+  int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0;
+  int64_t out_height = 0, out_width = 0;
+  bool input_bf16 = false, bf16 = false;
+  const void* input = nullptr;
+  const float* taps = nullptr;
+  const float* bias = nullptr;
+  void* output = nullptr;
+  uint8_t* argmax = nullptr;
+  const void* grad_output = nullptr;  // like output
+  float* grad_taps = nullptr;         // [chunks][Cin * 9 + 1][Cout]: each chunk's sums, the bias's last
+};
+
+// Output rows [begin, end) of the batch * out_height: their values and argmax.
+using ConvMaxPoolForward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end);
+// Adds the gradients of the taps and of the bias from output rows [begin, end) into chunk `chunk`'s rows of
+// grad_taps; only each window's winner has a gradient, so only it is summed.
+using ConvMaxPoolWeightBackward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end,
+                                           int64_t chunk);
+
+struct ConvMaxPoolKernels {
+  ConvMaxPoolForward forward;
+  ConvMaxPoolWeightBackward weight_backward;
+};
+
+}  // namespace fasttrain::kernels::detail

@@ -1,0 +1,194 @@
+// fasttrain's fused 3x3 conv + 2x2 max-pool kernel against ATen's conv2d and max_pool2d run in double on the
+// same values: outputs and the gradients of the weight, the bias and the input, computed in fp32 and in
+// bf16 (from fp32 images, as under autocast, and from bf16 ones), on every CPU capability this machine
+// runs. The values are chosen so that every sum is exact in fp32 (integers, and fractions of 1/1024 that
+// bf16 cannot hold): the kernel and the reference then agree exactly, windows tie often (the first wins in
+// both), and a bf16 path that forgot to round the input, or the conv's outputs before comparing them,
+// gives other values.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+#include <string>
+
+#include "fasttrain/kernels/cpu.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+
+struct Case {
+  int64_t batch, in_channels, height, width, out_channels;
+  bool bias;
+};
+
+std::string describe(const Case& c) {
+  return "[" + std::to_string(c.batch) + ", " + std::to_string(c.in_channels) + ", " +
+         std::to_string(c.height) + ", " + std::to_string(c.width) + "] -> " +
+         std::to_string(c.out_channels) + (c.bias ? " with bias" : "");
+}
+
+struct Inputs {
+  torch::Tensor images, weight, bias, grad_y;
+};
+
+// Integers in [-range, range] as fp32.
+torch::Tensor integers(c10::IntArrayRef sizes, int64_t range) {
+  return torch::randint(-range, range + 1, sizes).to(torch::kFloat);
+}
+
+// Images of integers plus -1, 0 or 1 1024ths (which bf16 rounds off); weights up to 8, so the conv's sums
+// reach past 256, where bf16 rounds them; integer gradients.
+Inputs make_inputs(const Case& c, torch::ScalarType images_dtype) {
+  Inputs in;
+  in.images = (integers({c.batch, c.in_channels, c.height, c.width}, 3) +
+               integers({c.batch, c.in_channels, c.height, c.width}, 1) / 1024)
+                  .to(images_dtype)
+                  .contiguous(kChannelsLast);
+  in.weight = integers({c.out_channels, c.in_channels, 3, 3}, 8);
+  in.bias = c.bias ? integers({c.out_channels}, 4) : torch::Tensor();
+  in.grad_y = integers({c.batch, c.out_channels, c.height / 2, c.width / 2}, 3);
+  return in;
+}
+
+struct Result {
+  torch::Tensor y, grad_images, grad_weight, grad_bias;
+};
+
+Result run_kernel(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapability capability) {
+  auto images = in.images.detach().requires_grad_(true);
+  auto weight = in.weight.clone().requires_grad_(true);
+  auto bias = in.bias.defined() ? in.bias.clone().requires_grad_(true) : torch::Tensor();
+  auto y = kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, capability);
+  y.backward(in.grad_y.to(dtype).contiguous(kChannelsLast));
+  return {y.detach(), images.grad(), weight.grad(), bias.defined() ? bias.grad() : torch::Tensor()};
+}
+
+// ATen in double on the values rounded to `dtype` (images, weight, bias), each conv output rounded to
+// `dtype` before max_pool2d (the gradient passes the rounding unchanged, as a bf16 conv's does), and the
+// weight's and bias's gradients rounded to `dtype`, as a conv's backward in it gives them.
+Result run_reference(const Inputs& in, torch::ScalarType dtype) {
+  auto in_dtype = [&](const torch::Tensor& t) { return t.to(dtype).to(torch::kDouble); };
+  auto images = in_dtype(in.images).requires_grad_(true);
+  auto weight = in_dtype(in.weight).requires_grad_(true);
+  auto bias = in.bias.defined() ? in_dtype(in.bias).requires_grad_(true) : torch::Tensor();
+  const auto conv = torch::conv2d(images, weight, bias, 1, 1);
+  const auto rounded = conv + (in_dtype(conv.detach()) - conv.detach());
+  auto y = torch::max_pool2d(rounded, 2);
+  y.backward(in.grad_y.to(torch::kDouble));
+  return {y.detach(), images.grad(), in_dtype(weight.grad()),
+          bias.defined() ? in_dtype(bias.grad()) : torch::Tensor()};
+}
+
+// |got - want| <= atol + rtol |want| everywhere, got read as double.
+::testing::AssertionResult close(const char* what, const torch::Tensor& got, const torch::Tensor& want,
+                                 double rtol, double atol) {
+  if (got.sizes() != want.sizes()) return ::testing::AssertionFailure() << what << ": sizes " << got.sizes();
+  const double worst = ((got.to(torch::kDouble) - want).abs() - rtol * want.abs()).max().item<double>();
+  if (worst <= atol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << what << ": off by " << worst << " beyond rtol " << rtol;
+}
+
+void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch::ScalarType dtype,
+                           kernels::CpuCapability capability) {
+  const Inputs in = make_inputs(c, images_dtype);
+  const Result got = run_kernel(in, dtype, capability);
+  const Result want = run_reference(in, dtype);
+  EXPECT_EQ(got.y.scalar_type(), dtype);
+  EXPECT_TRUE(got.y.is_contiguous(kChannelsLast));
+  // Every sum below is exact in fp32, so the kernel's values are the reference's.
+  EXPECT_TRUE(close("y", got.y, want.y, 0, 0));
+  EXPECT_TRUE(close("grad_weight", got.grad_weight, want.grad_weight, 0, 0));
+  EXPECT_EQ(got.grad_weight.scalar_type(), torch::kFloat);
+  if (c.bias) EXPECT_TRUE(close("grad_bias", got.grad_bias, want.grad_bias, 0, 0));
+  // The input's gradient is ATen's transposed conv in `dtype`, which rounds its sums in bf16.
+  EXPECT_EQ(got.grad_images.scalar_type(), images_dtype);
+  EXPECT_TRUE(
+      close("grad_images", got.grad_images, want.grad_images, dtype == torch::kBFloat16 ? 1.0 / 128 : 0, 0));
+}
+
+TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
+  torch::manual_seed(0);
+  // [128, 1, 28, 28] -> 16: the main job's first conv; channel counts that fill no vector evenly, odd
+  // heights and widths (the conv's last row or column, which the max-pool leaves out), one window.
+  const Case cases[] = {{8, 1, 28, 28, 16, false}, {3, 3, 7, 9, 5, true},  {2, 4, 6, 5, 37, true},
+                        {2, 2, 2, 2, 1, true},     {1, 1, 5, 4, 16, true}, {4, 1, 28, 28, 32, false}};
+  struct Precision {
+    torch::ScalarType images, compute;
+  };
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (const Precision precision :
+         {Precision{torch::kFloat, torch::kFloat}, Precision{torch::kFloat, torch::kBFloat16},
+          Precision{torch::kBFloat16, torch::kBFloat16}}) {
+      for (const Case& c : cases) {
+        SCOPED_TRACE(kernels::to_string(capability) + " images " + c10::toString(precision.images) + " in " +
+                     c10::toString(precision.compute) + " " + describe(c));
+        expect_matches_double(c, precision.images, precision.compute, capability);
+      }
+    }
+  }
+}
+
+TEST(CpuConvMaxPool, SumsTheSameOverMoreThreadsThanRows) {
+  // 16 threads over 2 and 7 output rows: the weight gradient's chunks past the last row add nothing.
+  const int threads = at::get_num_threads();
+  at::set_num_threads(16);
+  torch::manual_seed(1);
+  for (const Case& c : {Case{1, 1, 4, 6, 16, true}, Case{1, 2, 14, 3, 8, false}}) {
+    SCOPED_TRACE(describe(c));
+    expect_matches_double(c, torch::kFloat, torch::kBFloat16, kernels::cpu_capability());
+  }
+  at::set_num_threads(threads);
+}
+
+TEST(CpuConvMaxPool, PropagatesNaNAsConvAndMaxPoolDo) {
+  // A NaN in the image reaches each conv output whose 3x3 field holds it, and the max-pool passes it on.
+  torch::manual_seed(2);
+  auto in = make_inputs(Case{2, 1, 8, 8, 4, true}, torch::kFloat);
+  in.images.view(-1)[19] = std::numeric_limits<float>::quiet_NaN();
+  const auto got = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kFloat);
+  const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
+  EXPECT_TRUE(torch::equal(got.isnan(), want.isnan()));
+  EXPECT_GT(got.isnan().sum().item<int64_t>(), 0);
+  EXPECT_TRUE(torch::allclose(got.nan_to_num(0), want.nan_to_num(0)));
+}
+
+TEST(CpuConvMaxPool, GivesTheWeightsGradientInTheWeightsLayout) {
+  // A channels_last weight gets a channels_last gradient (DDP's bucket views expect the parameter's strides).
+  torch::manual_seed(3);
+  auto images = torch::randn({2, 3, 6, 6}).contiguous(kChannelsLast);
+  auto weight = torch::randn({8, 3, 3, 3}).contiguous(kChannelsLast).requires_grad_(true);
+  kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kFloat).sum().backward();
+  EXPECT_EQ(weight.grad().strides(), weight.strides());
+  EXPECT_FALSE(images.requires_grad());
+}
+
+TEST(CpuConvMaxPool, TakesOnlyWhatItComputesAndRefusesByName) {
+  const auto nhwc = torch::randn({2, 3, 6, 6}).contiguous(kChannelsLast);
+  const auto weight = torch::randn({8, 3, 3, 3}), bias = torch::randn({8});
+  EXPECT_TRUE(kernels::conv3x3_max_pool2x2_takes(nhwc, weight, bias, torch::kFloat));
+  EXPECT_TRUE(kernels::conv3x3_max_pool2x2_takes(nhwc, weight, {}, torch::kBFloat16));
+  EXPECT_TRUE(kernels::conv3x3_max_pool2x2_takes(torch::randn({2, 1, 6, 6}), torch::randn({4, 1, 3, 3}), {},
+                                                 torch::kFloat));  // one channel: NCHW is NHWC
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(torch::randn({2, 3, 6, 6}), weight, bias, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc, weight, bias, torch::kHalf));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc.to(torch::kDouble), weight, bias, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc, torch::randn({8, 3, 5, 5}), bias, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc, torch::randn({8, 2, 3, 3}), bias, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc, weight, torch::randn({7}), torch::kFloat));
+  const auto wide = torch::randn({2, 5, 6, 6}).contiguous(kChannelsLast);
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(wide, torch::randn({8, 5, 3, 3}), bias, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(torch::randn({2, 3, 1, 6}).contiguous(kChannelsLast),
+                                                  weight, bias, torch::kFloat));  // no whole window
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(torch::Tensor(), weight, bias, torch::kFloat));
+  EXPECT_TRUE(testing::contains_all(
+      testing::error_message([&] {
+        kernels::conv3x3_max_pool2x2(torch::randn({2, 3, 6, 6}), weight, bias, torch::kFloat);
+      }),
+      {"conv3x3_max_pool2x2 takes images", "[2, 3, 6, 6]", "not in channels_last"}));
+}
+
+}  // namespace
+}  // namespace fasttrain
