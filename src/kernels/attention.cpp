@@ -59,6 +59,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::check_first_order("packed_causal_attention");
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &qkv = saved[0], &out = saved[1], &lse = saved[2];
     const torch::Tensor grad_out = grads[0].to(qkv.scalar_type()).contiguous();

@@ -140,6 +140,7 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::check_first_order("batch_norm_relu");
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     ChannelTerms terms{saved[1]};

@@ -47,6 +47,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::check_first_order("bias_gelu");
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &pre = saved[0], &bias = saved[1];
     const torch::Tensor grad_y = grads[0].to(pre.scalar_type()).contiguous();

@@ -54,6 +54,13 @@ void detail::check_runnable(CpuCapability capability, const char* kernel) {
            to_string(capability), to_string(runnable.back()));
 }
 
+void detail::check_first_order(const char* kernel) {
+  FT_CHECK(!torch::GradMode::is_enabled(),
+           "{}: its backward is not itself differentiable, so a second derivative through it (backward with "
+           "create_graph) would be wrong; leave this model's kernels to ATen (model.kernels = \"aten\")",
+           kernel);
+}
+
 std::string to_string(CpuCapability capability) {
   switch (capability) {
     case CpuCapability::avx512:

@@ -1,6 +1,6 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
@@ -102,6 +102,7 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
                      [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
     ctx->save_for_backward({input, weight, argmax});
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->saved_data["dtype"] = dtype_code;
     ctx->saved_data["capability"] = capability;
     return output;
@@ -109,6 +110,7 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::check_first_order("conv3x3_max_pool2x2");
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &input = saved[0], &weight = saved[1], &argmax = saved[2];
     const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
@@ -134,7 +136,9 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     torch::Tensor grad_weight = torch::empty_like(weight).copy_(
         total.narrow(0, 0, taps).view({p.in_channels, 3, 3, p.out_channels}).permute({3, 0, 1, 2}));
     torch::Tensor grad_bias =
-        ctx->saved_data["has_bias"].toBool() ? total[taps].to(weight.scalar_type()) : torch::Tensor();
+        ctx->saved_data["has_bias"].toBool()
+            ? total[taps].to(static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt()))
+            : torch::Tensor();
     torch::Tensor grad_input =
         ctx->needs_input_grad(0)
             ? input_gradient(p, grad_output, argmax, weight, dtype, input.scalar_type(), capability)

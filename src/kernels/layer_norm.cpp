@@ -77,6 +77,7 @@ torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ct
 
 NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tensor& grad_sum_in,
                         const torch::Tensor& grad_y_in, bool has_branch) {
+  detail::check_first_order("layer_norm");
   const auto saved = ctx->get_saved_variables();
   const torch::Tensor &normalised = saved[0], &w = saved[1], &b = saved[2];
   const auto y_dtype = static_cast<torch::ScalarType>(ctx->saved_data["y_dtype"].toInt());

@@ -57,6 +57,7 @@ class MaxPool2x2Function : public torch::autograd::Function<MaxPool2x2Function> 
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
+    detail::check_first_order("max_pool2x2");
     const torch::Tensor argmax = ctx->get_saved_variables()[0];
     const auto sizes = ctx->saved_data["input_sizes"].toIntVector();
     const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());

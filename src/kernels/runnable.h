@@ -12,6 +12,11 @@ namespace fasttrain::kernels::detail {
 // An Error naming `kernel` unless this CPU runs `capability`.
 void check_runnable(CpuCapability capability, const char* kernel);
 
+// An Error naming `kernel` where its backward runs to be differentiated again (backward with
+// create_graph): the bodies' gradients are not themselves differentiable, and a second derivative
+// through them would come out as zero without a word.
+void check_first_order(const char* kernel);
+
 // A defined tensor on the CPU in fp32 or bf16: what every kernel reads and writes.
 inline bool cpu_float_or_bf16(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() &&

@@ -44,7 +44,10 @@ class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
 
   torch::Tensor forward(const torch::Tensor& images) {
     const torch::ScalarType dtype = kernels::cpu_compute_dtype(images);
-    if (kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
+    // Over one channel NCHW images are NHWC too; the kernel's channels_last maps are what conv2d would
+    // give only where the weight is laid out channels_last (train.channels_last).
+    const bool channels_last = weight.suggest_memory_format() == torch::MemoryFormat::ChannelsLast;
+    if (channels_last && kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
       return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype);
     }
     return pool_->forward(torch::nn::Conv2dImpl::forward(images));

@@ -103,10 +103,11 @@ void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch:
   EXPECT_TRUE(close("grad_weight", got.grad_weight, want.grad_weight, 0, 0));
   EXPECT_EQ(got.grad_weight.scalar_type(), torch::kFloat);
   if (c.bias) EXPECT_TRUE(close("grad_bias", got.grad_bias, want.grad_bias, 0, 0));
-  // The input's gradient is ATen's transposed conv in `dtype`, which rounds its sums in bf16.
+  // The input's gradient is ATen's transposed conv in `dtype`, returned in the images' dtype: bf16 in
+  // either rounds its sums.
   EXPECT_EQ(got.grad_images.scalar_type(), images_dtype);
-  EXPECT_TRUE(
-      close("grad_images", got.grad_images, want.grad_images, dtype == torch::kBFloat16 ? 1.0 / 128 : 0, 0));
+  const bool rounded = dtype == torch::kBFloat16 || images_dtype == torch::kBFloat16;
+  EXPECT_TRUE(close("grad_images", got.grad_images, want.grad_images, rounded ? 1.0 / 128 : 0, 0));
 }
 
 TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
@@ -114,14 +115,15 @@ TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
   // [128, 1, 28, 28] -> 16: the main job's first conv; channel counts that fill no vector evenly, odd
   // heights and widths (the conv's last row or column, which the max-pool leaves out), one window.
   const Case cases[] = {{8, 1, 28, 28, 16, false}, {3, 3, 7, 9, 5, true},  {2, 4, 6, 5, 37, true},
-                        {2, 2, 2, 2, 1, true},     {1, 1, 5, 4, 16, true}, {4, 1, 28, 28, 32, false}};
+                        {2, 2, 2, 2, 1, true},     {1, 1, 5, 4, 16, true}, {4, 1, 28, 28, 32, false},
+                        {2, 1, 6, 11, 16, true}};
   struct Precision {
     torch::ScalarType images, compute;
   };
   for (auto capability : kernels::runnable_cpu_capabilities()) {
     for (const Precision precision :
          {Precision{torch::kFloat, torch::kFloat}, Precision{torch::kFloat, torch::kBFloat16},
-          Precision{torch::kBFloat16, torch::kBFloat16}}) {
+          Precision{torch::kBFloat16, torch::kBFloat16}, Precision{torch::kBFloat16, torch::kFloat}}) {
       for (const Case& c : cases) {
         SCOPED_TRACE(kernels::to_string(capability) + " images " + c10::toString(precision.images) + " in " +
                      c10::toString(precision.compute) + " " + describe(c));
@@ -132,13 +134,18 @@ TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
 }
 
 TEST(CpuConvMaxPool, SumsTheSameOverMoreThreadsThanRows) {
-  // 16 threads over 2 and 7 output rows: the weight gradient's chunks past the last row add nothing.
+  // 16 threads over 18 and 17 output rows: row_chunks gives 16 chunks of 2 rows, so the last 7 and 8 start
+  // past the end and must add nothing to the weight's gradient (nor read past the images).
   const int threads = at::get_num_threads();
   at::set_num_threads(16);
   torch::manual_seed(1);
-  for (const Case& c : {Case{1, 1, 4, 6, 16, true}, Case{1, 2, 14, 3, 8, false}}) {
-    SCOPED_TRACE(describe(c));
-    expect_matches_double(c, torch::kFloat, torch::kBFloat16, kernels::cpu_capability());
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (const Case& c : {Case{2, 1, 18, 6, 16, true}, Case{1, 2, 34, 3, 8, false}}) {
+      for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        SCOPED_TRACE(kernels::to_string(capability) + " in " + c10::toString(dtype) + " " + describe(c));
+        expect_matches_double(c, torch::kFloat, dtype, capability);
+      }
+    }
   }
   at::set_num_threads(threads);
 }
@@ -155,7 +162,7 @@ TEST(CpuConvMaxPool, PropagatesNaNAsConvAndMaxPoolDo) {
   EXPECT_TRUE(torch::allclose(got.nan_to_num(0), want.nan_to_num(0)));
 }
 
-TEST(CpuConvMaxPool, GivesTheWeightsGradientInTheWeightsLayout) {
+TEST(CpuConvMaxPool, GivesEachGradientInItsParametersLayoutAndDtype) {
   // A channels_last weight gets a channels_last gradient (DDP's bucket views expect the parameter's strides).
   torch::manual_seed(3);
   auto images = torch::randn({2, 3, 6, 6}).contiguous(kChannelsLast);
@@ -163,6 +170,28 @@ TEST(CpuConvMaxPool, GivesTheWeightsGradientInTheWeightsLayout) {
   kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kFloat).sum().backward();
   EXPECT_EQ(weight.grad().strides(), weight.strides());
   EXPECT_FALSE(images.requires_grad());
+  // Each gradient in its own parameter's dtype: a bf16 weight beside an fp32 bias.
+  auto bf16_weight = torch::randn({8, 3, 3, 3}).to(torch::kBFloat16).requires_grad_(true);
+  auto bias = torch::randn({8}).requires_grad_(true);
+  kernels::conv3x3_max_pool2x2(images, bf16_weight, bias, torch::kFloat).sum().backward();
+  EXPECT_EQ(bf16_weight.grad().scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(bias.grad().scalar_type(), torch::kFloat);
+}
+
+TEST(CpuConvMaxPool, RefusesASecondDerivativeByName) {
+  // Its backward is not itself differentiable: a backward with create_graph says so, where it would
+  // otherwise give a second derivative of zero.
+  torch::manual_seed(4);
+  const auto images = torch::randn({2, 1, 6, 6});
+  auto weight = torch::randn({4, 1, 3, 3}).requires_grad_(true);
+  const auto y = kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kFloat);
+  const std::string message = testing::error_message([&] {
+    torch::autograd::grad({y.pow(2).sum()}, {weight}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  });
+  EXPECT_TRUE(testing::contains_all(message, {"conv3x3_max_pool2x2", "not itself differentiable", "aten"}))
+      << message;
+  kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kFloat).sum().backward();  // first order runs
+  EXPECT_TRUE(weight.grad().defined());
 }
 
 TEST(CpuConvMaxPool, TakesOnlyWhatItComputesAndRefusesByName) {

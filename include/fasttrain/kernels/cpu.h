@@ -2,7 +2,8 @@
 // fasttrain's own CPU kernels, for the work where ATen's composed ops leave speed behind: each one is
 // compiled for every x86 capability (scalar, AVX2, AVX512) and the process runs the widest its CPU
 // has. Each has a reference in ATen ops it is tested against (tests/kernels) and a switch that turns
-// it off (model.kernels = "aten" for the gpt and the cnn).
+// it off (model.kernels = "aten" for the gpt and the cnn). Each is differentiable once: a backward with
+// create_graph through one is an error that names it.
 //
 //   torch::Tensor y = fasttrain::kernels::packed_causal_attention(qkv, heads);   // [B, T, 3C] -> [B, T, C]
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
@@ -100,7 +101,9 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
 // window's first, NaN propagates: max_pool2x2's rule); backward sums the weight's and the bias's gradients
 // at the winners only, in fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in
 // the parameters' own dtype and layout; the input's gradient, where it needs one, is ATen's transposed conv.
-// Differentiable once (its backward is not itself differentiable).
+// Differentiable once (its backward is not itself differentiable, and says so where asked to be). An odd
+// last row or column of conv outputs, which no window holds, is not computed: a NaN input seen only by it
+// leaves the weight's gradient finite, where conv2d's backward multiplies it by a zero gradient.
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
                                   const torch::Tensor& bias, torch::ScalarType dtype,
                                   CpuCapability capability = cpu_capability());

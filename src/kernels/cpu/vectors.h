@@ -27,8 +27,9 @@ void by_vectors(int64_t width, const Op& op) {
   for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
 }
 
-// Each lane rounded to the nearest bf16 (ties to even), kept as fp32, NaN kept: what a bf16 op's output
-// holds, for comparisons that must see the values it would see.
+// Each lane rounded to the nearest bf16 (ties to even), kept as fp32: what a bf16 op's output holds, for
+// comparisons that must see the values it would see. A NaN stays a NaN, made quiet, so that its upper
+// half (store_bf16_row) is a NaN too and not an infinity.
 inline Vec round_to_bf16(const Vec& v) {
 #if defined(CPU_CAPABILITY_AVX512)
   const __m512i bits = _mm512_castps_si512(v);
@@ -36,14 +37,16 @@ inline Vec round_to_bf16(const Vec& v) {
   const __m512i rounded =
       _mm512_and_si512(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))),
                        _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, _mm512_castsi512_ps(rounded));
+  const __m512 quiet = _mm512_castsi512_ps(_mm512_or_si512(bits, _mm512_set1_epi32(0x00400000)));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), quiet, _mm512_castsi512_ps(rounded));
 #elif defined(CPU_CAPABILITY_AVX2)
   const __m256i bits = _mm256_castps_si256(v);
   const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded =
       _mm256_and_si256(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))),
                        _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)));
-  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), v, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256 quiet = _mm256_castsi256_ps(_mm256_or_si256(bits, _mm256_set1_epi32(0x00400000)));
+  return _mm256_blendv_ps(_mm256_castsi256_ps(rounded), quiet, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
 #else
   float lanes[kLanes];
   v.store(lanes);
