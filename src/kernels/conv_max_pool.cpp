@@ -52,7 +52,7 @@ int64_t rows_per_task(const detail::ConvMaxPoolImages& p) {
 
 // grad_y scattered to each window's winner ([N, Cout, H, W], NHWC, zero elsewhere: the max-pool kernel's
 // backward) and through the conv's transpose: the input's gradient, which the first conv of a network
-// does not need, so it is left to ATen.
+// does not need, so it is left to ATen's conv.
 torch::Tensor input_gradient(const detail::ConvMaxPoolImages& conv, const torch::Tensor& grad_output,
                              const torch::Tensor& argmax, const torch::Tensor& weight,
                              torch::ScalarType dtype, torch::ScalarType input_dtype,
@@ -73,9 +73,10 @@ torch::Tensor input_gradient(const detail::ConvMaxPoolImages& conv, const torch:
   const auto scatter = FASTTRAIN_BODIES_FOR(max_pool_kernels, capability).backward;
   at::parallel_for(0, pool.batch * pool.out_height, detail::rows_per_task(pool.width * pool.channels),
                    [&](int64_t begin, int64_t end) { scatter(pool, begin, end); });
-  return torch::conv_transpose2d(grad_maps, weight.detach().to(dtype), {}, 1, 1)
-      .to(input_dtype)
-      .contiguous(kChannelsLast);
+  // The transposed conv as a conv with the kernel flipped and its channels swapped ([Cin, Cout, 3, 3]):
+  // LibTorch 1.13's conv_transpose2d sends channels_last maps to oneDNN's forward conv and fails there.
+  const torch::Tensor flipped = weight.detach().to(dtype).flip({2, 3}).transpose(0, 1);
+  return torch::conv2d(grad_maps, flipped, {}, 1, 1).to(input_dtype).contiguous(kChannelsLast);
 }
 
 // Saves the input and the argmax bytes, not the conv's output: backward sums the weight's gradient from

@@ -100,10 +100,11 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
 // it. It writes only the pooled maps and a byte per value saying which of its window won (ties to the
 // window's first, NaN propagates: max_pool2x2's rule); backward sums the weight's and the bias's gradients
 // at the winners only, in fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in
-// the parameters' own dtype and layout; the input's gradient, where it needs one, is ATen's transposed conv.
-// Differentiable once (its backward is not itself differentiable, and says so where asked to be). An odd
-// last row or column of conv outputs, which no window holds, is not computed: a NaN input seen only by it
-// leaves the weight's gradient finite, where conv2d's backward multiplies it by a zero gradient.
+// the parameters' own dtype and layout; the input's gradient, where it needs one, is the transposed conv
+// (ATen's conv2d with the kernel flipped). Differentiable once (its backward is not itself differentiable,
+// and says so where asked to be). An odd last row or column of conv outputs, which no window holds, is not
+// computed: a NaN input seen only by it leaves the weight's gradient finite, where conv2d's backward
+// multiplies it by a zero gradient.
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
                                   const torch::Tensor& bias, torch::ScalarType dtype,
                                   CpuCapability capability = cpu_capability());

@@ -4,8 +4,8 @@
 //             (conv[k] = bias + sum over ci, ky, kx of x[2 oh + dy - 1 + ky, 2 ow + dx - 1 + kx, ci] w[ci,
 //             ky, kx], k = 2 dy + dx); y = their maximum, argmax = which (the max-pool kernel's rule: the
 //             first in row order, replaced by a greater value or a NaN)
-//   backward  grad w[ci, ky, kx] += grad_y x[the winner's position + (ky - 1, kx - 1), ci], grad bias +=
-//   grad_y
+//   backward  grad w[ci, ky, kx] += grad_y x[the winner's position + (ky - 1, kx - 1), ci];
+//             grad bias += grad_y
 // Only the pooled maps are written (a quarter of the conv's), and only the winners are summed in backward:
 // a conv followed by a max-pool writes and reads the whole conv output in each direction.
 // Compiled once per CPU capability (CMakeLists.txt), as attention_kernel.cpp is.
