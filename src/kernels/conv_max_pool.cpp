@@ -5,6 +5,7 @@
 #include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
+#include "max_pool.h"
 #include "runnable.h"
 
 namespace fasttrain::kernels {
@@ -50,33 +51,17 @@ int64_t rows_per_task(const detail::ConvMaxPoolImages& p) {
   return detail::rows_per_task(p.out_width * p.out_channels * 36 * p.in_channels);
 }
 
-// grad_y scattered to each window's winner ([N, Cout, H, W], NHWC, zero elsewhere: the max-pool kernel's
-// backward) and through the conv's transpose: the input's gradient, which the first conv of a network
-// does not need, so it is left to ATen's conv.
-torch::Tensor input_gradient(const detail::ConvMaxPoolImages& conv, const torch::Tensor& grad_output,
+// grad_y scattered to each window's winner (the max-pool kernel's backward) and through the conv's
+// transpose: the input's gradient, which the first conv of a network does not need, so it is left to
+// ATen's conv. The transposed conv is a conv with the kernel flipped and its channels swapped ([Cin, Cout,
+// 3, 3]): LibTorch 1.13's conv_transpose2d sends channels_last maps to oneDNN's forward conv and fails there.
+torch::Tensor input_gradient(const torch::Tensor& input, const torch::Tensor& grad_output,
                              const torch::Tensor& argmax, const torch::Tensor& weight,
-                             torch::ScalarType dtype, torch::ScalarType input_dtype,
-                             CpuCapability capability) {
-  torch::Tensor grad_maps = torch::empty({conv.batch, conv.out_channels, conv.height, conv.width},
-                                         grad_output.options().memory_format(kChannelsLast));
-  detail::MaxPoolImages pool;
-  pool.batch = conv.batch;
-  pool.channels = conv.out_channels;
-  pool.height = conv.height;
-  pool.width = conv.width;
-  pool.out_height = conv.out_height;
-  pool.out_width = conv.out_width;
-  pool.bf16 = conv.bf16;
-  pool.argmax = argmax.data_ptr<uint8_t>();
-  pool.grad_output = grad_output.data_ptr();
-  pool.grad_input = grad_maps.data_ptr();
-  const auto scatter = FASTTRAIN_BODIES_FOR(max_pool_kernels, capability).backward;
-  at::parallel_for(0, pool.batch * pool.out_height, detail::rows_per_task(pool.width * pool.channels),
-                   [&](int64_t begin, int64_t end) { scatter(pool, begin, end); });
-  // The transposed conv as a conv with the kernel flipped and its channels swapped ([Cin, Cout, 3, 3]):
-  // LibTorch 1.13's conv_transpose2d sends channels_last maps to oneDNN's forward conv and fails there.
+                             torch::ScalarType dtype, CpuCapability capability) {
+  const torch::Tensor grad_maps = detail::unpool2x2(
+      grad_output, argmax, {input.size(0), weight.size(0), input.size(2), input.size(3)}, capability);
   const torch::Tensor flipped = weight.detach().to(dtype).flip({2, 3}).transpose(0, 1);
-  return torch::conv2d(grad_maps, flipped, {}, 1, 1).to(input_dtype).contiguous(kChannelsLast);
+  return torch::conv2d(grad_maps, flipped, {}, 1, 1).to(input.scalar_type()).contiguous(kChannelsLast);
 }
 
 // Saves the input and the argmax bytes, not the conv's output: backward sums the weight's gradient from
@@ -140,10 +125,9 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
         ctx->saved_data["has_bias"].toBool()
             ? total[taps].to(static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt()))
             : torch::Tensor();
-    torch::Tensor grad_input =
-        ctx->needs_input_grad(0)
-            ? input_gradient(p, grad_output, argmax, weight, dtype, input.scalar_type(), capability)
-            : torch::Tensor();
+    torch::Tensor grad_input = ctx->needs_input_grad(0)
+                                   ? input_gradient(input, grad_output, argmax, weight, dtype, capability)
+                                   : torch::Tensor();
     return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };

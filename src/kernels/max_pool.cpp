@@ -1,3 +1,5 @@
+#include "max_pool.h"
+
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
@@ -62,20 +64,25 @@ class MaxPool2x2Function : public torch::autograd::Function<MaxPool2x2Function> 
     const auto sizes = ctx->saved_data["input_sizes"].toIntVector();
     const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
     const torch::Tensor grad_output = grads[0].to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
-    torch::Tensor grad_input =
-        torch::empty(sizes, grad_output.options().memory_format(torch::MemoryFormat::ChannelsLast));
-    detail::MaxPoolImages p = describe(sizes, dtype == torch::kBFloat16);
-    p.argmax = argmax.data_ptr<uint8_t>();
-    p.grad_output = grad_output.data_ptr();
-    p.grad_input = grad_input.data_ptr();
-    const auto kernel =
-        kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
-    for_output_rows(p, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
-    return {grad_input, torch::Tensor()};
+    const auto capability = static_cast<CpuCapability>(ctx->saved_data["capability"].toInt());
+    return {detail::unpool2x2(grad_output, argmax, sizes, capability), torch::Tensor()};
   }
 };
 
 }  // namespace
+
+torch::Tensor detail::unpool2x2(const torch::Tensor& grad_output, const torch::Tensor& argmax,
+                                c10::IntArrayRef input_sizes, CpuCapability capability) {
+  torch::Tensor grad_input =
+      torch::empty(input_sizes, grad_output.options().memory_format(torch::MemoryFormat::ChannelsLast));
+  detail::MaxPoolImages p = describe(input_sizes, grad_output.scalar_type() == torch::kBFloat16);
+  p.argmax = argmax.data_ptr<uint8_t>();
+  p.grad_output = grad_output.data_ptr();
+  p.grad_input = grad_input.data_ptr();
+  const auto kernel = kernels_for(capability).backward;
+  for_output_rows(p, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+  return grad_input;
+}
 
 bool max_pool2x2_takes(const torch::Tensor& input) {
   return detail::cpu_float_or_bf16(input) && input.dim() == 4 && input.size(0) > 0 && input.size(1) > 0 &&
