@@ -238,6 +238,30 @@ void cnn_rows(nlohmann::json& out, int repeats) {
         },
         repeats);
   }
+  // ---- the main job's second conv (16 -> 32 on 14 x 14) and its max-pool: oneDNN's conv and the max-pool
+  // kernel forward either way; backward from the winners against oneDNN's conv backward of the unpooled
+  // gradient, the input's gradient included ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
+    const auto maps = torch::randn({128, 16, 14, 14}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+    auto weight =
+        torch::randn({32, 16, 3, 3}).contiguous(torch::MemoryFormat::ChannelsLast).requires_grad_(true);
+    const auto grad = torch::randn({128, 32, 7, 7}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+    out["conv_max_pool_16to32x14_" + name] = own_against_aten(
+        "NHWC [128, 16, 14, 14] -> conv 3x3 to 32 channels -> 2x2 max-pool, forward + backward (weight, "
+        "input)",
+        [&](bool own) {
+          auto x = maps.detach().requires_grad_(true);
+          torch::Tensor y;
+          if (own) {
+            y = fasttrain::kernels::conv3x3_max_pool2x2(x, weight, {}, dtype);
+          } else {
+            y = fasttrain::kernels::max_pool2x2(torch::conv2d(x.to(dtype), weight.to(dtype), {}, 1, 1));
+          }
+          y.backward(grad);
+        },
+        repeats);
+  }
   // ---- the main job's BatchNorm + ReLU after each pool (pool_first: [128, 16, 14, 14] and [128, 32, 7, 7]),
   // training mode: fasttrain's kernel against ATen's batch_norm and relu ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {

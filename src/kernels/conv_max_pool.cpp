@@ -64,34 +64,98 @@ torch::Tensor input_gradient(const torch::Tensor& input, const torch::Tensor& gr
   return torch::conv2d(grad_maps, flipped, {}, 1, 1).to(input.scalar_type()).contiguous(kChannelsLast);
 }
 
-// Saves the input and the argmax bytes, not the conv's output: backward sums the weight's gradient from
-// the input at each window's winner.
+// The direct forward (at most kConvMaxPoolInChannels input channels): the four conv outputs of each window
+// from the input patch under it, pooled as they are computed.
+detail::Pooled direct_forward(const torch::Tensor& input, const torch::Tensor& weight,
+                              const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability) {
+  detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
+  const torch::Tensor taps = taps_of(weight, dtype);
+  const torch::Tensor bias_values = bias.defined() ? rounded_to(bias, dtype).contiguous() : torch::Tensor();
+  detail::Pooled pooled;
+  pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
+                               input.options().dtype(dtype).memory_format(kChannelsLast));
+  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  p.input = input.data_ptr();
+  p.taps = taps.data_ptr<float>();
+  p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
+  p.output = pooled.output.data_ptr();
+  p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  const auto kernel = kernels_for(capability).forward;
+  at::parallel_for(0, p.batch * p.out_height, rows_per_task(p),
+                   [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+  return pooled;
+}
+
+// More input channels: oneDNN's conv (GEMM-shaped, as fast as the CPU multiplies; a direct conv over 16
+// channels is not) in `dtype`, then the max-pool kernel, whose argmax bytes are the direct forward's.
+detail::Pooled conv_then_pool(const torch::Tensor& input, const torch::Tensor& weight,
+                              const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability) {
+  const torch::Tensor conv = torch::conv2d(input.to(dtype), weight.detach().to(dtype),
+                                           bias.defined() ? bias.detach().to(dtype) : torch::Tensor(), 1, 1);
+  return detail::pool2x2(conv.contiguous(kChannelsLast), capability);
+}
+
+// The weight's and bias's gradients as the rows the bodies sum them in, rounded to the compute dtype as a
+// conv's backward in it gives them (autocast then casts them back to the parameters' fp32).
+struct ParameterGradients {
+  torch::Tensor weight;  // [Cout, Cin, 3, 3], fp32
+  torch::Tensor bias;    // [Cout], fp32
+};
+
+// The direct path's: vectorised over the output channels, [Cin * 9 + 1, Cout] sums.
+ParameterGradients direct_parameter_gradients(detail::ConvMaxPoolImages p, CpuCapability capability) {
+  const int64_t taps = p.in_channels * 9;
+  const detail::RowChunks chunks = detail::row_chunks(p.batch * p.out_height);
+  torch::Tensor sums = torch::zeros({chunks.count, taps + 1, p.out_channels}, torch::kFloat);
+  p.grad_taps = sums.data_ptr<float>();
+  const auto kernel = kernels_for(capability).weight_backward;
+  detail::for_each_row_chunk(p.batch * p.out_height, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
+    kernel(p, begin, end, chunk);
+  });
+  const torch::Tensor total = sums.sum(0).to(p.bf16 ? torch::kBFloat16 : torch::kFloat).to(torch::kFloat);
+  return {total.narrow(0, 0, taps).view({p.in_channels, 3, 3, p.out_channels}).permute({3, 0, 1, 2}),
+          total[taps]};
+}
+
+// The winners' path: vectorised over the input channels, [Cout, 9 * Cin + 1] sums, and the input's
+// gradient written by the same pass where `grad_input` is defined.
+ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Tensor& weight,
+                                    const torch::Tensor& grad_input, CpuCapability capability) {
+  const int64_t taps = p.in_channels * 9;
+  const torch::Tensor weight_rows =
+      rounded_to(weight, p.bf16 ? torch::kBFloat16 : torch::kFloat).permute({0, 2, 3, 1}).contiguous();
+  const detail::RowChunks chunks = detail::row_chunks(p.batch);
+  torch::Tensor sums = torch::zeros({chunks.count, p.out_channels, taps + 1}, torch::kFloat);
+  p.weight_rows = weight_rows.data_ptr<float>();
+  p.grad_rows = sums.data_ptr<float>();
+  p.grad_input = grad_input.defined() ? grad_input.data_ptr() : nullptr;
+  const auto kernel = kernels_for(capability).winner_backward;
+  detail::for_each_row_chunk(
+      p.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(p, begin, end, chunk); });
+  const torch::Tensor total = sums.sum(0).to(p.bf16 ? torch::kBFloat16 : torch::kFloat).to(torch::kFloat);
+  return {total.narrow(1, 0, taps).view({p.out_channels, 3, 3, p.in_channels}).permute({0, 3, 1, 2}),
+          total.select(1, taps)};
+}
+
+// Saves the input and the argmax bytes, not the conv's output: backward sums the gradients at each window's
+// winner.
 class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool has_bias,
-                               int64_t dtype_code, int64_t capability) {
+                               int64_t dtype_code, int64_t capability_code) {
     const auto dtype = static_cast<torch::ScalarType>(dtype_code);
-    detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
-    const torch::Tensor taps = taps_of(weight, dtype);
-    const torch::Tensor bias_values = has_bias ? rounded_to(bias, dtype).contiguous() : torch::Tensor();
-    torch::Tensor output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
-                                        input.options().dtype(dtype).memory_format(kChannelsLast));
-    torch::Tensor argmax = torch::empty({output.numel()}, input.options().dtype(torch::kByte));
-    p.input = input.data_ptr();
-    p.taps = taps.data_ptr<float>();
-    p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
-    p.output = output.data_ptr();
-    p.argmax = argmax.data_ptr<uint8_t>();
-    const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
-    at::parallel_for(0, p.batch * p.out_height, rows_per_task(p),
-                     [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
-    ctx->save_for_backward({input, weight, argmax});
+    const auto capability = static_cast<CpuCapability>(capability_code);
+    const torch::Tensor some_bias = has_bias ? bias : torch::Tensor();
+    const detail::Pooled pooled = input.size(1) <= kConvMaxPoolInChannels
+                                      ? direct_forward(input, weight, some_bias, dtype, capability)
+                                      : conv_then_pool(input, weight, some_bias, dtype, capability);
+    ctx->save_for_backward({input, weight, pooled.argmax});
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->saved_data["dtype"] = dtype_code;
-    ctx->saved_data["capability"] = capability;
-    return output;
+    ctx->saved_data["capability"] = capability_code;
+    return pooled.output;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -106,28 +170,20 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     p.input = input.data_ptr();
     p.argmax = argmax.data_ptr<uint8_t>();
     p.grad_output = grad_output.data_ptr();
-    const int64_t taps = p.in_channels * 9;
-    const detail::RowChunks chunks = detail::row_chunks(p.batch * p.out_height);
-    torch::Tensor sums =
-        torch::zeros({chunks.count, taps + 1, p.out_channels}, weight.options().dtype(torch::kFloat));
-    p.grad_taps = sums.data_ptr<float>();
-    const auto kernel = kernels_for(capability).weight_backward;
-    detail::for_each_row_chunk(
-        p.batch * p.out_height, chunks,
-        [&](int64_t begin, int64_t end, int64_t chunk) { kernel(p, begin, end, chunk); });
-    // [Cin * 9 + 1, Cout], rounded to the compute dtype as a conv's backward in it gives them (autocast then
-    // casts them back to the parameters' fp32)
-    const torch::Tensor total = sums.sum(0).to(dtype).to(torch::kFloat);
+    const bool direct = p.in_channels <= kConvMaxPoolInChannels;
+    torch::Tensor grad_input;
+    if (ctx->needs_input_grad(0)) {
+      grad_input = direct ? input_gradient(input, grad_output, argmax, weight, dtype, capability)
+                          : torch::empty(input.sizes(), input.options().memory_format(kChannelsLast));
+    }
+    const ParameterGradients grads_of = direct ? direct_parameter_gradients(p, capability)
+                                               : winner_gradients(p, weight, grad_input, capability);
     // The parameter's own layout (channels_last or not): what DDP's bucket views expect of a gradient.
-    torch::Tensor grad_weight = torch::empty_like(weight).copy_(
-        total.narrow(0, 0, taps).view({p.in_channels, 3, 3, p.out_channels}).permute({3, 0, 1, 2}));
+    torch::Tensor grad_weight = torch::empty_like(weight).copy_(grads_of.weight);
     torch::Tensor grad_bias =
         ctx->saved_data["has_bias"].toBool()
-            ? total[taps].to(static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt()))
+            ? grads_of.bias.to(static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt()))
             : torch::Tensor();
-    torch::Tensor grad_input = ctx->needs_input_grad(0)
-                                   ? input_gradient(input, grad_output, argmax, weight, dtype, capability)
-                                   : torch::Tensor();
     return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
@@ -141,8 +197,8 @@ bool is_float_or_bf16(torch::ScalarType dtype) {
 bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& weight,
                                const torch::Tensor& bias, torch::ScalarType dtype) {
   const bool images = detail::cpu_float_or_bf16(input) && input.dim() == 4 && input.size(0) > 0 &&
-                      input.size(1) >= 1 && input.size(1) <= kConvMaxPoolInChannels && input.size(2) >= 2 &&
-                      input.size(3) >= 2 && input.is_contiguous(kChannelsLast);
+                      input.size(1) >= 1 && input.size(2) >= 2 && input.size(3) >= 2 &&
+                      input.is_contiguous(kChannelsLast);
   const bool kernel = images && detail::cpu_float_or_bf16(weight) && weight.dim() == 4 &&
                       weight.size(0) >= 1 && weight.size(1) == input.size(1) && weight.size(2) == 3 &&
                       weight.size(3) == 3;
@@ -156,10 +212,10 @@ torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tenso
                                   CpuCapability capability) {
   FT_CHECK(
       conv3x3_max_pool2x2_takes(input, weight, bias, dtype),
-      "conv3x3_max_pool2x2 takes images [N, C, H, W] (1 to {} channels, H and W at least 2) in channels_last "
+      "conv3x3_max_pool2x2 takes images [N, C, H, W] (H and W at least 2) in channels_last "
       "on the CPU in fp32 or bf16, a weight [Cout, C, 3, 3] and a bias [Cout] or none, computed in fp32 or "
       "bf16; got images {} {}{}, weight {}, bias {}, dtype {}",
-      kConvMaxPoolInChannels, input.defined() ? input.sizes() : c10::IntArrayRef{},
+      input.defined() ? input.sizes() : c10::IntArrayRef{},
       input.defined() ? c10::toString(input.scalar_type()) : "none",
       input.defined() && input.dim() == 4 && !input.is_contiguous(kChannelsLast) ? " not in channels_last"
                                                                                  : "",

@@ -41,20 +41,12 @@ class MaxPool2x2Function : public torch::autograd::Function<MaxPool2x2Function> 
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                int64_t capability) {
-    detail::MaxPoolImages p = describe(input.sizes(), input.scalar_type() == torch::kBFloat16);
-    torch::Tensor output = torch::empty({p.batch, p.channels, p.out_height, p.out_width},
-                                        input.options().memory_format(torch::MemoryFormat::ChannelsLast));
-    torch::Tensor argmax = torch::empty({output.numel()}, input.options().dtype(torch::kByte));
-    p.input = input.data_ptr();
-    p.output = output.data_ptr();
-    p.argmax = argmax.data_ptr<uint8_t>();
-    const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
-    for_output_rows(p, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
-    ctx->save_for_backward({argmax});
+    detail::Pooled pooled = detail::pool2x2(input, static_cast<CpuCapability>(capability));
+    ctx->save_for_backward({pooled.argmax});
     ctx->saved_data["input_sizes"] = input.sizes();
     ctx->saved_data["dtype"] = static_cast<int64_t>(input.scalar_type());
     ctx->saved_data["capability"] = capability;
-    return output;
+    return pooled.output;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -70,6 +62,20 @@ class MaxPool2x2Function : public torch::autograd::Function<MaxPool2x2Function> 
 };
 
 }  // namespace
+
+detail::Pooled detail::pool2x2(const torch::Tensor& input, CpuCapability capability) {
+  detail::MaxPoolImages p = describe(input.sizes(), input.scalar_type() == torch::kBFloat16);
+  Pooled pooled;
+  pooled.output = torch::empty({p.batch, p.channels, p.out_height, p.out_width},
+                               input.options().memory_format(torch::MemoryFormat::ChannelsLast));
+  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  p.input = input.data_ptr();
+  p.output = pooled.output.data_ptr();
+  p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  const auto kernel = kernels_for(capability).forward;
+  for_output_rows(p, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+  return pooled;
+}
 
 torch::Tensor detail::unpool2x2(const torch::Tensor& grad_output, const torch::Tensor& argmax,
                                 c10::IntArrayRef input_sizes, CpuCapability capability) {

@@ -33,10 +33,13 @@ class MaxPool2x2Impl : public torch::nn::MaxPool2dImpl {
 };
 TORCH_MODULE(MaxPool2x2);
 
-// Conv2d(3x3, padding 1) and the MaxPool2d(2) after it: fasttrain's fused kernel where it takes them (an
-// image's few channels, channels_last on the CPU), which writes only the pooled maps and sums the weight's
-// gradient at the windows' winners; elsewhere the conv and then MaxPool2x2. It stays a Conv2d, with its
-// parameters' names, for checkpoints and whatever inspects the model; an Identity holds the max-pool's place.
+// Conv2d(3x3, padding 1) and the MaxPool2d(2) after it: fasttrain's fused kernel where it takes them
+// (channels_last on the CPU) and pays, else the conv and then MaxPool2x2. Over an image's few channels the
+// kernel writes only the pooled maps; over more its forward is oneDNN's conv and the max-pool kernel, and
+// its backward, from each window's winner only, pays in fp32 (1.15x the main job's fp32 step) but not in
+// bf16, where oneDNN's dense backward runs on bf16 dot products (BENCHMARKS.md, "Own CPU kernels, sixth
+// part"). It stays a Conv2d, with its parameters' names, for checkpoints and whatever inspects the model;
+// an Identity holds the max-pool's place.
 class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
  public:
   ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool)
@@ -47,7 +50,8 @@ class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
     // Over one channel NCHW images are NHWC too; the kernel's channels_last maps are what conv2d would
     // give only where the weight is laid out channels_last (train.channels_last).
     const bool channels_last = weight.suggest_memory_format() == torch::MemoryFormat::ChannelsLast;
-    if (channels_last && kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
+    const bool pays = images.size(1) <= kernels::kConvMaxPoolInChannels || dtype == torch::kFloat;
+    if (channels_last && pays && kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
       return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype);
     }
     return pool_->forward(torch::nn::Conv2dImpl::forward(images));
@@ -108,7 +112,7 @@ class Cnn : public torch::nn::Module {
       const auto conv = torch::nn::Conv2dOptions(channels, stage_width, 3)
                             .padding(1)
                             .bias(!options.batchnorm() || options.bias_before_norm());
-      if (options.pool_first() && own.conv_max_pool && channels <= kernels::kConvMaxPoolInChannels) {
+      if (options.pool_first() && own.conv_max_pool) {
         features_->push_back(ConvMaxPool2d(conv, own.max_pool));
         features_->push_back(torch::nn::Identity());
       } else {

@@ -113,10 +113,13 @@ void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch:
 TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
   torch::manual_seed(0);
   // [128, 1, 28, 28] -> 16: the main job's first conv; channel counts that fill no vector evenly, odd
-  // heights and widths (the conv's last row or column, which the max-pool leaves out), one window.
-  const Case cases[] = {{8, 1, 28, 28, 16, false}, {3, 3, 7, 9, 5, true},  {2, 4, 6, 5, 37, true},
-                        {2, 2, 2, 2, 1, true},     {1, 1, 5, 4, 16, true}, {4, 1, 28, 28, 32, false},
-                        {2, 1, 6, 11, 16, true}};
+  // heights and widths (the conv's last row or column, which the max-pool leaves out), one window. Past
+  // kConvMaxPoolInChannels (oneDNN's conv forward, the winners' backward): the main job's second conv
+  // ([N, 16, 14, 14] -> 32), input channels that fill no vector evenly (5, 20), odd sizes, one window.
+  const Case cases[] = {{8, 1, 28, 28, 16, false}, {3, 3, 7, 9, 5, true},      {2, 4, 6, 5, 37, true},
+                        {2, 2, 2, 2, 1, true},     {1, 1, 5, 4, 16, true},     {4, 1, 28, 28, 32, false},
+                        {2, 1, 6, 11, 16, true},   {4, 16, 14, 14, 32, false}, {3, 5, 7, 9, 6, true},
+                        {2, 20, 6, 5, 3, true},    {2, 8, 2, 2, 1, true}};
   struct Precision {
     torch::ScalarType images, compute;
   };
@@ -135,12 +138,14 @@ TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
 
 TEST(CpuConvMaxPool, SumsTheSameOverMoreThreadsThanRows) {
   // 16 threads over 18 and 17 output rows: row_chunks gives 16 chunks of 2 rows, so the last 7 and 8 start
-  // past the end and must add nothing to the weight's gradient (nor read past the images).
+  // past the end and must add nothing to the weight's gradient (nor read past the images). Past
+  // kConvMaxPoolInChannels the winners' backward splits the images: 3 over 16 threads.
   const int threads = at::get_num_threads();
   at::set_num_threads(16);
   torch::manual_seed(1);
   for (auto capability : kernels::runnable_cpu_capabilities()) {
-    for (const Case& c : {Case{2, 1, 18, 6, 16, true}, Case{1, 2, 34, 3, 8, false}}) {
+    for (const Case& c :
+         {Case{2, 1, 18, 6, 16, true}, Case{1, 2, 34, 3, 8, false}, Case{3, 6, 6, 6, 4, true}}) {
       for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
         SCOPED_TRACE(kernels::to_string(capability) + " in " + c10::toString(dtype) + " " + describe(c));
         expect_matches_double(c, torch::kFloat, dtype, capability);
@@ -151,31 +156,38 @@ TEST(CpuConvMaxPool, SumsTheSameOverMoreThreadsThanRows) {
 }
 
 TEST(CpuConvMaxPool, PropagatesNaNAsConvAndMaxPoolDo) {
-  // A NaN in the image reaches each conv output whose 3x3 field holds it, and the max-pool passes it on.
+  // A NaN in the image reaches each conv output whose 3x3 field holds it, and the max-pool passes it on:
+  // through the direct forward (one channel) and through oneDNN's conv and the max-pool kernel (six).
   torch::manual_seed(2);
-  auto in = make_inputs(Case{2, 1, 8, 8, 4, true}, torch::kFloat);
-  in.images.view(-1)[19] = std::numeric_limits<float>::quiet_NaN();
-  const auto got = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kFloat);
-  const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
-  EXPECT_TRUE(torch::equal(got.isnan(), want.isnan()));
-  EXPECT_GT(got.isnan().sum().item<int64_t>(), 0);
-  EXPECT_TRUE(torch::allclose(got.nan_to_num(0), want.nan_to_num(0)));
+  for (const int64_t channels : {1, 6}) {
+    auto in = make_inputs(Case{2, channels, 8, 8, 4, true}, torch::kFloat);
+    in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::quiet_NaN());
+    const auto got = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kFloat);
+    const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
+    EXPECT_TRUE(torch::equal(got.isnan(), want.isnan())) << channels << " channels";
+    EXPECT_GT(got.isnan().sum().item<int64_t>(), 0);
+    EXPECT_TRUE(torch::allclose(got.nan_to_num(0), want.nan_to_num(0)));
+  }
 }
 
 TEST(CpuConvMaxPool, GivesEachGradientInItsParametersLayoutAndDtype) {
-  // A channels_last weight gets a channels_last gradient (DDP's bucket views expect the parameter's strides).
+  // A channels_last weight gets a channels_last gradient (DDP's bucket views expect the parameter's strides),
+  // on the direct path (3 channels) and the winners' (6).
   torch::manual_seed(3);
-  auto images = torch::randn({2, 3, 6, 6}).contiguous(kChannelsLast);
-  auto weight = torch::randn({8, 3, 3, 3}).contiguous(kChannelsLast).requires_grad_(true);
-  kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kFloat).sum().backward();
-  EXPECT_EQ(weight.grad().strides(), weight.strides());
-  EXPECT_FALSE(images.requires_grad());
-  // Each gradient in its own parameter's dtype: a bf16 weight beside an fp32 bias.
-  auto bf16_weight = torch::randn({8, 3, 3, 3}).to(torch::kBFloat16).requires_grad_(true);
-  auto bias = torch::randn({8}).requires_grad_(true);
-  kernels::conv3x3_max_pool2x2(images, bf16_weight, bias, torch::kFloat).sum().backward();
-  EXPECT_EQ(bf16_weight.grad().scalar_type(), torch::kBFloat16);
-  EXPECT_EQ(bias.grad().scalar_type(), torch::kFloat);
+  for (const int64_t channels : {3, 6}) {
+    SCOPED_TRACE(std::to_string(channels) + " channels");
+    auto images = torch::randn({2, channels, 6, 6}).contiguous(kChannelsLast);
+    auto weight = torch::randn({8, channels, 3, 3}).contiguous(kChannelsLast).requires_grad_(true);
+    kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kFloat).sum().backward();
+    EXPECT_EQ(weight.grad().strides(), weight.strides());
+    EXPECT_FALSE(images.requires_grad());
+    // Each gradient in its own parameter's dtype: a bf16 weight beside an fp32 bias.
+    auto bf16_weight = torch::randn({8, channels, 3, 3}).to(torch::kBFloat16).requires_grad_(true);
+    auto bias = torch::randn({8}).requires_grad_(true);
+    kernels::conv3x3_max_pool2x2(images, bf16_weight, bias, torch::kFloat).sum().backward();
+    EXPECT_EQ(bf16_weight.grad().scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(bias.grad().scalar_type(), torch::kFloat);
+  }
 }
 
 TEST(CpuConvMaxPool, RefusesASecondDerivativeByName) {
@@ -208,7 +220,8 @@ TEST(CpuConvMaxPool, TakesOnlyWhatItComputesAndRefusesByName) {
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc, torch::randn({8, 2, 3, 3}), bias, torch::kFloat));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(nhwc, weight, torch::randn({7}), torch::kFloat));
   const auto wide = torch::randn({2, 5, 6, 6}).contiguous(kChannelsLast);
-  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(wide, torch::randn({8, 5, 3, 3}), bias, torch::kFloat));
+  EXPECT_TRUE(kernels::conv3x3_max_pool2x2_takes(wide, torch::randn({8, 5, 3, 3}), bias, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(wide, torch::randn({8, 5, 3, 3}), bias, torch::kDouble));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(torch::randn({2, 3, 1, 6}).contiguous(kChannelsLast),
                                                   weight, bias, torch::kFloat));  // no whole window
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_takes(torch::Tensor(), weight, bias, torch::kFloat));

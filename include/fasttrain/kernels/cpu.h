@@ -83,28 +83,31 @@ bool max_pool2x2_takes(const torch::Tensor& input);
 // the whole tensor and scattering into it.
 torch::Tensor max_pool2x2(const torch::Tensor& input, CpuCapability capability = cpu_capability());
 
-// The most input channels conv3x3_max_pool2x2 takes: an image's few, where the direct conv beats oneDNN's
-// GEMM-shaped kernels; wider convs are theirs.
+// The most input channels conv3x3_max_pool2x2's direct forward takes: an image's few, where a direct conv
+// beats oneDNN's GEMM-shaped kernels. Over more, its forward is oneDNN's conv and then max_pool2x2's kernel.
 constexpr int64_t kConvMaxPoolInChannels = 4;
 
-// Whether conv3x3_max_pool2x2 takes these: images [N, C, H, W] with 1 to kConvMaxPoolInChannels channels
-// and H and W at least 2, laid out channels_last (NHWC) on the CPU in fp32 or bf16; weight [Cout, C, 3, 3]
-// and bias [Cout] (or undefined) on the CPU in fp32 or bf16; dtype fp32 or bf16. Elsewhere the caller runs
-// ATen's conv2d and then the max-pool.
+// Whether conv3x3_max_pool2x2 takes these: images [N, C, H, W] with H and W at least 2, laid out
+// channels_last (NHWC) on the CPU in fp32 or bf16; weight [Cout, C, 3, 3] and bias [Cout] (or undefined) on
+// the CPU in fp32 or bf16; dtype fp32 or bf16. Elsewhere the caller runs ATen's conv2d and then the
+// max-pool.
 bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& weight,
                                const torch::Tensor& bias, torch::ScalarType dtype);
 
-// max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2) in one pass, channels_last, computed in
-// `dtype` (bf16: autocast's dtype, to which the input, weight and bias are rounded as autocast's conv rounds
-// them, and each conv output before the max-pool compares it; fp32 arithmetic either way) and returned in
-// it. It writes only the pooled maps and a byte per value saying which of its window won (ties to the
-// window's first, NaN propagates: max_pool2x2's rule); backward sums the weight's and the bias's gradients
-// at the winners only, in fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in
-// the parameters' own dtype and layout; the input's gradient, where it needs one, is the transposed conv
-// (ATen's conv2d with the kernel flipped). Differentiable once (its backward is not itself differentiable,
-// and says so where asked to be). An odd last row or column of conv outputs, which no window holds, is not
-// computed: a NaN input seen only by it leaves the weight's gradient finite, where conv2d's backward
-// multiplies it by a zero gradient.
+// max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2), channels_last, computed in `dtype` (bf16:
+// autocast's dtype, to which the input, weight and bias are rounded as autocast's conv rounds them, and each
+// conv output before the max-pool compares it; fp32 arithmetic either way) and returned in it, with a byte
+// per value saying which of its window won (ties to the window's first, NaN propagates: max_pool2x2's rule).
+// Over at most kConvMaxPoolInChannels input channels it runs in one pass and writes only the pooled maps;
+// over more, oneDNN's conv and then the max-pool kernel. Backward runs from the winners only: a window's
+// gradient flows through the one conv output that won it. The weight's and bias's gradients are summed in
+// fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in the parameters' own dtype
+// and layout. The input's gradient, where it needs one, is over few channels the transposed conv (ATen's
+// conv2d with the kernel flipped) and over more scattered from the winners in the same pass (fp32 sums,
+// rounded to bf16 where either `dtype` or the input is). Differentiable once (its backward is not itself
+// differentiable, and says so where asked to be). A conv output that wins no window (an odd last row or
+// column, and over more channels every loser) is not read by backward: an infinite or NaN input seen only
+// by such outputs leaves the gradients finite, where conv2d's backward multiplies it by a zero gradient.
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
                                   const torch::Tensor& bias, torch::ScalarType dtype,
                                   CpuCapability capability = cpu_capability());

@@ -7,7 +7,12 @@
 //   backward  grad w[ci, ky, kx] += grad_y x[the winner's position + (ky - 1, kx - 1), ci];
 //             grad bias += grad_y
 // Only the pooled maps are written (a quarter of the conv's), and only the winners are summed in backward:
-// a conv followed by a max-pool writes and reads the whole conv output in each direction.
+// a conv followed by a max-pool writes and reads the whole conv output in each direction. Over more input
+// channels (forward: oneDNN's conv and the max-pool kernel), winner_backward sums both the weight's and the
+// input's gradients at the winners only, vectorised over the input channels:
+//   grad w[co, ky, kx, ci] += grad_y[co] x[winner(co) + (ky - 1, kx - 1), ci]
+//   grad x[winner(co) + (ky - 1, kx - 1), ci] += grad_y[co] w[co, ky, kx, ci]
+// a quarter of a dense conv backward's multiply-adds.
 // Compiled once per CPU capability (CMakeLists.txt), as attention_kernel.cpp is.
 #include <vector>
 
@@ -176,6 +181,110 @@ void weight_backward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int
   }
 }
 
+// Image n as fp32 rows of (W + 2) * Cin with a zero ring: padded[((h + 1) * (W + 2) + w + 1) * Cin + ci] =
+// x[n, h, w, ci], rounded to bf16 where the conv runs in bf16 (as load_patch rounds).
+void load_padded_image(const detail::ConvMaxPoolImages& p, int64_t n, float* padded) {
+  const int64_t cin = p.in_channels, row = p.width * cin, padded_row = (p.width + 2) * cin;
+  std::fill(padded, padded + (p.height + 2) * padded_row, 0.f);
+  for (int64_t h = 0; h < p.height; ++h) {
+    float* values = padded + (h + 1) * padded_row + cin;
+    const int64_t offset = (n * p.height + h) * row;
+    if (p.bf16 && !p.input_bf16) {
+      const float* input = static_cast<const float*>(p.input) + offset;
+      by_vectors(row, [&](int64_t j, int64_t count) {
+        round_to_bf16(Vec::loadu(input + j, count)).store(values + j, count);
+      });
+    } else {
+      load_row(p.input, p.input_bf16, offset, row, values);
+    }
+  }
+}
+
+// One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x and,
+// where kInputGradient, grad_x += g w[t] over the 3x3 neighbourhood of each window's winner (t = ky * 3 +
+// kx). Output channel outermost, so its nine weight vectors and nine sums stay in registers.
+template <bool kInputGradient>
+inline void winner_windows(const detail::ConvMaxPoolImages& p, const float* padded, float* grad_padded,
+                           const float* dy, const uint8_t* argmax, int64_t co, int64_t c, int64_t count,
+                           const float* weight_row, float* grad_row) {
+  const int64_t cin = p.in_channels, cout = p.out_channels, padded_width = p.width + 2;
+  Vec w[kTaps], grad_w[kTaps];
+  for (int t = 0; t < kTaps; ++t) {
+    w[t] = Vec::loadu(weight_row + t * cin + c, count);
+    grad_w[t] = Vec::loadu(grad_row + t * cin + c, count);
+  }
+  for (int64_t oh = 0; oh < p.out_height; ++oh) {
+    for (int64_t ow = 0; ow < p.out_width; ++ow) {
+      const int64_t at = (oh * p.out_width + ow) * cout + co;
+      const Vec grad(dy[at]);
+      const int k = argmax[at];
+      // the winner at (2 oh + k / 2, 2 ow + k % 2); its tap (ky, kx) reads padded row + ky, column + kx
+      const int64_t winner = ((2 * oh + (k >> 1)) * padded_width + 2 * ow + (k & 1)) * cin + c;
+#pragma GCC unroll 3
+      for (int ky = 0; ky < 3; ++ky) {
+#pragma GCC unroll 3
+        for (int kx = 0; kx < 3; ++kx) {
+          const int t = ky * 3 + kx;
+          const int64_t at_tap = winner + (ky * padded_width + kx) * cin;
+          grad_w[t] = at::vec::fmadd(grad, Vec::loadu(padded + at_tap, count), grad_w[t]);
+          if constexpr (kInputGradient) {
+            at::vec::fmadd(grad, w[t], Vec::loadu(grad_padded + at_tap, count))
+                .store(grad_padded + at_tap, count);
+          }
+        }
+      }
+    }
+  }
+  for (int t = 0; t < kTaps; ++t) grad_w[t].store(grad_row + t * cin + c, count);
+}
+
+void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
+  const int64_t cin = p.in_channels, cout = p.out_channels, row_width = kTaps * cin + 1;
+  const int64_t padded_size = (p.height + 2) * (p.width + 2) * cin, windows = p.out_height * p.out_width;
+  float* sums = p.grad_rows + chunk * cout * row_width;
+  std::vector<float> padded(padded_size), grad_padded(p.grad_input ? padded_size : 0), dy(windows * cout);
+  for (int64_t n = begin; n < end; ++n) {
+    load_padded_image(p, n, padded.data());
+    load_row(p.grad_output, p.bf16, n * windows * cout, windows * cout, dy.data());
+    const uint8_t* argmax = p.argmax + n * windows * cout;
+    std::fill(grad_padded.begin(), grad_padded.end(), 0.f);
+    for (int64_t co = 0; co < cout; ++co) {
+      float* grad_row = sums + co * row_width;
+      const float* weight_row = p.weight_rows + co * kTaps * cin;
+      by_vectors(cin, [&](int64_t c, int64_t count) {
+        if (p.grad_input) {
+          winner_windows<true>(p, padded.data(), grad_padded.data(), dy.data(), argmax, co, c, count,
+                               weight_row, grad_row);
+        } else {
+          winner_windows<false>(p, padded.data(), nullptr, dy.data(), argmax, co, c, count, weight_row,
+                                grad_row);
+        }
+      });
+      float grad_bias = 0.f;
+      for (int64_t w = 0; w < windows; ++w) grad_bias += dy[w * cout + co];
+      grad_row[kTaps * cin] += grad_bias;
+    }
+    if (!p.grad_input) continue;
+    // The interior in input's dtype, rounded to bf16 where either the conv or the input is (a bf16 conv's
+    // input gradient is bf16).
+    const int64_t row = p.width * cin, padded_row = (p.width + 2) * cin;
+    for (int64_t h = 0; h < p.height; ++h) {
+      float* values = grad_padded.data() + (h + 1) * padded_row + cin;
+      if (p.bf16 || p.input_bf16) {
+        by_vectors(row, [&](int64_t j, int64_t count) {
+          round_to_bf16(Vec::loadu(values + j, count)).store(values + j, count);
+        });
+      }
+      const int64_t offset = (n * p.height + h) * row;
+      if (p.input_bf16) {
+        store_bf16_row(values, p.grad_input, offset, row);  // rounded already
+      } else {
+        store_row(values, p.grad_input, false, offset, row);
+      }
+    }
+  }
+}
+
 // body<kCin>(...) for the images' input channel count (1 to kConvMaxPoolInChannels).
 #define FASTTRAIN_BY_IN_CHANNELS(body, p, ...) \
   switch ((p).in_channels) {                   \
@@ -202,7 +311,7 @@ void weight_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t 
 }  // namespace
 
 detail::ConvMaxPoolKernels conv_max_pool_kernels() {
-  return {&forward, &weight_backward};
+  return {&forward, &weight_backward, &winner_backward};
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY

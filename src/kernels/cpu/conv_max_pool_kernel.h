@@ -6,8 +6,9 @@
 
 namespace fasttrain::kernels::detail {
 
-// The most input channels the bodies take: a direct conv over a few channels (an image's), where oneDNN's
-// GEMM-shaped kernels have little to multiply.
+// The most input channels the direct forward and its weight backward take: a direct conv over a few
+// channels (an image's), where oneDNN's GEMM-shaped kernels have little to multiply. winner_backward takes
+// any count.
 constexpr int64_t kConvMaxPoolInChannels = 4;
 
 // conv2d(input, weight, bias, stride 1, padding 1) and then max_pool2d(., 2) over channels_last images:
@@ -28,6 +29,11 @@ struct ConvMaxPoolImages {
   uint8_t* argmax = nullptr;
   const void* grad_output = nullptr;  // like output
   float* grad_taps = nullptr;         // [chunks][Cin * 9 + 1][Cout]: each chunk's sums, the bias's last
+  // Backward from the winners (any Cin; the dispatcher's path for more than kConvMaxPoolInChannels, whose
+  // forward is ATen's conv and the max-pool kernel, giving the same argmax bytes):
+  const float* weight_rows = nullptr;  // [Cout, 3, 3, Cin] fp32 rounded as taps is: a row of Cin per tap
+  void* grad_input = nullptr;          // [N, H, W, Cin] in input's dtype, or null where none is needed
+  float* grad_rows = nullptr;          // [chunks][Cout][9 * Cin + 1]: each chunk's sums, the bias's last
 };
 
 // Output rows [begin, end) of the batch * out_height: their values and argmax.
@@ -37,9 +43,17 @@ using ConvMaxPoolForward = void (*)(const ConvMaxPoolImages& images, int64_t beg
 using ConvMaxPoolWeightBackward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end,
                                            int64_t chunk);
 
+// Images [begin, end): adds the weight's and the bias's gradients into chunk `chunk`'s rows of grad_rows and
+// writes the images' grad_input (where not null), each from the winners only: a window's gradient flows
+// through the one conv output that won it, so a quarter of a dense conv backward's multiply-adds. Vectorised
+// over the input channels, which the winners' 3x3 neighbourhoods share.
+using ConvMaxPoolWinnerBackward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end,
+                                           int64_t chunk);
+
 struct ConvMaxPoolKernels {
   ConvMaxPoolForward forward;
   ConvMaxPoolWeightBackward weight_backward;
+  ConvMaxPoolWinnerBackward winner_backward;
 };
 
 }  // namespace fasttrain::kernels::detail
