@@ -1,4 +1,5 @@
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
@@ -86,13 +87,16 @@ detail::Pooled direct_forward(const torch::Tensor& input, const torch::Tensor& w
   return pooled;
 }
 
-// More input channels: oneDNN's conv (GEMM-shaped, as fast as the CPU multiplies; a direct conv over 16
-// channels is not) in `dtype`, then the max-pool kernel, whose argmax bytes are the direct forward's.
+// More input channels: ATen's conv (oneDNN's GEMM-shaped kernels; a direct conv over 16 channels is slower)
+// on the values rounded to `dtype`, in fp32 arithmetic as the direct forward's, then each output rounded to
+// `dtype` and the max-pool kernel, whose argmax bytes are the direct forward's. Autocast is kept out: it
+// would run the conv in bf16, whose sums some of ATen's CPU paths round as they go.
 detail::Pooled conv_then_pool(const torch::Tensor& input, const torch::Tensor& weight,
                               const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability) {
-  const torch::Tensor conv = torch::conv2d(input.to(dtype), weight.detach().to(dtype),
-                                           bias.defined() ? bias.detach().to(dtype) : torch::Tensor(), 1, 1);
-  return detail::pool2x2(conv.contiguous(kChannelsLast), capability);
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const torch::Tensor conv = torch::conv2d(rounded_to(input, dtype), rounded_to(weight, dtype),
+                                           bias.defined() ? rounded_to(bias, dtype) : torch::Tensor(), 1, 1);
+  return detail::pool2x2(conv.to(dtype).contiguous(kChannelsLast), capability);
 }
 
 // The weight's and bias's gradients as the rows the bodies sum them in, rounded to the compute dtype as a
@@ -134,7 +138,7 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
       p.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(p, begin, end, chunk); });
   const torch::Tensor total = sums.sum(0).to(p.bf16 ? torch::kBFloat16 : torch::kFloat).to(torch::kFloat);
   return {total.narrow(1, 0, taps).view({p.out_channels, 3, 3, p.in_channels}).permute({0, 3, 1, 2}),
-          total.select(1, taps)};
+          total.select(1, taps).contiguous()};
 }
 
 // Saves the input and the argmax bytes, not the conv's output: backward sums the gradients at each window's

@@ -57,8 +57,9 @@ struct Result {
   torch::Tensor y, grad_images, grad_weight, grad_bias;
 };
 
-Result run_kernel(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapability capability) {
-  auto images = in.images.detach().requires_grad_(true);
+Result run_kernel(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapability capability,
+                  bool input_gradient = true) {
+  auto images = in.images.detach().requires_grad_(input_gradient);
   auto weight = in.weight.clone().requires_grad_(true);
   auto bias = in.bias.defined() ? in.bias.clone().requires_grad_(true) : torch::Tensor();
   auto y = kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, capability);
@@ -91,9 +92,8 @@ Result run_reference(const Inputs& in, torch::ScalarType dtype) {
   return ::testing::AssertionFailure() << what << ": off by " << worst << " beyond rtol " << rtol;
 }
 
-void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch::ScalarType dtype,
-                           kernels::CpuCapability capability) {
-  const Inputs in = make_inputs(c, images_dtype);
+void expect_matches_double(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapability capability) {
+  const torch::ScalarType images_dtype = in.images.scalar_type();
   const Result got = run_kernel(in, dtype, capability);
   const Result want = run_reference(in, dtype);
   EXPECT_EQ(got.y.scalar_type(), dtype);
@@ -102,12 +102,20 @@ void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch:
   EXPECT_TRUE(close("y", got.y, want.y, 0, 0));
   EXPECT_TRUE(close("grad_weight", got.grad_weight, want.grad_weight, 0, 0));
   EXPECT_EQ(got.grad_weight.scalar_type(), torch::kFloat);
-  if (c.bias) EXPECT_TRUE(close("grad_bias", got.grad_bias, want.grad_bias, 0, 0));
-  // The input's gradient is ATen's transposed conv in `dtype`, returned in the images' dtype: bf16 in
-  // either rounds its sums.
+  if (in.bias.defined()) EXPECT_TRUE(close("grad_bias", got.grad_bias, want.grad_bias, 0, 0));
+  // The input's gradient (ATen's transposed conv over few channels, the winners' sums over more) in `dtype`,
+  // returned in the images' dtype: bf16 in either rounds its sums.
   EXPECT_EQ(got.grad_images.scalar_type(), images_dtype);
   const bool rounded = dtype == torch::kBFloat16 || images_dtype == torch::kBFloat16;
   EXPECT_TRUE(close("grad_images", got.grad_images, want.grad_images, rounded ? 1.0 / 128 : 0, 0));
+  // Without the input's gradient (the winners' pass then leaves it out) the weight's is the same.
+  const Result weight_only = run_kernel(in, dtype, capability, /*input_gradient=*/false);
+  EXPECT_TRUE(close("grad_weight without the input's", weight_only.grad_weight, want.grad_weight, 0, 0));
+}
+
+void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch::ScalarType dtype,
+                           kernels::CpuCapability capability) {
+  expect_matches_double(make_inputs(c, images_dtype), dtype, capability);
 }
 
 TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
@@ -153,6 +161,26 @@ TEST(CpuConvMaxPool, SumsTheSameOverMoreThreadsThanRows) {
     }
   }
   at::set_num_threads(threads);
+}
+
+TEST(CpuConvMaxPool, RoundsTheWeightAndBiasAsABf16ConvDoes) {
+  // Weights and a bias that bf16 cannot hold (257 rounds to 256, -259 to -260), on integer images so that
+  // every sum stays exact: a path that used the fp32 weight or bias anywhere in bf16 (the forward's conv,
+  // the input's gradient) gives other values. On the direct path (1 and 3 channels) and the winners' (6, 16).
+  torch::manual_seed(7);
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (const Case& c : {Case{2, 1, 6, 6, 8, true}, Case{2, 3, 5, 7, 5, true}, Case{2, 6, 6, 6, 4, true},
+                          Case{2, 16, 4, 4, 3, true}}) {
+      SCOPED_TRACE(kernels::to_string(capability) + " " + describe(c));
+      Inputs in = make_inputs(c, torch::kFloat);
+      in.images = integers({c.batch, c.in_channels, c.height, c.width}, 3).contiguous(kChannelsLast);
+      const auto odd = torch::tensor({257.f, -259.f, 515.f});
+      in.weight = in.weight + odd.index({torch::randint(3, in.weight.sizes())}) *
+                                  (torch::rand(in.weight.sizes()) < 0.3).to(torch::kFloat);
+      in.bias = in.bias + 257;
+      expect_matches_double(in, torch::kBFloat16, capability);
+    }
+  }
 }
 
 TEST(CpuConvMaxPool, PropagatesNaNAsConvAndMaxPoolDo) {
