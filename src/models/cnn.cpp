@@ -36,10 +36,10 @@ TORCH_MODULE(MaxPool2x2);
 // Conv2d(3x3, padding 1) and the MaxPool2d(2) after it: fasttrain's fused kernel where it takes them
 // (channels_last on the CPU) and pays, else the conv and then MaxPool2x2. Over an image's few channels the
 // kernel writes only the pooled maps; over more its forward is oneDNN's conv and the max-pool kernel, and
-// its backward, from each window's winner only, pays in fp32 (1.17-1.56x alone, 1.04x the main job's fp32
-// throughput) but not in bf16, where oneDNN's dense backward runs on bf16 dot products (BENCHMARKS.md, "Own
-// CPU kernels, sixth part"). It stays a Conv2d, with its parameters' names, for checkpoints and whatever
-// inspects the model; an Identity holds the max-pool's place.
+// its backward, from each window's winner only, pays in fp32 (1.17-1.56x alone, 1.14x the main job's fp32
+// throughput with AVX512; even with AVX2) but not in bf16, where oneDNN's dense backward runs on bf16 dot
+// products (BENCHMARKS.md, "Own CPU kernels, sixth part"). It stays a Conv2d, with its parameters' names,
+// for checkpoints and whatever inspects the model; an Identity holds the max-pool's place.
 class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
  public:
   ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool)
