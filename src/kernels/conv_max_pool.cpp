@@ -37,9 +37,20 @@ detail::ConvMaxPoolImages describe(c10::IntArrayRef input_sizes, torch::ScalarTy
   return p;
 }
 
-// A parameter as fp32 holding the values it has in `dtype` (autocast rounds a bf16 conv's weight and bias).
-torch::Tensor rounded_to(const torch::Tensor& parameter, torch::ScalarType dtype) {
-  return parameter.detach().to(dtype).to(torch::kFloat);
+torch::ScalarType compute_dtype(const detail::ConvMaxPoolImages& p) {
+  return p.bf16 ? torch::kBFloat16 : torch::kFloat;
+}
+
+// A tensor as fp32 holding the values it has in `dtype`: autocast rounds a bf16 conv's input, weight and
+// bias, and a conv's backward in bf16 rounds the gradients it sums.
+torch::Tensor rounded_to(const torch::Tensor& values, torch::ScalarType dtype) {
+  return values.detach().to(dtype).to(torch::kFloat);
+}
+
+// The rule between the two paths: the direct forward over an image's few channels, oneDNN's conv and the
+// winners' backward over more.
+bool runs_direct(int64_t in_channels) {
+  return in_channels <= kConvMaxPoolInChannels;
 }
 
 // The weight [Cout, Cin, 3, 3] as the bodies' taps: fp32 [Cin, 3, 3, Cout], a row of Cout per tap.
@@ -116,7 +127,7 @@ ParameterGradients direct_parameter_gradients(detail::ConvMaxPoolImages p, CpuCa
   detail::for_each_row_chunk(p.batch * p.out_height, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
     kernel(p, begin, end, chunk);
   });
-  const torch::Tensor total = sums.sum(0).to(p.bf16 ? torch::kBFloat16 : torch::kFloat).to(torch::kFloat);
+  const torch::Tensor total = rounded_to(sums.sum(0), compute_dtype(p));
   return {total.narrow(0, 0, taps).view({p.in_channels, 3, 3, p.out_channels}).permute({3, 0, 1, 2}),
           total[taps]};
 }
@@ -126,8 +137,7 @@ ParameterGradients direct_parameter_gradients(detail::ConvMaxPoolImages p, CpuCa
 ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Tensor& weight,
                                     const torch::Tensor& grad_input, CpuCapability capability) {
   const int64_t taps = p.in_channels * 9;
-  const torch::Tensor weight_rows =
-      rounded_to(weight, p.bf16 ? torch::kBFloat16 : torch::kFloat).permute({0, 2, 3, 1}).contiguous();
+  const torch::Tensor weight_rows = rounded_to(weight, compute_dtype(p)).permute({0, 2, 3, 1}).contiguous();
   const detail::RowChunks chunks = detail::row_chunks(p.batch);
   torch::Tensor sums = torch::zeros({chunks.count, p.out_channels, taps + 1}, torch::kFloat);
   p.weight_rows = weight_rows.data_ptr<float>();
@@ -136,7 +146,7 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
   const auto kernel = kernels_for(capability).winner_backward;
   detail::for_each_row_chunk(
       p.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(p, begin, end, chunk); });
-  const torch::Tensor total = sums.sum(0).to(p.bf16 ? torch::kBFloat16 : torch::kFloat).to(torch::kFloat);
+  const torch::Tensor total = rounded_to(sums.sum(0), compute_dtype(p));
   return {total.narrow(1, 0, taps).view({p.out_channels, 3, 3, p.in_channels}).permute({0, 3, 1, 2}),
           total.select(1, taps).contiguous()};
 }
@@ -151,7 +161,7 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     const auto dtype = static_cast<torch::ScalarType>(dtype_code);
     const auto capability = static_cast<CpuCapability>(capability_code);
     const torch::Tensor some_bias = has_bias ? bias : torch::Tensor();
-    const detail::Pooled pooled = input.size(1) <= kConvMaxPoolInChannels
+    const detail::Pooled pooled = runs_direct(input.size(1))
                                       ? direct_forward(input, weight, some_bias, dtype, capability)
                                       : conv_then_pool(input, weight, some_bias, dtype, capability);
     ctx->save_for_backward({input, weight, pooled.argmax});
@@ -174,7 +184,7 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     p.input = input.data_ptr();
     p.argmax = argmax.data_ptr<uint8_t>();
     p.grad_output = grad_output.data_ptr();
-    const bool direct = p.in_channels <= kConvMaxPoolInChannels;
+    const bool direct = runs_direct(p.in_channels);
     torch::Tensor grad_input;
     if (ctx->needs_input_grad(0)) {
       grad_input = direct ? input_gradient(input, grad_output, argmax, weight, dtype, capability)

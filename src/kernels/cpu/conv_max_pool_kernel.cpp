@@ -33,6 +33,19 @@ inline Vec is_nan(const Vec& v) {
   return (v == v) ^ all_set;
 }
 
+// Input row h of image n (W * Cin values) as fp32 into `values`, rounded to bf16 where the conv runs in bf16.
+void load_input_row(const detail::ConvMaxPoolImages& p, int64_t n, int64_t h, float* values) {
+  const int64_t width = p.width * p.in_channels, offset = (n * p.height + h) * width;
+  if (p.bf16 && !p.input_bf16) {  // rounded on the way in: a copy and then a reload would stall the load
+    const float* input = static_cast<const float*>(p.input) + offset;
+    by_vectors(width, [&](int64_t j, int64_t count) {
+      round_to_bf16(Vec::loadu(input + j, count)).store(values + j, count);
+    });
+  } else {
+    load_row(p.input, p.input_bf16, offset, width, values);
+  }
+}
+
 // The kPatch input rows under output row `row` (input rows 2 oh - 1 .. 2 oh + 2) as fp32, each with a zero
 // column on either side: patch[i * padded_width + (w + 1) * Cin + ci] = x[2 oh - 1 + i, w, ci], zero outside
 // the image; rounded to bf16 where the conv runs in bf16.
@@ -43,16 +56,7 @@ void load_patch(const detail::ConvMaxPoolImages& p, int64_t row, std::vector<flo
   for (int i = 0; i < kPatch; ++i) {
     const int64_t h = 2 * out_row - 1 + i;
     if (h < 0 || h >= p.height) continue;
-    float* values = patch.data() + i * padded_width + cin;
-    const int64_t offset = (image * p.height + h) * p.width * cin;
-    if (p.bf16 && !p.input_bf16) {  // rounded on the way in: a copy and then a reload would stall the load
-      const float* input = static_cast<const float*>(p.input) + offset;
-      by_vectors(p.width * cin, [&](int64_t j, int64_t count) {
-        round_to_bf16(Vec::loadu(input + j, count)).store(values + j, count);
-      });
-    } else {
-      load_row(p.input, p.input_bf16, offset, p.width * cin, values);
-    }
+    load_input_row(p, image, h, patch.data() + i * padded_width + cin);
   }
 }
 
@@ -184,20 +188,10 @@ void weight_backward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int
 // Image n as fp32 rows of (W + 2) * Cin with a zero ring: padded[((h + 1) * (W + 2) + w + 1) * Cin + ci] =
 // x[n, h, w, ci], rounded to bf16 where the conv runs in bf16 (as load_patch rounds).
 void load_padded_image(const detail::ConvMaxPoolImages& p, int64_t n, float* padded) {
-  const int64_t cin = p.in_channels, row = p.width * cin, padded_row = (p.width + 2) * cin;
+  const int64_t padded_row = (p.width + 2) * p.in_channels;
   std::fill(padded, padded + (p.height + 2) * padded_row, 0.f);
-  for (int64_t h = 0; h < p.height; ++h) {
-    float* values = padded + (h + 1) * padded_row + cin;
-    const int64_t offset = (n * p.height + h) * row;
-    if (p.bf16 && !p.input_bf16) {
-      const float* input = static_cast<const float*>(p.input) + offset;
-      by_vectors(row, [&](int64_t j, int64_t count) {
-        round_to_bf16(Vec::loadu(input + j, count)).store(values + j, count);
-      });
-    } else {
-      load_row(p.input, p.input_bf16, offset, row, values);
-    }
-  }
+  for (int64_t h = 0; h < p.height; ++h)
+    load_input_row(p, n, h, padded + (h + 1) * padded_row + p.in_channels);
 }
 
 // One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x and,
