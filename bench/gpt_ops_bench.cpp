@@ -5,7 +5,9 @@
 // build has it, else the math path), and its residual add + LayerNorm against ATen's add and
 // layer_norm, in fp32 and bf16; and beside them the main job's 2x2 max-pool (the cnn's), fasttrain's
 // kernel against ATen's max_pool2d, its first conv fused with its max-pool against conv2d and the
-// max-pool, its BatchNorm + ReLU against batch_norm and relu, and muon's Newton-Schulz on its matrices.
+// max-pool, its BatchNorm + ReLU against batch_norm and relu, and muon's Newton-Schulz on its matrices;
+// and for both, the cross-entropy kernel against ATen's ops on bf16 logits (the gpt's [4096, 256] without
+// label smoothing, the main job's [128, 10] with 0.1).
 // Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
 //
 //   gpt_ops_bench [--threads 1] [--repeats 50] [--only gpt|cnn]
@@ -25,6 +27,7 @@
 #include "fasttrain/detail/json.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/attention.h"
+#include "fasttrain/task/tasks.h"
 
 namespace {
 
@@ -64,6 +67,8 @@ nlohmann::json own_against_aten(const std::string& shape, const std::function<vo
 
 void gpt_rows(nlohmann::json& out, int repeats);
 void cnn_rows(nlohmann::json& out, int repeats);
+void cross_entropy_row(nlohmann::json& out, const std::string& name, int64_t rows, int64_t classes,
+                       double smoothing, int repeats);
 
 int main(int argc, char** argv) {
   int threads = 1, repeats = 50;
@@ -183,10 +188,30 @@ void gpt_rows(nlohmann::json& out, int repeats) {
         },
         repeats);
   }
+  cross_entropy_row(out, "4096x256", 32 * 128, 256, 0.0, repeats);
+}
+
+// The training loss on bf16 logits (autocast's): fasttrain's cross-entropy kernel against ATen's ops on
+// their fp32 copy, as the task runs them with task.kernels = "aten" (the cast inside autocast's region).
+void cross_entropy_row(nlohmann::json& out, const std::string& name, int64_t rows, int64_t classes,
+                       double smoothing, int repeats) {
+  const auto logits = torch::randn({rows, classes}).to(torch::kBFloat16);
+  const auto targets = torch::randint(0, classes, {rows}, torch::kLong);
+  out["cross_entropy_" + name] = own_against_aten(
+      "bf16 [" + std::to_string(rows) + ", " + std::to_string(classes) + "], label smoothing " +
+          std::to_string(smoothing) + ", forward + backward",
+      [&](bool own) {
+        auto x = logits.detach().requires_grad_(true);
+        (own ? fasttrain::kernels::cross_entropy(x, targets, smoothing)
+             : fasttrain::cross_entropy(x.to(torch::kFloat), targets, smoothing))
+            .backward();
+      },
+      repeats);
 }
 
 // The main job's: the cnn's and muon's.
 void cnn_rows(nlohmann::json& out, int repeats) {
+  cross_entropy_row(out, "128x10", 128, 10, 0.1, repeats);
   // ---- the main job's two 2x2 max-pools (configs/default.toml: batch 128, conv widths 16 and 32 on
   // 28x28 images), channels_last as it runs them: fasttrain's kernel against ATen's max_pool2d ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {

@@ -220,8 +220,8 @@ std::vector<Finding> channels_last(const DoctorContext& c) {
 }
 
 // Work that fasttrain's own CPU kernels cover (the model's `kernels` key: the gpt's attention and
-// pointwise chain, the cnn's max-pool; muon's Newton-Schulz) left to ATen, where turning every such
-// switch to fasttrain is faster by the switch threshold.
+// pointwise chain, the cnn's max-pool; the task's: the cross-entropy; muon's Newton-Schulz) left to ATen,
+// where turning every such switch to fasttrain is faster by the switch threshold.
 std::vector<Finding> own_kernels(const DoctorContext& c) {
   if (c.cuda) return {};
   Config own = c.config;
@@ -527,7 +527,8 @@ Registry<DoctorRule>& doctor_rules() {
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
     r.add("own_kernels",
-          "CPU: model.kernels or optim.muon_newton_schulz = \"aten\", and fasttrain's kernels give >= 1.15x",
+          "CPU: model.kernels, task.kernels or optim.muon_newton_schulz = \"aten\", and fasttrain's kernels "
+          "give >= 1.15x",
           own_kernels);
     r.add("pointwise_bound",
           "CPU: elementwise operators (activations, norms, softmax, adds, casts) take >= 20% of the recorded "

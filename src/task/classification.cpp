@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
 
@@ -58,6 +59,8 @@ std::pair<torch::Tensor, torch::Tensor> ClassificationTask::logits_and_targets(c
 
 torch::Tensor ClassificationTask::loss(const ModelOutput& output, const Batch& batch) {
   const auto [logits, targets] = logits_and_targets(output, batch);
+  if (options_.kernels() == "fasttrain" && kernels::cross_entropy_takes(logits, targets))
+    return kernels::cross_entropy(logits, targets, options_.label_smoothing(), kIgnoreTarget);
   return cross_entropy(logits, targets, options_.label_smoothing(), batch.padded);  // no host reads
 }
 

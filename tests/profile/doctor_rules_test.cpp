@@ -8,6 +8,7 @@
 #include <set>
 
 #include "fasttrain/profile/doctor.h"
+#include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
 
@@ -216,11 +217,13 @@ TEST(DoctorRules, ASpeedupUnderTheThresholdIsNoFinding) {
   }
 }
 
-// Every switch between fasttrain's CPU kernels and ATen's that is at "aten" (the cnn's max-pool, muon's
-// Newton-Schulz) is turned in the one comparison, and the finding names each.
+// Every switch between fasttrain's CPU kernels and ATen's that is at "aten" (the cnn's max-pool, the
+// classification task's cross-entropy, muon's Newton-Schulz) is turned in the one comparison, and the
+// finding names each.
 TEST(DoctorRules, OwnKernelsTurnsEveryKernelSwitchLeftToATen) {
   Case c;
   c.context.config.model.as<CnnOptions>().kernels("aten");
+  c.context.config.task.select("classification").as<ClassificationOptions>().kernels("aten");
   c.context.config.optim.name("muon").muon_newton_schulz("aten");
   std::vector<Config> seen;
   c.context.compare = [&](const std::string&, const Config& config, double) {
@@ -229,15 +232,18 @@ TEST(DoctorRules, OwnKernelsTurnsEveryKernelSwitchLeftToATen) {
   };
   auto findings = c.run("own_kernels");
   ASSERT_EQ(findings.size(), 1u);
-  EXPECT_TRUE(testing::contains_all(
-      findings[0].title(), {"model.kernels = \"fasttrain\"", "optim.muon_newton_schulz = \"fasttrain\""}));
+  EXPECT_TRUE(testing::contains_all(findings[0].title(),
+                                    {"model.kernels = \"fasttrain\"", "task.kernels = \"fasttrain\"",
+                                     "optim.muon_newton_schulz = \"fasttrain\""}));
   ASSERT_EQ(seen.size(), 1u);
   EXPECT_EQ(seen[0].model.as<CnnOptions>().kernels(), "fasttrain");
+  EXPECT_EQ(seen[0].task.as<ClassificationOptions>().kernels(), "fasttrain");
   EXPECT_EQ(seen[0].optim.muon_newton_schulz(), "fasttrain");
   c.context.config.model.as<CnnOptions>().kernels("fasttrain");
   findings = c.run("own_kernels");
   ASSERT_EQ(findings.size(), 1u);
   EXPECT_EQ(findings[0].title().find("model.kernels"), std::string::npos) << findings[0].title();
+  c.context.config.task.as<ClassificationOptions>().kernels("fasttrain");
   c.context.config.optim.name("adamw");  // muon's switch only counts under muon
   EXPECT_TRUE(c.run("own_kernels").empty());
 }

@@ -79,19 +79,25 @@ TEST(StepEngine, LrTableHoldsTheScheduleAndItsLastValuePastTheEnd) {
   }
 }
 
-TEST(StepEngine, LossTrackerSumsOnTheDeviceAndNamesTheFirstBadStep) {
-  LossTracker losses(torch::kCPU);
-  for (int step = 1; step <= 3; ++step)
-    losses.add(torch::full({}, 0.5 * step), torch::full({}, step, torch::kLong));
-  EXPECT_DOUBLE_EQ(losses.take_sum(), 3.0);
-  EXPECT_DOUBLE_EQ(losses.take_sum(), 0.0);  // restarted
-  losses.check_finite("advice");             // nothing bad: no error
-  losses.add(torch::full({}, 1.0), torch::full({}, 4, torch::kLong));
-  losses.add(torch::full({}, NAN), torch::full({}, 5, torch::kLong));
-  losses.add(torch::full({}, INFINITY), torch::full({}, 6, torch::kLong));
-  const std::string message = testing::error_message([&] { losses.check_finite("lower optim.lr"); });
-  EXPECT_TRUE(testing::contains_all(message, {"nan", "step 5", "lower optim.lr"})) << message;
-  losses.check_finite("advice");  // the check starts over
+TEST(StepEngine, LossTrackerSumsAndNamesTheFirstBadStepOnTheDeviceOrTheHost) {
+  for (auto bookkeeping : {LossTracker::Bookkeeping::kDevice, LossTracker::Bookkeeping::kHost}) {
+    SCOPED_TRACE(bookkeeping == LossTracker::Bookkeeping::kHost ? "host" : "device");
+    LossTracker losses(torch::kCPU, bookkeeping);
+    for (int step = 1; step <= 3; ++step)
+      losses.add(torch::full({}, 0.5 * step), torch::full({}, step, torch::kLong));
+    EXPECT_DOUBLE_EQ(losses.take_sum(), 3.0);
+    EXPECT_DOUBLE_EQ(losses.take_sum(), 0.0);  // restarted
+    losses.check_finite("advice");             // nothing bad: no error
+    losses.add(torch::full({}, 1.0), torch::full({}, 4, torch::kLong));
+    losses.add(torch::full({}, NAN), torch::full({}, 5, torch::kLong));
+    losses.add(torch::full({}, INFINITY), torch::full({}, 6, torch::kLong));
+    const std::string message = testing::error_message([&] { losses.check_finite("lower optim.lr"); });
+    EXPECT_TRUE(testing::contains_all(message, {"nan", "step 5", "lower optim.lr"})) << message;
+    losses.check_finite("advice");  // the check starts over
+    losses.add(torch::full({}, 2.0), torch::full({}, 7, torch::kLong));
+    losses.reset();
+    EXPECT_DOUBLE_EQ(losses.take_sum(), 0.0);
+  }
 }
 
 // ---- through the Trainer ----

@@ -2,8 +2,8 @@
 // fasttrain's own CPU kernels, for the work where ATen's composed ops leave speed behind: each one is
 // compiled for every x86 capability (scalar, AVX2, AVX512) and the process runs the widest its CPU
 // has. Each has a reference in ATen ops it is tested against (tests/kernels) and a switch that turns
-// it off (model.kernels = "aten" for the gpt and the cnn). Each is differentiable once: a backward with
-// create_graph through one is an error that names it.
+// it off (model.kernels = "aten" for the gpt and the cnn, task.kernels = "aten" for the cross-entropy). Each
+// is differentiable once: a backward with create_graph through one is an error that names it.
 //
 //   torch::Tensor y = fasttrain::kernels::packed_causal_attention(qkv, heads);   // [B, T, 3C] -> [B, T, C]
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
@@ -12,6 +12,7 @@
 //   torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {}, cpu_compute_dtype(x));
 //   torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias, bn->running_mean,
 //                                                         bn->running_var, true, 0.1, 1e-5);  // NHWC
+//   torch::Tensor loss = fasttrain::kernels::cross_entropy(logits, targets, 0.1);  // [N, C], [N] -> 0-dim
 #include <torch/types.h>
 
 #include <string>
@@ -128,6 +129,20 @@ torch::Tensor batch_norm_relu(const torch::Tensor& x, const torch::Tensor& weigh
                               const torch::Tensor& running_mean, const torch::Tensor& running_var,
                               bool training, double momentum, double eps,
                               CpuCapability capability = cpu_capability());
+
+// Whether cross_entropy takes these: logits [N, C] on the CPU in fp32 or bf16, targets int64 [N] on the CPU.
+bool cross_entropy_takes(const torch::Tensor& logits, const torch::Tensor& targets);
+
+// The label-smoothed cross-entropy's mean over the rows whose target is not `ignore_target` (0 where every
+// one is), as fasttrain::cross_entropy (task/tasks.h) composes it from ATen's ops: per row, in fp32
+// arithmetic whatever the logits' dtype, lse(x) - (1 - e) x[target] - e mean(x), e = label_smoothing.
+// Returns 0-dim fp32. bf16 logits are read as they are, where ATen's ops first copy them to fp32.
+// Differentiable in the logits (once): backward writes (softmax(x) - e / C - (1 - e) onehot(target))
+// times the loss's gradient over the count, in the logits' dtype, in one pass that recomputes the softmax
+// from each row's log-sum-exp (the only thing kept besides the inputs). A target that is neither a class
+// id in [0, C) nor `ignore_target` is an error naming it.
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, double label_smoothing,
+                            int64_t ignore_target = -100, CpuCapability capability = cpu_capability());
 
 // Muon's quintic Newton-Schulz coefficients (Keller Jordan's, torch.optim.Muon's defaults), and the
 // floor of the norm that the update is divided by.

@@ -27,6 +27,11 @@ struct ClassificationOptions {
   FT_KEY(double, label_smoothing,
          "Cross-entropy label smoothing (training loss only; evaluation reports the plain loss)",
          below_one()) = 0.0;
+  FT_KEY(std::string, kernels,
+         "CPU kernel for the training loss: fasttrain (the cross-entropy, label smoothing and padding in one "
+         "pass over each row of logits forward and one backward, reading bf16 logits as they are) or aten "
+         "(log_softmax, gather and mean on an fp32 copy); GPUs run aten",
+         one_of({"fasttrain", "aten"})) = "fasttrain";
 };
 
 // Class ids from logits: output [N, C] (or [B, T, C]) against targets [N] (or [B, T]) int64.
