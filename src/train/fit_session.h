@@ -2,8 +2,8 @@
 // The bookkeeping of one Trainer::fit() call, so that fit() reads as the loop itself:
 //   - the clock: wall time of this session (earlier sessions' added from the checkpoint), and its
 //     split into the six step phases, evaluation and checkpoint saves excluded;
-//   - the metrics interval: the loss (summed on the device by the trainer's LossTracker until a log
-//     step reads it), samples and time of each log.every_steps steps, for on_log;
+//   - the metrics interval: the loss (summed on the device, or on the host for the CPU, by the trainer's
+//     LossTracker until a log step reads it), samples and time of each log.every_steps steps, for on_log;
 //   - the evaluation schedule: every eval_every_steps from eval_from_step, at epoch ends, at the end;
 //     the best metrics, the target (a metric reaching a value) and stop_at_target;
 //   - the checkpoint policy: every checkpoint.every_steps, on a stop, at the end;

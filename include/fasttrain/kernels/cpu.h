@@ -139,7 +139,7 @@ bool cross_entropy_takes(const torch::Tensor& logits, const torch::Tensor& targe
 // Returns 0-dim fp32. bf16 logits are read as they are, where ATen's ops first copy them to fp32.
 // Differentiable in the logits (once): backward writes (softmax(x) - e / C - (1 - e) onehot(target))
 // times the loss's gradient over the count, in the logits' dtype, in one pass that recomputes the softmax
-// from each row's log-sum-exp (the only thing kept besides the inputs). A target that is neither a class
+// from each row's maximum and log-sum-exp (all it keeps besides the inputs). A target that is neither a class
 // id in [0, C) nor `ignore_target` is an error naming it.
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets, double label_smoothing,
                             int64_t ignore_target = -100, CpuCapability capability = cpu_capability());

@@ -1,8 +1,8 @@
 #pragma once
 // Every kernel body's entry point, once per capability: attention_kernel.cpp, batch_norm_relu_kernel.cpp,
 // bias_gelu_kernel.cpp, conv_max_pool_kernel.cpp, cross_entropy_kernel.cpp, layer_norm_kernel.cpp,
-// max_pool_kernel.cpp and newton_schulz_kernel.cpp define them in the namespace of the capability they are compiled for
-// (CMakeLists.txt).
+// max_pool_kernel.cpp and newton_schulz_kernel.cpp define them in the namespace of the capability they are
+// compiled for (CMakeLists.txt).
 #include "attention_kernel.h"
 #include "batch_norm_relu_kernel.h"
 #include "bias_gelu_kernel.h"
