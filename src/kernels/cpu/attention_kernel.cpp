@@ -4,8 +4,12 @@
 //   forward   s_ij = scale q_i . k_j (j <= i),  p_ij = exp(s_ij - lse_i),  o_i = sum_j p_ij v_j
 //   backward  dp_ij = do_i . v_j,  ds_ij = p_ij (dp_ij - do_i . o_i),
 //             dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i,  dv_j = sum_i p_ij do_i
+// Every product is a register tile of kRows rows by up to four vectors, as a GEMM's micro-kernel:
+// the scores of kRows queries against a few vectors of keys (the depth D inner), and kRows rows of a
+// sum of weighted rows (o, dq; dk and dv with the weights read down a column of p or ds). Rows go in
+// groups of kRows; a group's scores run to the last row's keys, the earlier rows' extra ones made 0.
 // Backward keeps a block of rows of p and ds (at most kBlockValues values each) so that dk and dv are
-// sums over columns, accumulated in registers.
+// sums over its columns.
 // This file is compiled once per CPU capability (CMakeLists.txt: DEFAULT, AVX2, AVX512) with that
 // capability's flags; CPU_CAPABILITY names the namespace, as in ATen's own kernels, so ATen's
 // Vectorized<float> is 8 lanes of scalars, AVX2 or AVX512 accordingly.
@@ -24,43 +28,51 @@ namespace fasttrain::kernels::CPU_CAPABILITY {
 namespace {
 
 constexpr int64_t kBlockValues = int64_t{1} << 20;  // 4 MB of fp32 per matrix
+constexpr int64_t kRows = 4;                        // rows of a register tile
+// Vectors across a register tile: 4 x 4 accumulators fill half of AVX512's 32 registers; AVX2 has 16.
+constexpr int kMaxVectors = kLanes >= 16 ? 4 : 2;
+static_assert(kLanes % kRows == 0, "a vector of keys holds whole groups of rows");
 
-int64_t round_up(int64_t n) {
-  return (n + kLanes - 1) / kLanes * kLanes;
+int64_t round_up(int64_t n, int64_t to = kLanes) {
+  return (n + to - 1) / to * to;
 }
 
-// One (batch, head) pair's operands in fp32, rows padded with zeros to whole vectors: rows [T][Dp]
-// (for sums over j of a row times a scalar), and K or V transposed, [Dp][Tp] (for the scores of one
-// query against every key, a vector of keys at a time).
+// One (batch, head) pair's operands in fp32, rows [T4][Dp] with T4 = T rounded up to whole groups of
+// kRows and D to whole vectors, zeros beyond T and D; and K or V transposed, [Dp][Tp] (a vector of
+// keys at a time).
 struct HeadTiles {
-  int64_t length, dim, dim_padded, length_padded, block_rows;
-  std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v, scores, probs, dscores;
+  int64_t length, dim, rows, dim_padded, length_padded, block_rows;
+  std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v, probs, dscores;
 
   HeadTiles(int64_t length_, int64_t dim_, bool backward)
       : length(length_),
         dim(dim_),
+        rows(round_up(length_, kRows)),
         dim_padded(round_up(dim_)),
         length_padded(round_up(length_)),
-        block_rows(std::clamp<int64_t>(kBlockValues / round_up(length_), 1, length_)) {
-    const size_t rows = static_cast<size_t>(length * dim_padded);
+        block_rows(backward ? std::clamp<int64_t>(kBlockValues / length_padded / kRows * kRows, kRows, rows)
+                            : kRows) {
+    const size_t tile = static_cast<size_t>(rows * dim_padded);
     const size_t cols = static_cast<size_t>(dim_padded * length_padded);
-    q.assign(rows, 0.f);
-    k.assign(rows, 0.f);
-    v.assign(rows, 0.f);
+    const size_t block = static_cast<size_t>(block_rows * length_padded);
+    q.assign(tile, 0.f);
+    k.assign(tile, 0.f);
+    v.assign(tile, 0.f);
     k_cols.assign(cols, 0.f);
-    scores.assign(static_cast<size_t>(length_padded), 0.f);
+    probs.assign(block, 0.f);
+    o.assign(tile, 0.f);
     if (backward) {
       v_cols.assign(cols, 0.f);
-      o.assign(rows, 0.f);
-      grad_o.assign(rows, 0.f);
-      grad_q.assign(rows, 0.f);
-      grad_k.assign(rows, 0.f);
-      grad_v.assign(rows, 0.f);
-      probs.assign(static_cast<size_t>(block_rows * length_padded), 0.f);
-      dscores.assign(static_cast<size_t>(block_rows * length_padded), 0.f);
+      grad_o.assign(tile, 0.f);
+      grad_q.assign(tile, 0.f);
+      grad_k.assign(tile, 0.f);
+      grad_v.assign(tile, 0.f);
+      dscores.assign(block, 0.f);
     }
   }
   float* row(std::vector<float>& tile, int64_t t) { return tile.data() + t * dim_padded; }
+  // Keys a group of rows from `first` sees: up to its last row, whole vectors.
+  int64_t keys_of_group(int64_t first) const { return round_up(first + kRows); }
 };
 
 template <typename T>
@@ -81,100 +93,108 @@ void store_rows(const HeadTiles& tiles, const std::vector<float>& from, T* first
   }
 }
 
-void transpose(const HeadTiles& tiles, const std::vector<float>& rows, std::vector<float>& cols) {
-  for (int64_t t = 0; t < tiles.length; ++t)
-    for (int64_t d = 0; d < tiles.dim; ++d)
-      cols[d * tiles.length_padded + t] = rows[t * tiles.dim_padded + d];
+// The same rows transposed into `cols` [Dp][Tp]: a vector of keys at a time for the products.
+template <typename T>
+void load_cols(const T* first, int64_t row_stride, HeadTiles& tiles, std::vector<float>& cols) {
+  for (int64_t t = 0; t < tiles.length; ++t) {
+    const T* src = first + t * row_stride;
+    for (int64_t d = 0; d < tiles.dim; ++d) cols[d * tiles.length_padded + t] = static_cast<float>(src[d]);
+  }
 }
 
-// out[j] = scale * (x . cols[:, j]) for the first `count` (a whole number of vectors) columns. Four
-// vectors of columns at a time; a lone vector splits the sum over d in four, so four FMA chains run.
-void dot_columns(const float* x, const float* cols, int64_t dim, int64_t stride, int64_t count, float scale,
-                 float* out) {
+// c[r][j] = scale * sum_{d < depth} a[r][d] b_cols[d][j] for r < kRows and j < V vectors: the tile in
+// registers, one vector of b and kRows broadcasts of a per step of d.
+template <int V>
+void product_tile(const float* a, int64_t a_stride, const float* b_cols, int64_t b_stride, int64_t depth,
+                  float scale, float* c, int64_t c_stride) {
+  Vec acc[kRows][V];
+  for (auto& row : acc)
+    for (Vec& lane : row) lane = Vec(0.f);
+  for (int64_t d = 0; d < depth; ++d) {
+    Vec b[V];
+    for (int v = 0; v < V; ++v) b[v] = Vec::loadu(b_cols + d * b_stride + v * kLanes);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const Vec ar(a[r * a_stride + d]);
+      for (int v = 0; v < V; ++v) acc[r][v] = at::vec::fmadd(ar, b[v], acc[r][v]);
+    }
+  }
   const Vec scaled(scale);
-  int64_t j = 0;
-  for (; j + 4 * kLanes <= count; j += 4 * kLanes) {
-    Vec a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-    for (int64_t d = 0; d < dim; ++d) {
-      const Vec xd(x[d]);
-      const float* c = cols + d * stride + j;
-      a0 = at::vec::fmadd(xd, Vec::loadu(c), a0);
-      a1 = at::vec::fmadd(xd, Vec::loadu(c + kLanes), a1);
-      a2 = at::vec::fmadd(xd, Vec::loadu(c + 2 * kLanes), a2);
-      a3 = at::vec::fmadd(xd, Vec::loadu(c + 3 * kLanes), a3);
-    }
-    (a0 * scaled).store(out + j);
-    (a1 * scaled).store(out + j + kLanes);
-    (a2 * scaled).store(out + j + 2 * kLanes);
-    (a3 * scaled).store(out + j + 3 * kLanes);
-  }
-  for (; j < count; j += kLanes) {
-    Vec a0(0.f), a1(0.f), a2(0.f), a3(0.f);
-    const float* c = cols + j;
-    int64_t d = 0;
-    for (; d + 4 <= dim; d += 4) {
-      a0 = at::vec::fmadd(Vec(x[d]), Vec::loadu(c + d * stride), a0);
-      a1 = at::vec::fmadd(Vec(x[d + 1]), Vec::loadu(c + (d + 1) * stride), a1);
-      a2 = at::vec::fmadd(Vec(x[d + 2]), Vec::loadu(c + (d + 2) * stride), a2);
-      a3 = at::vec::fmadd(Vec(x[d + 3]), Vec::loadu(c + (d + 3) * stride), a3);
-    }
-    for (; d < dim; ++d) a0 = at::vec::fmadd(Vec(x[d]), Vec::loadu(c + d * stride), a0);
-    (((a0 + a1) + (a2 + a3)) * scaled).store(out + j);
-  }
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int v = 0; v < V; ++v) (acc[r][v] * scaled).store(c + r * c_stride + v * kLanes);
 }
 
-// acc[0, V lanes) += sum_{j < count} w[j * w_stride] * rows[j * row_stride], the V vectors of the sum
-// in registers and four rows in flight (4 V FMA chains).
-template <int kVectors>
-void add_weighted_rows_in_registers(const float* w, int64_t w_stride, const float* rows, int64_t row_stride,
-                                    int64_t count, float* acc) {
-  Vec a[4][kVectors];
-  for (int v = 0; v < kVectors; ++v) {
-    a[0][v] = Vec::loadu(acc + v * kLanes);
-    a[1][v] = a[2][v] = a[3][v] = Vec(0.f);
-  }
-  int64_t j = 0;
-  for (; j + 4 <= count; j += 4) {
-    for (int r = 0; r < 4; ++r) {
-      const Vec wr(w[(j + r) * w_stride]);
-      const float* row = rows + (j + r) * row_stride;
-      for (int v = 0; v < kVectors; ++v) a[r][v] = at::vec::fmadd(wr, Vec::loadu(row + v * kLanes), a[r][v]);
-    }
-  }
-  for (; j < count; ++j) {
-    const Vec wj(w[j * w_stride]);
-    const float* row = rows + j * row_stride;
-    for (int v = 0; v < kVectors; ++v) a[0][v] = at::vec::fmadd(wj, Vec::loadu(row + v * kLanes), a[0][v]);
-  }
-  for (int v = 0; v < kVectors; ++v) ((a[0][v] + a[1][v]) + (a[2][v] + a[3][v])).store(acc + v * kLanes);
-}
-
-// acc[0, Dp) += sum_{j < count} w[j * w_stride] * rows[j] (rows of Dp values), up to four vectors of
-// the row at a time.
-void add_weighted_rows(const float* w, int64_t w_stride, const float* rows, int64_t count, int64_t dim_padded,
-                       float* acc) {
-  for (int64_t d = 0; d < dim_padded; d += 4 * kLanes) {
-    const float* part = rows + d;
-    switch (std::min<int64_t>(4, (dim_padded - d) / kLanes)) {
+// The same over the first `count` (whole vectors) columns of b_cols.
+void product_rows(const float* a, int64_t a_stride, const float* b_cols, int64_t b_stride, int64_t depth,
+                  int64_t count, float scale, float* c, int64_t c_stride) {
+  for (int64_t j = 0; j < count; j += kMaxVectors * kLanes) {
+    const float* b = b_cols + j;
+    float* out = c + j;
+    switch (std::min<int64_t>(kMaxVectors, (count - j) / kLanes)) {
       case 4:
-        add_weighted_rows_in_registers<4>(w, w_stride, part, dim_padded, count, acc + d);
+        product_tile<4>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
         break;
       case 3:
-        add_weighted_rows_in_registers<3>(w, w_stride, part, dim_padded, count, acc + d);
+        product_tile<3>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
         break;
       case 2:
-        add_weighted_rows_in_registers<2>(w, w_stride, part, dim_padded, count, acc + d);
+        product_tile<2>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
         break;
       default:
-        add_weighted_rows_in_registers<1>(w, w_stride, part, dim_padded, count, acc + d);
+        product_tile<1>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
         break;
     }
   }
 }
 
-// scores[0, i] -> exp(scores - shift), zero beyond i up to the padded count; returns their sum.
+// Where the weights of a weighted sum of rows lie: w(r, j) = at[r * row_stride + j * step].
+struct Weights {
+  const float* at;
+  int64_t row_stride, step;
+};
+
+// acc[r][0, V vectors) += sum_{j < count} w(r, j) rows[j] for r < kRows: the tile in registers, one
+// row of `rows` and kRows broadcasts of w per step of j.
+template <int V>
+void accumulate_tile(Weights w, const float* rows, int64_t row_stride, int64_t count, float* acc,
+                     int64_t acc_stride) {
+  Vec a[kRows][V];
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int v = 0; v < V; ++v) a[r][v] = Vec::loadu(acc + r * acc_stride + v * kLanes);
+  for (int64_t j = 0; j < count; ++j) {
+    Vec x[V];
+    for (int v = 0; v < V; ++v) x[v] = Vec::loadu(rows + j * row_stride + v * kLanes);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const Vec wr(w.at[r * w.row_stride + j * w.step]);
+      for (int v = 0; v < V; ++v) a[r][v] = at::vec::fmadd(wr, x[v], a[r][v]);
+    }
+  }
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int v = 0; v < V; ++v) a[r][v].store(acc + r * acc_stride + v * kLanes);
+}
+
+// The same across whole rows of the tiles (Dp values, the stride of rows and acc).
+void accumulate_rows(Weights w, const float* rows, int64_t count, int64_t dim_padded, float* acc) {
+  for (int64_t d = 0; d < dim_padded; d += kMaxVectors * kLanes) {
+    switch (std::min<int64_t>(kMaxVectors, (dim_padded - d) / kLanes)) {
+      case 4:
+        accumulate_tile<4>(w, rows + d, dim_padded, count, acc + d, dim_padded);
+        break;
+      case 3:
+        accumulate_tile<3>(w, rows + d, dim_padded, count, acc + d, dim_padded);
+        break;
+      case 2:
+        accumulate_tile<2>(w, rows + d, dim_padded, count, acc + d, dim_padded);
+        break;
+      default:
+        accumulate_tile<1>(w, rows + d, dim_padded, count, acc + d, dim_padded);
+        break;
+    }
+  }
+}
+
+// The scores [0, count) of query i -> exp(score - shift), 0 past key i; returns their sum.
 float exp_row(float* scores, int64_t i, int64_t count, float shift) {
-  for (int64_t j = i + 1; j < count; ++j) scores[j] = -std::numeric_limits<float>::infinity();
+  std::fill(scores + std::min(i + 1, count), scores + count, kMinusInfinity);
   const Vec shift_v(shift);
   Vec sum(0.f);
   for (int64_t j = 0; j < count; j += kLanes) {
@@ -183,12 +203,6 @@ float exp_row(float* scores, int64_t i, int64_t count, float shift) {
     sum = sum + p;
   }
   return lanes_sum(sum);
-}
-
-float row_max(const float* scores, int64_t i) {
-  float best = scores[0];
-  for (int64_t j = 1; j <= i; ++j) best = std::max(best, scores[j]);
-  return best;
 }
 
 template <typename T>
@@ -212,59 +226,85 @@ struct Layout {  // where one (b, h) pair's rows lie in the packed tensors
   }
 };
 
+// The scores of the group of rows from `first` against its keys, into p ([kRows][Tp]), made the rows'
+// unnormalised probabilities exp(s - max); per row its 1 / sum into `inverse` and lse.
+void softmax_group(const detail::PackedAttention& a, HeadTiles& tiles, int64_t first, float* p,
+                   float* inverse, float* lse) {
+  const int64_t keys = tiles.keys_of_group(first);
+  product_rows(tiles.row(tiles.q, first), tiles.dim_padded, tiles.k_cols.data(), tiles.length_padded,
+               a.head_dim, keys, a.scale, p, tiles.length_padded);
+  for (int64_t r = 0; r < kRows; ++r) {
+    const int64_t i = first + r;
+    float* s = p + r * tiles.length_padded;
+    const float top = row_max(s, i + 1);
+    const float total = exp_row(s, i, keys, top);
+    inverse[r] = 1.f / total;
+    if (i < a.length) lse[i] = top + std::log(total);
+  }
+}
+
 template <typename T>
 void forward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end) {
   HeadTiles tiles(a.length, a.head_dim, /*backward=*/false);
-  std::vector<float> out_row(static_cast<size_t>(tiles.dim_padded));
   for (int64_t pair = begin; pair < end; ++pair) {
     const Layout<T> at(a, pair);
     load_rows(at.q, at.qkv_row, tiles, tiles.q);
-    load_rows(at.k, at.qkv_row, tiles, tiles.k);
+    load_cols(at.k, at.qkv_row, tiles, tiles.k_cols);
     load_rows(at.v, at.qkv_row, tiles, tiles.v);
-    transpose(tiles, tiles.k, tiles.k_cols);
     T* out = static_cast<T*>(a.out_mut) + at.out_offset;
     float* lse = a.lse + pair * a.length;
-    for (int64_t i = 0; i < a.length; ++i) {
-      const int64_t count = round_up(i + 1);
-      float* s = tiles.scores.data();
-      dot_columns(tiles.row(tiles.q, i), tiles.k_cols.data(), a.head_dim, tiles.length_padded, count, a.scale,
-                  s);
-      const float top = row_max(s, i);
-      const float total = exp_row(s, i, count, top);
-      std::fill(out_row.begin(), out_row.end(), 0.f);
-      add_weighted_rows(s, 1, tiles.v.data(), i + 1, tiles.dim_padded, out_row.data());
-      const float inverse = 1.f / total;
-      T* o = out + i * at.out_row;
-      for (int64_t d = 0; d < a.head_dim; ++d) o[d] = static_cast<T>(out_row[d] * inverse);
-      lse[i] = top + std::log(total);
+    float inverse[kRows];
+    for (int64_t first = 0; first < tiles.rows; first += kRows) {
+      softmax_group(a, tiles, first, tiles.probs.data(), inverse, lse);
+      float* o = tiles.row(tiles.o, first);  // o [kRows][Dp] = p v, one key per step
+      std::fill(o, o + kRows * tiles.dim_padded, 0.f);
+      accumulate_rows({tiles.probs.data(), tiles.length_padded, 1}, tiles.v.data(), first + kRows,
+                      tiles.dim_padded, o);
+      for (int64_t i = first; i < std::min(first + kRows, a.length); ++i) {
+        const float* row = tiles.row(tiles.o, i);
+        for (int64_t d = 0; d < a.head_dim; ++d)
+          out[i * at.out_row + d] = static_cast<T>(row[d] * inverse[i - first]);
+      }
     }
   }
 }
 
-// Rows [first, last) of p and scale * ds into the block matrices (row i - first), and dq of those rows.
+// Rows [first, last) (whole groups) of p and scale * ds into the block matrices (row i - first), and
+// dq of those rows; then what they add to dk and dv.
 void backward_rows(const detail::PackedAttention& a, HeadTiles& tiles, const float* lse, int64_t first,
                    int64_t last) {
-  for (int64_t i = first; i < last; ++i) {
-    const int64_t count = round_up(i + 1);
-    float* p = tiles.probs.data() + (i - first) * tiles.length_padded;
-    float* ds = tiles.dscores.data() + (i - first) * tiles.length_padded;
-    const float* grad_o_i = tiles.row(tiles.grad_o, i);
-    dot_columns(tiles.row(tiles.q, i), tiles.k_cols.data(), a.head_dim, tiles.length_padded, count, a.scale,
-                p);
-    exp_row(p, i, count, lse[i]);
-    dot_columns(grad_o_i, tiles.v_cols.data(), a.head_dim, tiles.length_padded, count, 1.f, ds);
-    const float delta = row_dot(grad_o_i, tiles.row(tiles.o, i), tiles.dim_padded);
-    for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (ds[j] - delta) * a.scale;
-    add_weighted_rows(ds, 1, tiles.k.data(), i + 1, tiles.dim_padded, tiles.row(tiles.grad_q, i));
+  const int64_t stride = tiles.length_padded;
+  for (int64_t group = first; group < last; group += kRows) {
+    const int64_t keys = tiles.keys_of_group(group);
+    float* p = tiles.probs.data() + (group - first) * stride;
+    float* ds = tiles.dscores.data() + (group - first) * stride;
+    product_rows(tiles.row(tiles.q, group), tiles.dim_padded, tiles.k_cols.data(), stride, a.head_dim, keys,
+                 a.scale, p, stride);
+    product_rows(tiles.row(tiles.grad_o, group), tiles.dim_padded, tiles.v_cols.data(), stride, a.head_dim,
+                 keys, 1.f, ds, stride);
+    for (int64_t r = 0; r < kRows; ++r) {
+      const int64_t i = group + r;
+      float* p_i = p + r * stride;
+      float* ds_i = ds + r * stride;
+      // The padding rows past T have no probabilities: lse +inf makes them 0, and so their ds.
+      exp_row(p_i, i, keys, i < a.length ? lse[i] : std::numeric_limits<float>::infinity());
+      const Vec delta(row_dot(tiles.row(tiles.grad_o, i), tiles.row(tiles.o, i), tiles.dim_padded));
+      const Vec scale(a.scale);
+      for (int64_t j = 0; j < keys; j += kLanes)
+        (Vec::loadu(p_i + j) * (Vec::loadu(ds_i + j) - delta) * scale).store(ds_i + j);
+    }
+    accumulate_rows({ds, stride, 1}, tiles.k.data(), group + kRows, tiles.dim_padded,
+                    tiles.row(tiles.grad_q, group));
   }
-  // dk_j and dv_j gain the block's rows i >= j: a column of the block each.
-  for (int64_t j = 0; j < last; ++j) {
-    const int64_t from = std::max(j, first);
-    const int64_t offset = (from - first) * tiles.length_padded + j;
-    add_weighted_rows(tiles.dscores.data() + offset, tiles.length_padded, tiles.row(tiles.q, from),
-                      last - from, tiles.dim_padded, tiles.row(tiles.grad_k, j));
-    add_weighted_rows(tiles.probs.data() + offset, tiles.length_padded, tiles.row(tiles.grad_o, from),
-                      last - from, tiles.dim_padded, tiles.row(tiles.grad_v, j));
+  // dk_j and dv_j gain the block's rows i >= j: kRows columns of the block at a time. Every group's row
+  // holds the keys up to its group's end, so the columns from `from` on are there (0 past the row's i).
+  for (int64_t key = 0; key < last; key += kRows) {
+    const int64_t from = std::max(key, first);
+    const int64_t offset = (from - first) * stride + key;
+    accumulate_rows({tiles.dscores.data() + offset, 1, stride}, tiles.row(tiles.q, from), last - from,
+                    tiles.dim_padded, tiles.row(tiles.grad_k, key));
+    accumulate_rows({tiles.probs.data() + offset, 1, stride}, tiles.row(tiles.grad_o, from), last - from,
+                    tiles.dim_padded, tiles.row(tiles.grad_v, key));
   }
 }
 
@@ -275,17 +315,16 @@ void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end
     const Layout<T> at(a, pair);
     load_rows(at.q, at.qkv_row, tiles, tiles.q);
     load_rows(at.k, at.qkv_row, tiles, tiles.k);
-    load_rows(at.v, at.qkv_row, tiles, tiles.v);
+    load_cols(at.k, at.qkv_row, tiles, tiles.k_cols);
+    load_cols(at.v, at.qkv_row, tiles, tiles.v_cols);
     load_rows(static_cast<const T*>(a.out) + at.out_offset, at.out_row, tiles, tiles.o);
     load_rows(static_cast<const T*>(a.grad_out) + at.out_offset, at.out_row, tiles, tiles.grad_o);
-    transpose(tiles, tiles.k, tiles.k_cols);
-    transpose(tiles, tiles.v, tiles.v_cols);
     std::fill(tiles.grad_q.begin(), tiles.grad_q.end(), 0.f);
     std::fill(tiles.grad_k.begin(), tiles.grad_k.end(), 0.f);
     std::fill(tiles.grad_v.begin(), tiles.grad_v.end(), 0.f);
     const float* lse = a.lse + pair * a.length;
-    for (int64_t first = 0; first < a.length; first += tiles.block_rows)
-      backward_rows(a, tiles, lse, first, std::min(a.length, first + tiles.block_rows));
+    for (int64_t first = 0; first < tiles.rows; first += tiles.block_rows)
+      backward_rows(a, tiles, lse, first, std::min(tiles.rows, first + tiles.block_rows));
     T* grad = static_cast<T*>(a.grad_qkv) + (at.q - static_cast<const T*>(a.qkv));
     const int64_t embed = a.heads * a.head_dim;
     store_rows(tiles, tiles.grad_q, grad, at.qkv_row);

@@ -16,29 +16,6 @@ namespace fasttrain::kernels::CPU_CAPABILITY {
 
 namespace {
 
-constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
-
-// A partial vector's missing lanes hold `fill`: loadu(count) fills them with zeros, which would count.
-inline Vec load_or(const float* x, int64_t count, float fill) {
-  const Vec values = Vec::loadu(x, count);
-  return count == kLanes ? values : Vec::set(Vec(fill), values, count);
-}
-
-// max_j x_j; a NaN anywhere makes it NaN.
-inline float row_max(const float* x, int64_t classes) {
-  Vec max(kMinusInfinity);
-  by_vectors(classes, [&](int64_t i, int64_t count) {
-    max = at::vec::maximum(max, load_or(x + i, count, kMinusInfinity));
-  });
-  float lanes[kLanes];
-  max.store(lanes);
-  float result = lanes[0];
-  for (int64_t l = 1; l < kLanes; ++l) {
-    if (std::isnan(lanes[l]) || lanes[l] > result) result = lanes[l];  // a NaN, once in, stays
-  }
-  return result;
-}
-
 void forward(const detail::CrossEntropyRows& e, int64_t begin, int64_t end) {
   const int64_t classes = e.classes;
   std::vector<float> scratch(e.bf16 ? classes : 0);

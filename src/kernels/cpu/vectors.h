@@ -4,8 +4,10 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace fasttrain::kernels::CPU_CAPABILITY {
@@ -79,6 +81,29 @@ inline float row_dot(const float* a, const float* b, int64_t width) {
     total = at::vec::fmadd(Vec::loadu(a + i, count), Vec::loadu(b + i, count), total);
   });
   return lanes_sum(total);
+}
+
+constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+
+// A partial vector's missing lanes hold `fill`: loadu(count) fills them with zeros, which would count.
+inline Vec load_or(const float* x, int64_t count, float fill) {
+  const Vec values = Vec::loadu(x, count);
+  return count == kLanes ? values : Vec::set(Vec(fill), values, count);
+}
+
+// max_{i < width} x_i; a NaN anywhere makes it NaN.
+inline float row_max(const float* x, int64_t width) {
+  Vec max(kMinusInfinity);
+  by_vectors(width, [&](int64_t i, int64_t count) {
+    max = at::vec::maximum(max, load_or(x + i, count, kMinusInfinity));
+  });
+  float lanes[kLanes];
+  max.store(lanes);
+  float result = lanes[0];
+  for (int64_t l = 1; l < kLanes; ++l) {
+    if (std::isnan(lanes[l]) || lanes[l] > result) result = lanes[l];  // a NaN, once in, stays
+  }
+  return result;
 }
 
 // width values from `base` (fp32, or bf16 where `bf16`) at element `offset` into the fp32 `row`.
