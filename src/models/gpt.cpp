@@ -42,24 +42,30 @@ class GptBlockImpl : public torch::nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {  // [B, T, C] -> [B, T, C]
     // ---- causal self-attention: heads of C / H ----
-    auto qkv = qkv_->forward(norm(ln1_, x));  // [B, T, 3C]: q, k, v side by side
+    auto qkv = linear(qkv_, norm(ln1_, x));  // [B, T, 3C]: q, k, v side by side
     auto attended = own_kernels_.attention ? packed_causal_attention(qkv, heads_)
                                            : packed_causal_attention_aten(qkv, heads_);
     auto [residual, normed] =
-        add_norm(x, dropout_->forward(attn_proj_->forward(attended)), ln2_);  // [B, T, C]
+        add_norm(x, dropout_->forward(linear(attn_proj_, attended)), ln2_);  // [B, T, C]
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
     auto hidden = mlp_hidden(normed);  // [B, T, 4C]
-    return residual + dropout_->forward(mlp_proj_->forward(hidden));
+    return residual + dropout_->forward(linear(mlp_proj_, hidden));
   }
 
   // The projections that write into the residual stream (GPT-2 scales their init by 1/sqrt(2 L)).
   std::vector<torch::Tensor> residual_projections() { return {attn_proj_->weight, mlp_proj_->weight}; }
 
  private:
+  // ATen's linear, not the C++ frontend's Linear::forward: on [B, T, C] the latter is a matmul and then
+  // `+= bias`, a pass over the output each way; ATen's folds the bias into one addmm over B * T rows,
+  // as Python's nn.Linear does.
+  static torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
+    return torch::linear(x, layer->weight, layer->bias);
+  }
   // gelu_tanh(fc(x)). On the CPU with fasttrain's kernels the Linear runs without its bias, which the
   // bias + GELU kernel adds: one pass over [B, T, 4C] each way, and a tanh cheaper than ATen's.
   torch::Tensor mlp_hidden(const torch::Tensor& normed) {
-    if (!own_kernels_.bias_gelu || !normed.device().is_cpu()) return gelu_tanh(fc_->forward(normed));
+    if (!own_kernels_.bias_gelu || !normed.device().is_cpu()) return gelu_tanh(linear(fc_, normed));
     auto pre = torch::linear(normed, fc_->weight);  // [B, T, 4C], under autocast in its dtype
     if (!kernels::bias_gelu_takes(pre, fc_->bias)) return gelu_tanh(pre + fc_->bias);
     return kernels::bias_gelu(pre, fc_->bias);
