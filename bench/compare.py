@@ -653,7 +653,7 @@ def gpt_bench(opts):
         ours.append(summary)
         peer_args = gpt_peer_args(config, opts.steps, GPT_WARMUP_STEPS) + ["--seed", str(i)]
         theirs.append(peer_gpt(peer_args))
-        if peer_has_compile():
+        if peer_has_compile() and not opts.no_compile:
             compiled.append(peer_gpt(peer_args + ["--compile"]))
 
     # train.threads (torch.set_num_threads) sets OpenMP's threads, not OpenBLAS's own pool, which runs the
@@ -676,6 +676,8 @@ def gpt_bench(opts):
     peak = ceiling["max_flop_per_s"]
     ft = statistics.median(r["steady_tokens_per_s"] for r in ours)
     pr = statistics.median(r["tokens_per_s"] for r in theirs)
+    # Each run against the peer's run beside it: the machine's drift between repeats cancels out.
+    pair_ratios = [o["steady_tokens_per_s"] / t["tokens_per_s"] for o, t in zip(ours, theirs)]
     ft_loss = round(statistics.median(r["final_loss"] for r in ours), 4)
     pr_loss = round(statistics.median(r["final_loss"] for r in theirs), 4)
     thread_words = f"{threads} thread{'s' if threads != 1 else ''}"
@@ -691,6 +693,8 @@ def gpt_bench(opts):
         "fasttrain_tokens_per_s": round(ft, 1),
         "peer_tokens_per_s": round(pr, 1),
         "fasttrain_over_peer": round(ft / pr, 3),
+        "fasttrain_over_peer_pairs": [round(r, 3) for r in pair_ratios],
+        "fasttrain_over_peer_pairs_median": round(statistics.median(pair_ratios), 3),
         "peer_compiled_tokens_per_s": round(pc, 1) if pc else None,
         "fasttrain_over_peer_compiled": round(ft / pc, 3) if pc else None,
         "peer_compiled_final_loss": pc_loss,
@@ -724,6 +728,8 @@ def gpt_bench(opts):
         "|---|---:|---:|---:|",
         f"| tokens/s after {GPT_WARMUP_STEPS} warm-up steps (median of {opts.repeats}) | {ft:,.0f} | {pr:,.0f} | "
         f"{ft / pr:.2f} |",
+        f"| each run over the peer's beside it: median (lowest-highest of {len(pair_ratios)}) | | | "
+        f"{statistics.median(pair_ratios):.2f} ({min(pair_ratios):.2f}-{max(pair_ratios):.2f}) |",
         f"| ms per step ({tokens_per_step} tokens) | {1000 * tokens_per_step / ft:.1f} | "
         f"{1000 * tokens_per_step / pr:.1f} | |",
         f"| MFU | {100 * mfu['fasttrain']:.1f}% | {100 * mfu['peer']:.1f}% | |",
@@ -1221,6 +1227,7 @@ def main():
     p.add_argument("--steps", type=int, default=None,
                    help="optimizer steps per run (default 300; gpt-checkpoint: 30, gpt-bucketing: 100, "
                         "sharding: 10)")
+    p.add_argument("--no-compile", action="store_true", help="gpt: leave out the torch.compile peer")
     p.add_argument("--threads", type=int, default=0, help="checkpoint: intra-op threads (0 = the config's)")
     p.add_argument("--set", action="append",
                    help="gpt, gpt-bucketing, sharding: a config override SECTION.KEY=VALUE for both sides "
