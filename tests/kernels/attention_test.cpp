@@ -15,11 +15,13 @@ struct Shape {
   int64_t batch, length, heads, head_dim;
 };
 
-// Odd lengths and widths: a partial vector at the end of every row and every head.
-const Shape kShapes[] = {{2, 1, 1, 4},   {2, 7, 3, 5},    {1, 33, 2, 16},
-                         {3, 20, 4, 32}, {1, 129, 1, 24}, {1, 90, 1, 72}};
-// Longer than one block of backward rows (src/kernels/cpu/attention_kernel.cpp, kBlockValues).
-const Shape kLongShape{1, 1100, 1, 8};
+// Odd lengths and widths, most with a partial vector at the end of each row and head; heads of 1-5
+// vectors (on AVX512, 72 is a register tile of 4 vectors and one of 1, 48 one of 3).
+const Shape kShapes[] = {{2, 1, 1, 4},    {2, 7, 3, 5},   {1, 33, 2, 16}, {3, 20, 4, 32},
+                         {1, 129, 1, 24}, {1, 90, 1, 72}, {2, 11, 2, 48}};
+// Longer than one block of backward rows (src/kernels/cpu/attention_kernel.cpp, kBlockValues), and
+// not a whole number of groups of 4 rows: padding rows in the last block.
+const Shape kLongShape{1, 1101, 1, 8};
 
 struct Result {
   torch::Tensor out, grad;

@@ -8,11 +8,14 @@
 // the scores of kRows queries against a few vectors of keys (the depth D inner), and kRows rows of a
 // sum of weighted rows (o, dq; dk and dv with the weights read down a column of p or ds). Rows go in
 // groups of kRows; a group's scores run to the last row's keys, the earlier rows' extra ones made 0.
-// Backward keeps a block of rows of p and ds (at most kBlockValues values each) so that dk and dv are
-// sums over its columns.
+// So a row's sums take 0 x the values of up to three later keys: finite values change nothing, but an
+// inf or NaN there (a diverged run, whose loss is NaN already) makes the earlier row NaN too, as
+// ATen's math path (softmax then matmul) does.
+// Backward keeps a block of rows of p and ds (at most kBlockValues values each, or kRows rows where a
+// row is longer) so that dk and dv are sums over its columns.
 // This file is compiled once per CPU capability (CMakeLists.txt: DEFAULT, AVX2, AVX512) with that
 // capability's flags; CPU_CAPABILITY names the namespace, as in ATen's own kernels, so ATen's
-// Vectorized<float> is 8 lanes of scalars, AVX2 or AVX512 accordingly.
+// Vectorized<float> is 8 scalars, 8 AVX2 lanes or 16 AVX512 lanes accordingly.
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
@@ -39,7 +42,7 @@ int64_t round_up(int64_t n, int64_t to = kLanes) {
 
 // One (batch, head) pair's operands in fp32, rows [T4][Dp] with T4 = T rounded up to whole groups of
 // kRows and D to whole vectors, zeros beyond T and D; and K or V transposed, [Dp][Tp] (a vector of
-// keys at a time).
+// keys at a time). Forward reads v as rows and k as columns; backward k as both and v as columns.
 struct HeadTiles {
   int64_t length, dim, rows, dim_padded, length_padded, block_rows;
   std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v, probs, dscores;
@@ -56,12 +59,12 @@ struct HeadTiles {
     const size_t cols = static_cast<size_t>(dim_padded * length_padded);
     const size_t block = static_cast<size_t>(block_rows * length_padded);
     q.assign(tile, 0.f);
-    k.assign(tile, 0.f);
-    v.assign(tile, 0.f);
     k_cols.assign(cols, 0.f);
     probs.assign(block, 0.f);
     o.assign(tile, 0.f);
+    if (!backward) v.assign(tile, 0.f);
     if (backward) {
+      k.assign(tile, 0.f);
       v_cols.assign(cols, 0.f);
       grad_o.assign(tile, 0.f);
       grad_q.assign(tile, 0.f);
