@@ -26,7 +26,7 @@
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/detail/json.h"
 #include "fasttrain/kernels/cpu.h"
-#include "fasttrain/models/attention.h"
+#include "fasttrain/kernels/attention.h"
 #include "fasttrain/task/tasks.h"
 
 namespace {

@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "fasttrain/kernels/cpu.h"
-#include "fasttrain/models/attention.h"
+#include "fasttrain/kernels/attention.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
 #include "own_kernels.h"

@@ -1,6 +1,6 @@
 // fasttrain's causal attention kernel against ATen's ops: values and gradients, fp32 and bf16, every
 // CPU capability this machine runs, sizes that fill no vector evenly.
-#include "fasttrain/models/attention.h"
+#include "fasttrain/kernels/attention.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -6,7 +6,7 @@
 
 #include "fasttrain/data/batch_source.h"
 #include "fasttrain/detail/compat.h"
-#include "fasttrain/models/attention.h"
+#include "fasttrain/kernels/attention.h"
 #include "fasttrain/models/generate.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/precision/autocast.h"

@@ -251,7 +251,7 @@ inline bool enable_expandable_segments() {
 namespace fasttrain::compat {
 
 // Causal attention through ATen's scaled_dot_product_attention where the build has it; `false`
-// (and `out` untouched) on LibTorch 1.13, whose callers use the math path (models/attention.h).
+// (and `out` untouched) on LibTorch 1.13, whose callers use the math path (kernels/attention.h).
 inline bool fused_causal_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                    torch::Tensor& out) {
 #if FASTTRAIN_HAS_SDPA

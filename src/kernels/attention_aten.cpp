@@ -1,4 +1,6 @@
-#include "fasttrain/models/attention.h"
+// kernels/attention.h: the attention and GELU of GPT models through ATen's ops, and the pick between
+// them and fasttrain's attention kernel.
+#include "fasttrain/kernels/attention.h"
 
 #include <torch/torch.h>
 

@@ -7,6 +7,9 @@
 // causal_attention uses ATen's fused scaled_dot_product_attention (flash kernels on GPU) where the
 // LibTorch build has it (2.x), and the math path below on 1.13; both compute
 // softmax(q k^T / sqrt(D) + causal mask) v.
+// They sit in kernels/, beside fasttrain's own kernel (cpu.h) that packed_causal_attention picks on the
+// CPU, so that the kernels' tests have their ATen reference without models/ (scripts/sanitize builds
+// kernels/ alone).
 #include <torch/types.h>
 
 namespace fasttrain {
