@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "bodies.h"
@@ -140,27 +141,34 @@ void product_tile(const float* a, int64_t a_stride, const float* b_cols, int64_t
     for (int v = 0; v < V; ++v) (acc[r][v] * scaled).store(c + r * c_stride + v * kLanes);
 }
 
-// The same over the first `count` (whole vectors) columns of b_cols.
-void product_rows(const float* a, int64_t a_stride, const float* b_cols, int64_t b_stride, int64_t depth,
-                  int64_t count, float scale, float* c, int64_t c_stride) {
-  for (int64_t j = 0; j < count; j += kMaxVectors * kLanes) {
-    const float* b = b_cols + j;
-    float* out = c + j;
-    switch (std::min<int64_t>(kMaxVectors, (count - j) / kLanes)) {
+// tile(std::integral_constant<int, V>, offset) over [0, width) (whole vectors), V of at most kMaxVectors
+// vectors at a time: the register tiles' widths as compile-time constants.
+template <typename Tile>
+void by_tiles(int64_t width, const Tile& tile) {
+  for (int64_t offset = 0; offset < width; offset += kMaxVectors * kLanes) {
+    switch (std::min<int64_t>(kMaxVectors, (width - offset) / kLanes)) {
       case 4:
-        product_tile<4>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
+        tile(std::integral_constant<int, 4>{}, offset);
         break;
       case 3:
-        product_tile<3>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
+        tile(std::integral_constant<int, 3>{}, offset);
         break;
       case 2:
-        product_tile<2>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
+        tile(std::integral_constant<int, 2>{}, offset);
         break;
       default:
-        product_tile<1>(a, a_stride, b, b_stride, depth, scale, out, c_stride);
+        tile(std::integral_constant<int, 1>{}, offset);
         break;
     }
   }
+}
+
+// The same over the first `count` (whole vectors) columns of b_cols.
+void product_rows(const float* a, int64_t a_stride, const float* b_cols, int64_t b_stride, int64_t depth,
+                  int64_t count, float scale, float* c, int64_t c_stride) {
+  by_tiles(count, [&](auto vectors, int64_t j) {
+    product_tile<decltype(vectors)::value>(a, a_stride, b_cols + j, b_stride, depth, scale, c + j, c_stride);
+  });
 }
 
 // Where the weights of a weighted sum of rows lie: w(r, j) = at[r * row_stride + j * step].
@@ -191,22 +199,9 @@ void accumulate_tile(Weights w, const float* rows, int64_t row_stride, int64_t c
 
 // The same across whole rows of the tiles (Dp values, the stride of rows and acc).
 void accumulate_rows(Weights w, const float* rows, int64_t count, int64_t dim_padded, float* acc) {
-  for (int64_t d = 0; d < dim_padded; d += kMaxVectors * kLanes) {
-    switch (std::min<int64_t>(kMaxVectors, (dim_padded - d) / kLanes)) {
-      case 4:
-        accumulate_tile<4>(w, rows + d, dim_padded, count, acc + d, dim_padded);
-        break;
-      case 3:
-        accumulate_tile<3>(w, rows + d, dim_padded, count, acc + d, dim_padded);
-        break;
-      case 2:
-        accumulate_tile<2>(w, rows + d, dim_padded, count, acc + d, dim_padded);
-        break;
-      default:
-        accumulate_tile<1>(w, rows + d, dim_padded, count, acc + d, dim_padded);
-        break;
-    }
-  }
+  by_tiles(dim_padded, [&](auto vectors, int64_t d) {
+    accumulate_tile<decltype(vectors)::value>(w, rows + d, dim_padded, count, acc + d, dim_padded);
+  });
 }
 
 // The scores [0, count) of query i -> exp(score - shift), 0 past key i; returns their sum.
