@@ -349,8 +349,13 @@ def cuda_loop(args, model, params, optimizer, lr_at, train_tokens, offsets, devi
     mark = time.perf_counter() if warmup == 0 else None
     log_start = time.perf_counter()
     events[0].record()
+    profiler = None
     with sdpa_context(args.sdpa_backend):
         for step in range(args.steps):
+            if args.profile_steps and step == warmup:
+                profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                              torch.profiler.ProfilerActivity.CUDA])
+                profiler.__enter__()
             starts = torch.randint(0, train_tokens.numel() - T, (B,), device=device)
             window = train_tokens[starts[:, None] + offsets].long()  # [B, T + 1]
             x, y = window[:, :-1], window[:, 1:]
@@ -365,6 +370,13 @@ def cuda_loop(args, model, params, optimizer, lr_at, train_tokens, offsets, devi
             optimizer.step()
             device_losses.append(loss.detach())
             events[step + 1].record()
+            if profiler is not None and step + 1 == warmup + args.profile_steps:
+                torch.cuda.synchronize(device)
+                profiler.__exit__(None, None, None)
+                if args.profile_trace:
+                    profiler.export_chrome_trace(args.profile_trace)
+                print_operator_profile(profiler, args.profile_steps)
+                profiler = None
             if step + 1 == warmup:
                 torch.cuda.synchronize(device)
                 mark = time.perf_counter()
@@ -591,8 +603,11 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     add_recipe_args(p)
     p.add_argument("--profile-steps", type=int, default=0,
-                   help="CPU: record this many steps after the warm-up with torch.profiler and print the "
+                   help="record this many steps after the warm-up with torch.profiler and print the "
                         "operators by self time (stderr); the throughput then includes the profiler's cost")
+    p.add_argument("--profile-trace", default="",
+                   help="CUDA: also write the recorded steps' Chrome trace here (bench/gpu/kernel_table.py "
+                        "lists its kernels)")
     p.add_argument("--log-every", type=int, default=10, help="steps per progress line (stderr); 0: none")
     p.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
                    help="bf16: autocast to bfloat16 (training), bf16 torch.mm (--matmul-ceiling); "

@@ -15,29 +15,18 @@
 # Logs go to $OUT/prebuilt-logs.tgz; the figures are printed.
 #   bench/gpu/prebuilt.sh            # PYTHON (default python3) is the PyTorch the binaries were built against
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root" || exit 1
-out="${OUT:-/tmp/fasttrain-gpu}"
-work=/tmp/fasttrain-gpu-work
-rm -rf "$work" && mkdir -p "$work" "$out"
-python="${PYTHON:-python3}"
+script=prebuilt work=/tmp/fasttrain-gpu-work
+source "$(dirname "$0")/common.sh"
 budget="${FASTTRAIN_GPU_BUDGET_S:-220}"  # the tests get what is left of this
-start=$SECONDS
-stage() { echo "prebuilt: $1 (at $((SECONDS - start)) s)" >&2; }
 
 stage "the packages and data sets into /opt/fasttrain-deps"
-prefix=/opt/fasttrain-deps
-scripts/offline-unpack "$prefix" || exit 1
-torch_lib="$("$python" -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
-multiarch="$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)"
-export LD_LIBRARY_PATH="$torch_lib:/usr/local/cuda/lib64:$prefix/usr/lib/$multiarch"
+unpack_prebuilt_deps || exit 1
 # test_cli scripts its TorchScript models with the Python whose path was compiled in (FASTTRAIN_TORCH_PYTHON):
 # a wrapper there (a symbolic link would lose the virtual environment the interpreter belongs to).
 if [ ! -e .venv/bin/python ]; then
   mkdir -p .venv/bin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v "$python")" >.venv/bin/python
   chmod +x .venv/bin/python
 fi
-cli=build/bin/fasttrain
 if ldd "$cli" | grep -q "not found"; then ldd "$cli" | grep "not found"; exit 1; fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 "$python" -c "import torch; print('torch', torch.__version__)"

@@ -12,15 +12,8 @@
 #   gpt        12 layers x 768 (12 heads, T 1024, batch 16, bf16) on this clone's *.cpp files, 60 steps:
 #              fasttrain captured and eager; the peer (bench/peer_gpt.py) eager, with the bf16 matmul ceiling
 set -uo pipefail
-root="$(cd "$(dirname "$0")/../.." && pwd)"
-cd "$root"
-out="${OUT:-/tmp/fasttrain-gpu}"
-work=/tmp/fasttrain-gpu-work
-rm -rf "$work" && mkdir -p "$work" "$out"
-python="${PYTHON:-python3}"
-start=$SECONDS
-stage() { echo "run-all: $1 (at $((SECONDS - start)) s)" >&2; }
-cli=build/bin/fasttrain
+script=run-all work=/tmp/fasttrain-gpu-work
+source "$(dirname "$0")/common.sh"
 
 stage "build and the *_CUDA tests"
 OUT="$work" FASTTRAIN_TEST_JOBS=8 timeout 330 scripts/test-offline -R _CUDA 2>&1 | tail -n 25

@@ -71,6 +71,9 @@ void Batch::copy_from(const Batch& other, bool non_blocking) {
     FT_CHECK(into.sizes() == from.sizes(),
              "batch tensor '{}' has shape {} here and {} in the batch copied in", name, into.sizes(),
              from.sizes());
+    FT_CHECK(into.scalar_type() == from.scalar_type(),
+             "batch tensor '{}' is {} here and {} in the batch copied in", name,
+             c10::toString(into.scalar_type()), c10::toString(from.scalar_type()));
     into.copy_(from, non_blocking);
   }
   count = other.count;

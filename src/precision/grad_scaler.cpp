@@ -308,4 +308,17 @@ void GradScaler::load_state(const GradScalerState& state) {
   per_optimizer_.clear();
 }
 
+void GradScaler::put_back(const GradScalerState& saved) {
+  if (!enabled()) return;
+  if (scale_.defined()) {
+    scale_.fill_(saved.scale);
+    growth_tracker_.fill_(saved.growth_tracker);
+  } else {
+    initial_growth_tracker_ = saved.growth_tracker;
+  }
+  if (skipped_on_device_.defined()) skipped_on_device_.zero_();
+  skipped_steps_ = saved.skipped_steps;  // the device's count was in it
+  per_optimizer_.clear();
+}
+
 }  // namespace fasttrain

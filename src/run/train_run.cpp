@@ -348,7 +348,8 @@ FitSummary train_run(RunBuilder& builder, const Config& requested, const std::st
   };
   FitSummary summary;
   try {
-    if (effective.memory.warmup()) trainer->warm_up(run.largest_batch(), run.test_loader.get());
+    if (effective.memory.warmup())
+      trainer->warm_up(run.largest_batch(), run.test_loader.get(), run.train_loader.get());
     if (rank0) trainer->add_callback(std::make_shared<RunLogger>(run_dir, reporter_ptr));
     summary = trainer->fit(*run.train_loader, run.test_loader.get());
   } catch (const std::exception&) {

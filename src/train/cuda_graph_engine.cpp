@@ -31,6 +31,21 @@ class CudaGraphEngine : public StepEngine {
   const char* name() const override { return "cuda_graph"; }
   bool stops_inside_windows() const override { return false; }
   double capture_seconds() const override { return capture_seconds_; }
+  bool prepared() const override { return graph_ != nullptr; }
+
+  // memory.warmup: the warm-up steps and the capture on `window`, before the clock. (The capture step
+  // records without running, so unlike step() nothing is replayed here.)
+  void prepare(const std::vector<Batch>& window) override {
+    FT_CHECK(!graph_ && warmed_up_ == 0, "the CUDA-graph step was already warmed up or captured");
+    FT_CHECK(!window.empty(), "the CUDA-graph step's warm-up needs a window of at least one batch");
+    window_size_ = static_cast<int64_t>(window.size());
+    for (; warmed_up_ < warmup_steps_; ++warmed_up_) {
+      window_ = window;
+      on_side_stream([&] { eager_step(); });
+    }
+    window_ = window;
+    capture();
+  }
 
   void add_micro_batch(const Batch& batch, int64_t index, int64_t size) override {
     if (!graph_) {  // warm-up and the capture step take the batches as they come

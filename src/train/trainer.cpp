@@ -56,6 +56,53 @@ void restore_state(Optimizer& optimizer, const OptimizerStateTensors& state, con
   load_optimizer_state(optimizer, SafetensorsFile(state.tensors, state.metadata, before_what));
 }
 
+// The optimizer's state put back in the tensors it holds when the guard ends, for a captured graph that
+// keeps them: the values from before, and state the steps in between created as creating it gives
+// (zeros, step 0; SGD's first momentum step on a zero buffer is the gradient, as on a fresh one).
+class OptimizerValuesGuard {
+ public:
+  explicit OptimizerValuesGuard(const Optimizer& optimizer) : optimizer_(optimizer) {
+    for_each_parameter([&](size_t group, size_t index) {
+      std::vector<torch::Tensor> values;
+      if (optimizer_.has_state(group, index)) {
+        for (size_t field = 0; field < optimizer_.state_fields(group).size(); ++field)
+          values.push_back(optimizer_.state(group, field, index).clone());
+        const torch::Tensor& count = optimizer_.step_count(group, index);
+        values.push_back(count.defined() ? count.clone() : count);
+      }
+      saved_.push_back(std::move(values));
+    });
+  }
+  ~OptimizerValuesGuard() {
+    torch::NoGradGuard no_grad;
+    size_t at = 0;
+    for_each_parameter([&](size_t group, size_t index) {
+      const std::vector<torch::Tensor>& values = saved_[at++];
+      if (!optimizer_.has_state(group, index)) return;
+      std::vector<torch::Tensor> live;
+      for (size_t field = 0; field < optimizer_.state_fields(group).size(); ++field)
+        live.push_back(optimizer_.state(group, field, index));
+      live.push_back(optimizer_.step_count(group, index));
+      for (size_t i = 0; i < live.size(); ++i) {
+        if (!live[i].defined()) continue;
+        values.empty() ? live[i].zero_() : live[i].copy_(values[i]);
+      }
+    });
+  }
+  OptimizerValuesGuard(const OptimizerValuesGuard&) = delete;
+  OptimizerValuesGuard& operator=(const OptimizerValuesGuard&) = delete;
+
+ private:
+  template <typename Visit>
+  void for_each_parameter(Visit&& visit) const {
+    for (size_t group = 0; group < optimizer_.groups().size(); ++group)
+      for (size_t index = 0; index < optimizer_.groups()[group].params.size(); ++index) visit(group, index);
+  }
+
+  const Optimizer& optimizer_;
+  std::vector<std::vector<torch::Tensor>> saved_;  // per parameter: fields and step count; none: no state
+};
+
 }  // namespace
 
 nlohmann::json FitSummary::to_json() const {
@@ -269,7 +316,7 @@ void Trainer::count_replayed_step() {
   ++step_;
 }
 
-void Trainer::warm_up(const Batch& batch, DataLoader* evaluation) {
+void Trainer::warm_up(const Batch& batch, DataLoader* evaluation, const DataLoader* train) {
   for (const auto& parameter : parameters_) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
@@ -296,6 +343,37 @@ void Trainer::warm_up(const Batch& batch, DataLoader* evaluation) {
   // The model's gradients, not the optimizer's: under ZeRO the optimizer steps other tensors.
   for (const auto& parameter : parameters_) parameter.mutable_grad() = torch::Tensor();
   if (evaluation) evaluate(*evaluation);  // eval mode, no gradients: nothing of the model changes
+  if (train) capture_ahead(batch, *train);
+}
+
+void Trainer::capture_ahead(const Batch& batch, const DataLoader& train) {
+  if (!options_.cuda_graphs()) return;
+  const int64_t total_steps = planned_steps(options_, train.batches_per_epoch());
+  plan_steps(total_steps);  // the graph reads this table: fit() keeps it
+  choose_engine(train);
+  const int64_t step = step_;
+  const GradScalerState scaler = scaler_.state();
+  std::vector<torch::Tensor> ema_shadow;
+  if (ema_) {
+    for (const auto& tensor : ema_->shadow()) ema_shadow.push_back(tensor.clone());
+  }
+  const int64_t ema_calls = ema_ ? ema_->calls() : 0, ema_updates = ema_ ? ema_->updates() : 0;
+  {
+    RngStateGuard keep_random_streams;
+    TensorValuesGuard keep_parameters(parameters_);
+    TensorValuesGuard keep_buffers(model_.module().buffers());
+    OptimizerValuesGuard keep_optimizer(*optimizer_);
+    // [accumulation] x the batch: the graph's input buffers take each window's batches from here on.
+    engine_->prepare(std::vector<Batch>(static_cast<size_t>(options_.accumulation()), batch));
+  }
+  // The gradients stay: they are the graph's, written by each replay's first backward.
+  if (ema_) ema_->load_state(ema_shadow, ema_calls, ema_updates);
+  scaler_.put_back(scaler);
+  step_ = step;
+  device_step_.fill_(step);
+  window_loss_.zero_();
+  losses_->reset();
+  engine_ready_for_ = total_steps;
 }
 
 double Trainer::mean_over_ranks(double value) {
@@ -480,8 +558,11 @@ FitSummary Trainer::fit(DataLoader& train, DataLoader* test) {
         "choose another",
         checkpoints_->root(), earlier.empty() ? 0 : earlier.back().step);
   }
-  plan_steps(total_steps);
-  choose_engine(train);
+  if (engine_ready_for_ != total_steps) {  // else warm_up captured the step for this run
+    plan_steps(total_steps);
+    choose_engine(train);
+  }
+  engine_ready_for_.reset();
   device_step_.fill_(step_);
   losses_->reset();
   TrainProgress& at = progress_;

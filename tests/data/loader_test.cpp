@@ -98,6 +98,23 @@ class ThrowingAugmentation : public Augmentation {
   uint8_t marker_;
 };
 
+// A captured step copies each batch into its input buffers: same names, shapes and dtypes, or an error
+// naming the tensor (copy_ would convert a dtype silently: float pixels into uint8 buffers, say).
+TEST(Batch, CopyFromTakesTheSameShapesAndDtypesOrNamesTheTensor) {
+  Batch into{torch::zeros({2, 3}), torch::zeros({2}, torch::kLong)};
+  into.copy_from(Batch{torch::ones({2, 3}), torch::ones({2}, torch::kLong)}, false);
+  EXPECT_TRUE(torch::equal(into.inputs, torch::ones({2, 3})));
+  EXPECT_TRUE(contains_all(error_message([&] {
+                             into.copy_from(Batch{torch::ones({2, 3}), torch::ones({2})}, false);
+                           }),
+                           {"batch tensor 'targets'", "Long", "Float"}));
+  EXPECT_TRUE(
+      contains_all(error_message([&] {
+                     into.copy_from(Batch{torch::ones({2, 4}), torch::ones({2}, torch::kLong)}, false);
+                   }),
+                   {"batch tensor 'inputs'", "[2, 3]", "[2, 4]"}));
+}
+
 TEST(DataLoader, IdenticalBatchesForAnyWorkerCount) {
   const ImageDataset dataset = make_dataset(103);
   std::vector<std::vector<Collected>> runs;

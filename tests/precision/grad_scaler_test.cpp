@@ -519,6 +519,32 @@ TEST(GradScaler, StateRoundTripResumesExactly) {
   EXPECT_EQ(resumed.growth_tracker(), 1);
 }
 
+// A captured step's warm-up (Trainer::capture_ahead) undoes its steps with put_back: the scale, the growth
+// tracker and the skip count as they were, in the tensors the scaler holds, and it then scales as before.
+TEST(GradScaler, PutBackUndoesStepsInPlace) {
+  Toy toy;
+  GradScaler scaler(GradScalerOptions().init_scale(256.0).growth_interval(2));
+  toy.step(scaler, torch::ones({3}));
+  const GradScalerState saved = scaler.state();
+  const torch::Tensor scaled_before = scaler.scale(torch::ones({}));
+  toy.step(scaler, torch::tensor({kInf, 1.0, 1.0}));  // backs off, skips
+  toy.step(scaler, torch::ones({3}));
+  ASSERT_NE(scaler.scale(), saved.scale);
+  scaler.put_back(saved);
+  EXPECT_EQ(scaler.scale(), 256.0);
+  EXPECT_EQ(scaler.growth_tracker(), 1);
+  EXPECT_EQ(scaler.skipped_steps(), 0);
+  EXPECT_TRUE(torch::equal(scaler.scale(torch::ones({})), scaled_before));
+  EXPECT_TRUE(toy.step(scaler, torch::ones({3})));
+  EXPECT_EQ(scaler.scale(), 512.0) << "the growth tracker's count went on from where it was";
+
+  GradScaler unused(GradScalerOptions().init_scale(8.0));  // no tensors yet: the first scale() makes them
+  GradScalerState grown = unused.state();
+  grown.growth_tracker = 3;
+  unused.put_back(grown);
+  EXPECT_EQ(unused.growth_tracker(), 3);
+}
+
 TEST(GradScaler, StateErrors) {
   GradScaler disabled(GradScalerOptions().enabled(false));
   GradScalerState from_disabled = disabled.state();

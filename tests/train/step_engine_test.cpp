@@ -185,7 +185,8 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
 }
 
 // N captured steps equal N eager steps: weights, BatchNorm statistics, optimizer moments and step
-// counts, EMA averages, the logged loss. Resident data (batches gathered on the GPU) on both sides.
+// counts, EMA averages, the logged loss; also when the warm-up captured the step before fit() and put
+// back what its steps changed. Resident data (batches gathered on the GPU) on every side.
 TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   const torch::Device cuda(torch::kCUDA, 0);
@@ -201,40 +202,54 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
       const int64_t steps = 14;  // 3 warm-up steps, the capture, 10 replays
       std::vector<FitSummary> summaries;
       std::vector<TrainerCase> runs;
-      for (const bool graphs : {false, true}) {
+      // Eager; captured in fit(); captured by the warm-up (memory.warmup), its state put back.
+      for (const int engine : {0, 1, 2}) {
         // Images resident on the GPU; the regression's tensors copied from pinned memory.
-        auto loader =
-            kind == Kind::kConvClassifier
-                ? std::make_unique<DataLoader>(images, plain_pipeline(),
-                                               LoaderOptions(16).device(cuda).device_resident(true).seed(3))
-                : std::make_unique<DataLoader>(regression_data(), LoaderOptions(16).device(cuda).seed(3));
-        runs.push_back(make_case(cuda, graphs, precision.dtype, steps, kind));
+        auto make_loader = [&] {
+          return kind == Kind::kConvClassifier
+                     ? std::make_unique<DataLoader>(
+                           images, plain_pipeline(),
+                           LoaderOptions(16).device(cuda).device_resident(true).seed(3))
+                     : std::make_unique<DataLoader>(regression_data(),
+                                                    LoaderOptions(16).device(cuda).seed(3));
+        };
+        auto loader = make_loader();
+        runs.push_back(make_case(cuda, engine > 0, precision.dtype, steps, kind));
+        if (engine == 2) {
+          auto probe = make_loader();  // a training batch, from a loader of its own
+          probe->start_epoch(0);
+          runs.back().trainer->warm_up(*probe->next(), nullptr, loader.get());
+        }
         summaries.push_back(runs.back().trainer->fit(*loader, nullptr));
       }
-      EXPECT_EQ(summaries[0].step_engine, "eager") << what;
-      EXPECT_EQ(summaries[1].step_engine, "cuda_graph") << what;
-      EXPECT_GT(summaries[1].graph_capture_s, 0) << what;
-      EXPECT_EQ(runs[1].trainer->step(), steps) << what;
       // The same kernels in the same order: differences are the graph's, i.e. none beyond rounding.
       const double tolerance = precision.dtype == torch::kFloat ? 1e-5 : 1e-3;
-      expect_close(runs[0].model.module().parameters(), runs[1].model.module().parameters(), tolerance,
-                   what + " weights");
-      expect_close(runs[0].model.module().buffers(), runs[1].model.module().buffers(), tolerance,
-                   what + " buffers");
-      expect_close(runs[0].trainer->ema()->shadow(), runs[1].trainer->ema()->shadow(), tolerance,
-                   what + " EMA");
-      EXPECT_EQ(runs[0].trainer->ema()->updates(), runs[1].trainer->ema()->updates());
-      const Optimizer& eager = runs[0].trainer->optimizer();
-      const Optimizer& captured = runs[1].trainer->optimizer();
-      for (size_t g = 0; g < eager.groups().size(); ++g) {
-        for (size_t i = 0; i < eager.groups()[g].params.size(); ++i) {
-          EXPECT_DOUBLE_EQ(eager.step_count(g, i).item<double>(), captured.step_count(g, i).item<double>());
-          for (size_t f = 0; f < eager.state_fields(g).size(); ++f)
-            expect_close({eager.state(g, f, i)}, {captured.state(g, f, i)}, tolerance, what + " moments");
+      EXPECT_EQ(summaries[0].step_engine, "eager") << what;
+      for (const size_t run : {size_t{1}, size_t{2}}) {
+        const std::string which = what + (run == 2 ? " captured ahead" : " captured");
+        EXPECT_EQ(summaries[run].step_engine, "cuda_graph") << which;
+        EXPECT_GT(summaries[run].graph_capture_s, 0) << which;
+        EXPECT_EQ(runs[run].trainer->step(), steps) << which;
+        expect_close(runs[0].model.module().parameters(), runs[run].model.module().parameters(), tolerance,
+                     which + " weights");
+        expect_close(runs[0].model.module().buffers(), runs[run].model.module().buffers(), tolerance,
+                     which + " buffers");
+        expect_close(runs[0].trainer->ema()->shadow(), runs[run].trainer->ema()->shadow(), tolerance,
+                     which + " EMA");
+        EXPECT_EQ(runs[0].trainer->ema()->updates(), runs[run].trainer->ema()->updates()) << which;
+        const Optimizer& eager = runs[0].trainer->optimizer();
+        const Optimizer& captured = runs[run].trainer->optimizer();
+        for (size_t g = 0; g < eager.groups().size(); ++g) {
+          for (size_t i = 0; i < eager.groups()[g].params.size(); ++i) {
+            EXPECT_DOUBLE_EQ(eager.step_count(g, i).item<double>(), captured.step_count(g, i).item<double>())
+                << which;
+            for (size_t f = 0; f < eager.state_fields(g).size(); ++f)
+              expect_close({eager.state(g, f, i)}, {captured.state(g, f, i)}, tolerance, which + " moments");
+          }
         }
+        EXPECT_DOUBLE_EQ(runs[0].trainer->scaler().scale(), runs[run].trainer->scaler().scale()) << which;
+        EXPECT_EQ(summaries[0].skipped_steps, summaries[run].skipped_steps) << which;
       }
-      EXPECT_DOUBLE_EQ(runs[0].trainer->scaler().scale(), runs[1].trainer->scaler().scale()) << what;
-      EXPECT_EQ(summaries[0].skipped_steps, summaries[1].skipped_steps) << what;
     }
   }
 }

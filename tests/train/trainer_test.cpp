@@ -380,7 +380,7 @@ TEST_P(WarmUp, LeavesTheRunBitIdentical) {
       testing::PeakCpuMemory memory;
       Batch largest{torch::ones({16, 1, 8, 8}), torch::zeros({16}, torch::kLong)};
       DataLoader test(data, plain_pipeline(), LoaderOptions(40).workers(0).shuffle(false).drop_last(false));
-      trainer->warm_up(largest, &test);
+      trainer->warm_up(largest, &test, &loader);  // eager: nothing is captured ahead
       warm_up_peak = memory.peak_bytes();
       for (const auto& parameter : model.module().parameters()) EXPECT_FALSE(parameter.grad().defined());
       const Optimizer& optimizer = trainer->optimizer();

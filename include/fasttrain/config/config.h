@@ -185,7 +185,8 @@ struct MemoryConfig {
   FT_KEY(bool, warmup,
          "One forward, backward and optimizer update at the largest batch, and one evaluation, before "
          "training (nothing kept): the allocator reserves its peak once and every kernel of the step and "
-         "of the evaluation has run before the clock",
+         "of the evaluation has run before the clock; a captured step (train.cuda_graphs) is also "
+         "captured then",
          KeyTrait::kNeutral) = false;
   FT_KEY(bool, expandable_segments,
          "CUDA: the caching allocator grows segments in place instead of caching many sizes "

@@ -110,6 +110,9 @@ class GradScaler {
   // state of a disabled scaler into an enabled one is an error.
   GradScalerState state() const;
   void load_state(const GradScalerState& state);
+  // `saved` (this scaler's own state()) back in the tensors it already holds, which a captured step
+  // keeps using: the scale, the growth tracker and the skip count of before steps that are undone.
+  void put_back(const GradScalerState& saved);
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };

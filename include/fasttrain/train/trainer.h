@@ -262,8 +262,12 @@ class Trainer : private StepFunctions {
   // smaller shapes that follow from them instead of fragmenting) and every kernel of the step, the
   // optimizer's included, has run once. With `evaluation`, one evaluation on it too, whose result is
   // dropped: its shapes' kernels and cuDNN's algorithm search (66-70 ms of the main job's first
-  // evaluation on an H100) come before the clock as well. Only between optimizer steps.
-  void warm_up(const Batch& batch, DataLoader* evaluation = nullptr);
+  // evaluation on an H100) come before the clock as well. With `train` (the loader fit() will take)
+  // and a captured step (train.cuda_graphs), the engine's eager warm-up steps and the capture also run
+  // here, on `batch` (which then must have the training batches' shape), and everything they changed is
+  // put back in the tensors the graph holds: fit() replays from its first step (41-74 ms of the main
+  // job's capture on an H100 leave the clock). Only between optimizer steps.
+  void warm_up(const Batch& batch, DataLoader* evaluation = nullptr, const DataLoader* train = nullptr);
 
   const Model& model() const { return model_; }
   Task& task() { return *task_; }
@@ -307,6 +311,8 @@ class Trainer : private StepFunctions {
   torch::OrderedDict<std::string, torch::Tensor> optimizer_parameters() const;
   // The engine options.cuda_graphs() asks for, for `loader` (an Error where a capture is blocked).
   void choose_engine(const DataLoader& loader);
+  // warm_up's part for a captured step: its warm-up steps and capture on `batch`, then the state back.
+  void capture_ahead(const Batch& batch, const DataLoader& train);
   // Feeds the micro-batches of the current window to the engine; false when a stop was requested
   // inside the window (one process, eager: the gradients so far are kept for the checkpoint).
   bool feed_window(DataLoader& train, int64_t batches_per_epoch, FitSession& session);
@@ -348,6 +354,7 @@ class Trainer : private StepFunctions {
   torch::Tensor window_loss_;  // 0-dim fp32: the current window's loss so far
   std::unique_ptr<LossTracker> losses_;
   std::unique_ptr<StepEngine> engine_;
+  std::optional<int64_t> engine_ready_for_;  // capture_ahead's planned steps, until fit() takes the engine
 
   TrainProgress progress_;
   StepPhases phases_;

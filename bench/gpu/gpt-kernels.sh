@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# On a GPU machine, with the CLI built elsewhere against the same wheel and carried (as prebuilt.sh):
+# the 12 x 768 GPT of run-all.sh (T 1024, batch 16, bf16), fasttrain against its eager PyTorch peer:
+# tokens/s of each (fasttrain captured and eager, the peer eager), then each one's CUDA kernels per step
+# from a profile of 5 eager steps (fasttrain profile's Kineto trace, the peer's torch.profiler trace),
+# side by side (bench/gpu/kernel_table.py). Logs and traces go to $OUT/gpt-kernels.tgz.
+#   bench/gpu/gpt-kernels.sh          # PYTHON (default python3): the PyTorch the CLI was built against
+# FASTTRAIN_GPT_VARIANTS and PEER_GPT_VARIANTS replace the runs timed (one "name args..." per line: --set
+# options of fasttrain train, flags of bench/peer_gpt.py); GPT_PROFILE=0 skips the profiles.
+# fasttrain's tokens/s are over steps 21-60 (metrics.jsonl), as the peer's are after its 20 untimed steps.
+set -uo pipefail
+script=gpt-kernels work=/tmp/fasttrain-gpt-work
+source "$(dirname "$0")/common.sh"
+unpack_prebuilt_deps >/dev/null || exit 1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+
+model=(--set data.path="$root" --set 'data.include=*.cpp' --set model.layers=12 --set model.heads=12
+  --set model.embed=768 --set model.context=1024 --set data.batch_size=16 --set data.eval_batch_size=16
+  --set schedule.warmup_steps=10 --set train.eval_every_steps=0 --set log.progress=none
+  --set train.threads=0 --set train.precision=auto)
+peer=(--device cuda --path "$root" --include '*.cpp' --layers 12 --heads 12 --embed 768 --context 1024
+  --batch-size 16 --lr-warmup-steps 10 --min-lr 1e-4 --ceiling-flops -1)
+
+fasttrain_variants="${FASTTRAIN_GPT_VARIANTS:-$'captured --set train.cuda_graphs=true\neager --set train.cuda_graphs=false'}"
+peer_variants="${PEER_GPT_VARIANTS:-eager}"
+stage "tokens/s: fasttrain (60 steps), the peer (60 steps, 20 untimed)"
+while read -r name extra; do
+  [ -z "$name" ] && continue
+  # shellcheck disable=SC2086  # $extra is a list of arguments
+  timeout 120 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/fasttrain-$name" "${model[@]}" \
+    --set train.max_steps=60 --set log.every_steps=10 $extra >"$work/fasttrain-$name.log" 2>&1
+  echo "fasttrain $name: $("$python" - "$work/fasttrain-$name" <<'PY' 2>&1
+import json, os, sys
+d = sys.argv[1]
+s = json.load(open(os.path.join(d, "summary.json")))
+steady = [json.loads(l)["samples_per_s"] for l in open(os.path.join(d, "metrics.jsonl")) if '"samples_per_s"' in l]
+steady = [r for i, r in enumerate(steady) if i >= 2]  # the intervals after step 20
+print(round(sum(steady) / len(steady)), "tokens/s over steps 21-60,", round(s["train_samples_per_s"]),
+      "over the run; capture", s.get("graph_capture_s"), "s, peak", round(s["peak_memory_bytes"] / 2**30, 2), "GiB")
+PY
+)"
+done <<<"$fasttrain_variants"
+while read -r name extra; do
+  [ -z "$name" ] && continue
+  # shellcheck disable=SC2086
+  timeout 300 "$python" bench/peer_gpt.py "${peer[@]}" --steps 60 --warmup-steps 20 --log-every 10 $extra \
+    >"$work/peer-$name.json" 2>"$work/peer-$name.log"
+  echo "peer $name: $("$python" -c 'import json,sys; r=json.loads(open(sys.argv[1]).read().strip().splitlines()[-1]); print(round(r["tokens_per_s"]), "tokens/s, step", r["step_ms"], "ms, peak", round(r["peak_memory_bytes"] / 2**30, 2), "GiB")' "$work/peer-$name.json" 2>&1 | tail -n 1)"
+done <<<"$peer_variants"
+
+[ "${GPT_PROFILE:-1}" = 0 ] && { tar czf "$out/gpt-kernels.tgz" -C "$work" --exclude='*.safetensors' . 2>/dev/null; stage "done"; exit 0; }
+stage "profiles: 5 eager steps each"
+timeout 120 "$cli" profile configs/gpt_text.toml --run-dir "$work/profile" --steps 5 --warmup-steps 5 "${model[@]}" \
+  >"$work/profile.log" 2>&1 || tail -n 5 "$work/profile.log"
+timeout 120 "$python" bench/peer_gpt.py "${peer[@]}" --steps 15 --warmup-steps 10 --log-every 0 --profile-steps 5 \
+  --profile-trace "$work/peer-trace.json" >"$work/peer-profile.json" 2>"$work/peer-profile.log" || tail -n 5 "$work/peer-profile.log"
+"$python" bench/gpu/kernel_table.py "$work/profile/trace.json" --steps 5 --rows 40
+"$python" bench/gpu/kernel_table.py "$work/peer-trace.json" --steps 5 --rows 40
+for f in "$work/profile/trace.json" "$work/peer-trace.json"; do
+  "$python" bench/gpu/kernel_table.py "$f" --steps 5 --json >"$f.kernels.json" 2>/dev/null
+done
+
+find "$work" \( -name '*.safetensors' \) -delete
+find "$work" -path '*checkpoints*' -prune -exec rm -rf {} + 2>/dev/null
+gzip -f "$work/profile/trace.json" "$work/peer-trace.json" 2>/dev/null
+tar czf "$out/gpt-kernels.tgz" -C "$work" . 2>/dev/null
+stage "done"
