@@ -437,9 +437,7 @@ int report(const char* kind, const std::string& message, const char* hint, int c
   return code;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_reporting_errors(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const fasttrain::ConfigError& error) {
@@ -452,4 +450,18 @@ int main(int argc, char** argv) {
   } catch (const std::exception& error) {
     return report("std.exception", error.what(), "", 1);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int code = run_reporting_errors(argc, argv);
+  // A distributed run's NCCL communicators end here, before CUDA's own teardown at exit; after a failure
+  // without waiting for collectives a dead peer never joins.
+  try {
+    fasttrain::shutdown_default_process_group(/*abort=*/code != 0);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "warning: shutting the process group down: %s\n", error.what());
+  }
+  return code;
 }

@@ -1,4 +1,4 @@
-// c10d's Gloo process group behind fasttrain's small collective interface.
+// c10d's Gloo (and, for CUDA tensors, NCCL) process group behind fasttrain's small collective interface.
 #ifndef USE_C10D_GLOO  // ProcessGroupGloo.hpp declares the class only under it (Torch's CMake sets it)
 #define USE_C10D_GLOO
 #endif
@@ -11,6 +11,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <torch/cuda.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -26,9 +27,13 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/comm.hpp>
+#ifdef FASTTRAIN_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/device.h"
 
 namespace fasttrain {
 
@@ -173,7 +178,99 @@ c10::intrusive_ptr<c10d::Store> attempt_keys(c10::intrusive_ptr<c10d::Store> sto
       std::string("/worker/attempt_") + (attempt != nullptr ? attempt : "0"), std::move(store));
 }
 
+// Every rank must build the same backend (a machine with fewer GPUs would take Gloo where the others
+// take NCCL, and their first collective would hang): rank 0's choice, through the store, is the rule.
+void agree_on_backend(c10d::Store& store, int rank, const BackendChoice& mine) {
+  const std::string key = "fasttrain/backend";
+  if (rank == 0) store.set(key, std::vector<uint8_t>(mine.backend.begin(), mine.backend.end()));
+  const std::vector<uint8_t> bytes = store.get(key);
+  const std::string chosen(bytes.begin(), bytes.end());
+  FT_CONFIG_CHECK(
+      chosen == mine.backend,
+      "rank {} chose dist.backend = \"{}\"{} and rank 0 \"{}\": the ranks' machines differ (GPUs, "
+      "ranks per machine); set dist.backend explicitly",
+      rank, mine.backend, mine.reason.empty() ? "" : " (" + mine.reason + ")", chosen);
+}
+
+// The c10d group of a NCCL run: NCCL for CUDA tensors, `gloo` for the CPU ones (the stop flags, the
+// evaluation's sums), as torch.distributed's "cpu:gloo,cuda:nccl". NCCL's keys go under their own prefix
+// of the store, as torch.distributed gives each device's backend one.
+c10::intrusive_ptr<c10d::ProcessGroup> nccl_process_group(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+    const c10::intrusive_ptr<c10d::ProcessGroupGloo>& gloo, std::chrono::milliseconds timeout) {
+#ifdef FASTTRAIN_NCCL
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = timeout;
+  auto nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      c10::make_intrusive<c10d::PrefixStore>("cuda/", store), rank, size, options);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, size);
+  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  group->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::NCCL);
+  return group;
+#else
+  (void)store, (void)rank, (void)size, (void)gloo, (void)timeout;
+  FT_FAIL("this fasttrain was built without NCCL");
+#endif
+}
+
 }  // namespace
+
+bool built_with_nccl() {
+#ifdef FASTTRAIN_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+BackendFacts backend_facts(const std::string& device_spec, int local_ranks) {
+  BackendFacts facts;
+  facts.device = parse_device(device_spec).type();
+  facts.local_ranks = local_ranks;
+  if (facts.device == torch::kCUDA) {
+    const bool pinned = device_spec.find(':') != std::string::npos;  // "cuda:N": every rank on GPU N
+    facts.gpus = pinned ? 1 : static_cast<int>(torch::cuda::device_count());
+  }
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  facts.visible_devices_set = visible != nullptr && *visible != '\0';
+  return facts;
+}
+
+BackendChoice choose_backend(const std::string& requested, const BackendFacts& facts) {
+  const bool cuda = facts.device == torch::kCUDA;
+  const int local_ranks = facts.local_ranks, gpus = facts.gpus;
+  if (requested == "gloo") return {"gloo", ""};
+  const std::string sharing =
+      fmt::format("{} ranks on this machine share its {} GPU{}", local_ranks, gpus, gpus == 1 ? "" : "s");
+  if (requested == "nccl") {
+    FT_CONFIG_CHECK(
+        built_with_nccl(),
+        "dist.backend = \"nccl\": this fasttrain is built against LibTorch without NCCL (or without "
+        "nccl.h); use \"gloo\" (or \"auto\")");
+    FT_CONFIG_CHECK(cuda,
+                    "dist.backend = \"nccl\" moves CUDA tensors, but the run trains on the CPU; use \"gloo\" "
+                    "(or \"auto\")");
+    // With CUDA_VISIBLE_DEVICES set, each rank may see a GPU of its own as its first (srun --gpus-per-task).
+    FT_CONFIG_CHECK(
+        local_ranks <= gpus || facts.visible_devices_set,
+        "dist.backend = \"nccl\" needs a GPU per rank, and {} (NCCL refuses two ranks on one device): "
+        "use \"gloo\" (or \"auto\"), or start at most {} rank{} a machine",
+        sharing, gpus, gpus == 1 ? "" : "s");
+    return {"nccl", ""};
+  }
+  FT_CONFIG_CHECK(requested == "auto", "dist.backend must be auto, gloo or nccl, got \"{}\"", requested);
+  if (!cuda) return {"gloo", ""};
+  if (!built_with_nccl()) return {"gloo", "this fasttrain is built without NCCL"};
+  if (local_ranks > gpus) {
+    const std::string bound =
+        facts.visible_devices_set
+            ? "; where CUDA_VISIBLE_DEVICES gives each rank its own, set dist.backend = \"nccl\""
+            : "";
+    return {"gloo", sharing + " (NCCL needs one each" + bound + ")"};
+  }
+  return {"nccl", ""};
+}
 
 std::optional<DistEnv> DistEnv::from_environment() {
   DistEnv env;
@@ -226,20 +323,19 @@ struct ProcessGroup::Impl {
   }
 };
 
-std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const DistOptions& options) {
-  const std::string backend = options.backend() == "auto" ? "gloo" : options.backend();
-  FT_CONFIG_CHECK(
-      backend == "gloo",
-      "dist.backend = \"{}\": this fasttrain is built against LibTorch without NCCL; use \"gloo\" "
-      "(or \"auto\")",
-      options.backend());
+std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const DistOptions& options,
+                                                   const std::string& device_spec) {
   check_keys(options, "dist");
+  const BackendChoice backend =
+      choose_backend(options.backend(), backend_facts(device_spec, env.local_world_size));
   std::shared_ptr<ProcessGroup> result(new ProcessGroup());
   result->impl_ = std::make_unique<Impl>();
   result->rank_ = env.rank;
   result->size_ = env.world_size;
   result->local_size_ = env.local_world_size;
-  result->backend_ = backend;
+  result->local_rank_ = env.local_rank;
+  result->backend_ = backend.backend;
+  result->backend_reason_ = backend.reason;
   result->timeout_ = std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s() * 1000));
 
   check_agent_store_speaks_our_protocol(env);
@@ -252,14 +348,20 @@ std::shared_ptr<ProcessGroup> ProcessGroup::create(const DistEnv& env, const Dis
   try {
     result->impl_->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
     if (agent_serves_the_store()) result->impl_->store = attempt_keys(result->impl_->store);
+    agree_on_backend(*result->impl_->store, env.rank, backend);
     auto gloo_options = c10d::ProcessGroupGloo::Options::create(result->timeout_);
     gloo_options->devices.push_back(gloo_device(env.master_addr));
     auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(result->impl_->store, env.rank, env.world_size,
                                                             gloo_options);
     result->impl_->group =
-        compat::gloo_process_group<c10d::ProcessGroup>(result->impl_->store, env.rank, env.world_size, gloo);
+        backend.backend == "nccl"
+            ? nccl_process_group(result->impl_->store, env.rank, env.world_size, gloo, result->timeout_)
+            : compat::gloo_process_group<c10d::ProcessGroup>(result->impl_->store, env.rank, env.world_size,
+                                                             gloo);
     result->impl_->hosts =
         exchange_hosts(*result->impl_->store, env.rank, env.world_size, this_host(env.master_addr));
+  } catch (const ConfigError&) {
+    throw;
   } catch (const std::exception& error) {
     std::string message = error.what();
     message = message.substr(0, message.find("\nException raised from"));
@@ -367,13 +469,54 @@ bool ProcessGroup::any(bool flag) {
   return value.item<int>() != 0;
 }
 
-std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options) {
-  static std::mutex mutex;
-  static std::shared_ptr<ProcessGroup> group;
-  static std::optional<DistOptions> created_with;
-  std::lock_guard<std::mutex> lock(mutex);
+namespace {
+
+// The process's default group. Never destroyed at exit: NCCL's communicators need CUDA, which may be
+// torn down before static destructors run (seen on an H200: ~ProcessGroupNCCL then aborted the
+// process); shutdown_default_process_group ends them while CUDA lives.
+struct DefaultGroup {
+  std::mutex mutex;
+  std::shared_ptr<ProcessGroup> group;
+  std::optional<DistOptions> created_with;
+  bool shut_down = false;
+};
+
+DefaultGroup& default_group() {
+  static DefaultGroup* state = new DefaultGroup();
+  return *state;
+}
+
+}  // namespace
+
+void ProcessGroup::shutdown(bool abort) {
+#if defined(FASTTRAIN_NCCL) && FASTTRAIN_TORCH_AT_LEAST(2, 4)
+  if (backend_ != "nccl") return;
+  abort ? impl_->group->abort() : impl_->group->shutdown();
+#else
+  (void)abort;
+#endif
+}
+
+void shutdown_default_process_group(bool abort) {
+  DefaultGroup& state = default_group();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  if (state.group) state.group->shutdown(abort);
+  state.group.reset();
+  state.shut_down = state.created_with.has_value();
+}
+
+std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options,
+                                                    const std::string& device_spec) {
+  DefaultGroup& state = default_group();
+  std::lock_guard<std::mutex> lock(state.mutex);
+  std::shared_ptr<ProcessGroup>& group = state.group;
+  std::optional<DistOptions>& created_with = state.created_with;
+  FT_CHECK(!state.shut_down, "this process's group was shut down (shutdown_default_process_group)");
   if (!created_with) {
-    if (std::optional<DistEnv> env = DistEnv::from_environment()) group = ProcessGroup::create(*env, options);
+    if (std::optional<DistEnv> env = DistEnv::from_environment()) {
+      use_device(parse_device(device_spec, env->local_rank));  // where NCCL's communicators go
+      group = ProcessGroup::create(*env, options, device_spec);
+    }
     created_with = options;
     return group;
   }

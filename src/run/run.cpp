@@ -16,6 +16,7 @@
 #include "fasttrain/train/guards.h"
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/device.h"
 
 namespace fasttrain {
 
@@ -198,6 +199,8 @@ void announce_ranks(const Run& run, int local_ranks, Reporter& reporter) {
   warn_oversubscribed(run.blas.threads, run.blas.name + " (matmul)",
                       fmt::format("train.blas_threads = {}", std::max(1, hardware / local_ranks)));
   const int64_t world_size = run.group->size();
+  if (!run.group->backend_reason().empty())
+    reporter.note(fmt::format("  auto: dist.backend = gloo: {}", run.group->backend_reason()));
   const std::string kind =
       config.dist.zero() == 0 ? std::string("DDP") : fmt::format("ZeRO-{}", config.dist.zero());
   if (run.train_loader->source_batched()) {
@@ -246,8 +249,9 @@ Run build_run(RunBuilder& builder, const Config& requested, Reporter* reporter_i
   const bool segments_ignored =
       requested.memory.expandable_segments() && !compat::enable_expandable_segments();
   Run run;
-  run.device = parse_device(requested.train.device());
-  run.group = default_process_group(requested.dist);
+  run.group = default_process_group(requested.dist, requested.train.device());
+  run.device = parse_device(requested.train.device(), run.group ? run.group->local_rank() : 0);
+  use_device(run.device);
   const bool rank0 = !run.group || run.group->rank() == 0;
   Reporter& reporter = reporter_in && rank0 ? *reporter_in : quiet_reporter();
   if (segments_ignored) {

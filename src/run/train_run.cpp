@@ -292,7 +292,7 @@ void clear_run_dir(const std::string& run_dir) {
 FitSummary train_run(RunBuilder& builder, const Config& requested, const std::string& run_dir,
                      const RunOptions& options) {
   // ---- distributed: rank 0 alone decides about, writes and reports the run directory ----
-  std::shared_ptr<ProcessGroup> group = default_process_group(requested.dist);
+  std::shared_ptr<ProcessGroup> group = default_process_group(requested.dist, requested.train.device());
   const bool rank0 = !group || group->rank() == 0;
   const std::shared_ptr<Reporter> reporter_ptr = rank0 ? options.reporter() : nullptr;
   Reporter& reporter = reporter_or_quiet(reporter_ptr);

@@ -267,6 +267,7 @@ std::string Trainer::rng_file_name() const {
 }
 
 void Trainer::load_checkpoint(const std::string& dir, int64_t train_batches) {
+  check_not_captured_ahead("load_checkpoint");
   FT_CHECK(std::filesystem::is_directory(dir), "checkpoint '{}' does not exist or is not a directory", dir);
   // Nothing is parsed before every file matched the manifest's size and SHA-256.
   CheckpointManifest manifest = verify_checkpoint(dir);

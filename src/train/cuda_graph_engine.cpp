@@ -31,7 +31,6 @@ class CudaGraphEngine : public StepEngine {
   const char* name() const override { return "cuda_graph"; }
   bool stops_inside_windows() const override { return false; }
   double capture_seconds() const override { return capture_seconds_; }
-  bool prepared() const override { return graph_ != nullptr; }
 
   // memory.warmup: the warm-up steps and the capture on `window`, before the clock. (The capture step
   // records without running, so unlike step() nothing is replayed here.)

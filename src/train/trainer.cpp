@@ -73,7 +73,19 @@ class OptimizerValuesGuard {
       saved_.push_back(std::move(values));
     });
   }
+  // Best effort while an error unwinds (a destructor must not throw): the error that stopped the steps
+  // is the one to report, and the run ends with it.
   ~OptimizerValuesGuard() {
+    try {
+      put_back();
+    } catch (const std::exception&) {
+    }
+  }
+  OptimizerValuesGuard(const OptimizerValuesGuard&) = delete;
+  OptimizerValuesGuard& operator=(const OptimizerValuesGuard&) = delete;
+
+ private:
+  void put_back() {
     torch::NoGradGuard no_grad;
     size_t at = 0;
     for_each_parameter([&](size_t group, size_t index) {
@@ -89,10 +101,7 @@ class OptimizerValuesGuard {
       }
     });
   }
-  OptimizerValuesGuard(const OptimizerValuesGuard&) = delete;
-  OptimizerValuesGuard& operator=(const OptimizerValuesGuard&) = delete;
 
- private:
   template <typename Visit>
   void for_each_parameter(Visit&& visit) const {
     for (size_t group = 0; group < optimizer_.groups().size(); ++group)
@@ -204,12 +213,14 @@ void check_ema_with_zero3(bool both) {
 }  // namespace
 
 void Trainer::enable_ema(const EmaOptions& options) {
+  check_not_captured_ahead("enable_ema");
   check_ema_with_zero3(parallel_ && parallel_->zero() == 3);
   ema_ = std::make_unique<Ema>(model_.module(), options);
 }
 
 void Trainer::enable_data_parallel(std::shared_ptr<ProcessGroup> group, const DistOptions& options) {
   FT_CHECK(!parallel_, "enable_data_parallel was already called");
+  check_not_captured_ahead("enable_data_parallel");
   FT_CHECK(step_ == 0 && optimizer_->state_bytes() == 0,
            "enable_data_parallel must come before any optimizer step or checkpoint load");
   check_ema_with_zero3(ema_ && options.zero() == 3);
@@ -317,6 +328,7 @@ void Trainer::count_replayed_step() {
 }
 
 void Trainer::warm_up(const Batch& batch, DataLoader* evaluation, const DataLoader* train) {
+  check_not_captured_ahead("a second warm_up");
   for (const auto& parameter : parameters_) {
     FT_CHECK(!parameter.grad().defined(),
              "warm_up runs between optimizer steps, but gradients of an accumulation window are pending");
@@ -344,6 +356,13 @@ void Trainer::warm_up(const Batch& batch, DataLoader* evaluation, const DataLoad
   for (const auto& parameter : parameters_) parameter.mutable_grad() = torch::Tensor();
   if (evaluation) evaluate(*evaluation);  // eval mode, no gradients: nothing of the model changes
   if (train) capture_ahead(batch, *train);
+}
+
+void Trainer::check_not_captured_ahead(const char* what) const {
+  FT_CHECK(!engine_ready_for_,
+           "{} after warm_up captured the step (memory.warmup with train.cuda_graphs): it would replace "
+           "tensors the CUDA graph holds; call it before warm_up",
+           what);
 }
 
 void Trainer::capture_ahead(const Batch& batch, const DataLoader& train) {
@@ -492,6 +511,7 @@ struct Trainer::Snapshot {
 };
 
 LrFinderResult Trainer::find_lr(DataLoader& loader, const LrFinderOptions& options) {
+  check_not_captured_ahead("find_lr");
   const Snapshot before(*this);
   int64_t epoch = 0;
   auto step_at = [&](double lr) {

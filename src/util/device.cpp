@@ -3,6 +3,9 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <torch/cuda.h>
+#ifdef FASTTRAIN_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 #include <algorithm>
 #include <fstream>
@@ -14,10 +17,12 @@
 
 namespace fasttrain {
 
-torch::Device parse_device(const std::string& spec) {
-  if (spec == "auto") {
-    return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
-  }
+torch::Device parse_device(const std::string& spec, int local_rank) {
+  const auto rank_gpu = [&] {
+    const int gpus = static_cast<int>(torch::cuda::device_count());
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(local_rank % std::max(gpus, 1)));
+  };
+  if (spec == "auto") return torch::cuda::is_available() ? rank_gpu() : torch::Device(torch::kCPU);
   if (spec == "cpu") return torch::Device(torch::kCPU);
   if (spec.rfind("cuda", 0) == 0) {
     FT_CONFIG_CHECK(
@@ -28,9 +33,17 @@ torch::Device parse_device(const std::string& spec) {
     FT_CONFIG_CHECK(!device.has_index() || device.index() < static_cast<int>(torch::cuda::device_count()),
                     "device '{}' does not exist: {} CUDA device(s) visible", spec,
                     torch::cuda::device_count());
-    return device;
+    return device.has_index() ? device : rank_gpu();
   }
   throw ConfigError(fmt::format("device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got '{}'", spec));
+}
+
+void use_device(const torch::Device& device) {
+#ifdef FASTTRAIN_CUDA
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+#else
+  (void)device;
+#endif
 }
 
 int physical_cores() {

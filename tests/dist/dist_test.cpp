@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <torch/cuda.h>
 #include <torch/version.h>
 #include <unistd.h>
 
@@ -171,6 +172,53 @@ TEST(DistEnv, TheDefaultGroupKeepsItsOptionsAndRefusesOthers) {
 // The sampler: DistributedSampler's sharding
 // ---------------------------------------------------------------------------------------------
 
+// dist.backend: "auto" takes NCCL for a CUDA run where the machine's ranks spread over as many GPUs, else
+// Gloo (saying why, on CUDA); "nccl" where it certainly cannot work is an error naming why.
+BackendFacts facts(torch::DeviceType device, int local_ranks, int gpus, bool visible_devices_set = false) {
+  BackendFacts facts;
+  facts.device = device;
+  facts.local_ranks = local_ranks;
+  facts.gpus = gpus;
+  facts.visible_devices_set = visible_devices_set;
+  return facts;
+}
+
+TEST(DistBackend, AutoTakesNcclWhereEachRankHasAGpuAndNcclIsRefusedWhereItCannotWork) {
+  EXPECT_EQ(choose_backend("auto", facts(torch::kCPU, 2, 0)).backend, "gloo");
+  EXPECT_EQ(choose_backend("auto", facts(torch::kCPU, 2, 0)).reason, "");
+  EXPECT_EQ(choose_backend("gloo", facts(torch::kCUDA, 1, 8)).backend, "gloo");
+  EXPECT_EQ(choose_backend("gloo", facts(torch::kCUDA, 1, 8)).reason, "");
+  const BackendChoice shared = choose_backend("auto", facts(torch::kCUDA, 2, 1));
+  EXPECT_EQ(shared.backend, "gloo");
+  EXPECT_TRUE(testing::contains_all(
+      shared.reason, {built_with_nccl() ? "2 ranks on this machine share its 1 GPU" : "without NCCL"}))
+      << shared.reason;
+  EXPECT_EQ(choose_backend("auto", facts(torch::kCUDA, 2, 2)).backend, built_with_nccl() ? "nccl" : "gloo");
+  // train.device = "cuda:N": every rank of the machine on one GPU.
+  EXPECT_EQ(backend_facts("cpu", 4).gpus, 0);
+  auto refused = [](const BackendFacts& facts) {
+    return testing::error_message([&] { choose_backend("nccl", facts); });
+  };
+  EXPECT_TRUE(
+      testing::contains_all(testing::error_message([] { choose_backend("mpi", facts(torch::kCPU, 1, 0)); }),
+                            {"dist.backend", "\"mpi\""}));
+  if (!built_with_nccl()) {
+    EXPECT_TRUE(testing::contains_all(refused(facts(torch::kCUDA, 1, 1)),
+                                      {"dist.backend = \"nccl\"", "without NCCL"}));
+    return;
+  }
+  EXPECT_EQ(choose_backend("nccl", facts(torch::kCUDA, 2, 2)).backend, "nccl");
+  EXPECT_TRUE(testing::contains_all(refused(facts(torch::kCPU, 1, 0)),
+                                    {"dist.backend = \"nccl\"", "trains on the CPU"}));
+  EXPECT_TRUE(testing::contains_all(
+      refused(facts(torch::kCUDA, 2, 1)),
+      {"needs a GPU per rank", "2 ranks on this machine share its 1 GPU", "at most 1 rank a machine"}));
+  // Each rank may see its own GPU as its only one (srun --gpus-per-task): trusted, and auto says how.
+  EXPECT_EQ(choose_backend("nccl", facts(torch::kCUDA, 4, 1, true)).backend, "nccl");
+  EXPECT_TRUE(testing::contains_all(choose_backend("auto", facts(torch::kCUDA, 4, 1, true)).reason,
+                                    {"CUDA_VISIBLE_DEVICES", "dist.backend = \"nccl\""}));
+}
+
 TEST(DistSampler, DealsTheEpochOrderLikeDistributedSampler) {
   ImageDataset data = testing::synthetic_images(10);
   auto loader = [&](bool shuffle, int64_t rank, int64_t world, bool even) {
@@ -264,6 +312,63 @@ TEST_F(DistRun, TwoRanksEqualOneProcessOnTheGlobalBatchAndZeroEqualsDdp) {
   for (std::string line; std::getline(lines, line);)
     train_records += nlohmann::json::parse(line)["kind"] == "train";
   EXPECT_EQ(train_records, 4);
+}
+
+// On GPUs: each rank of a machine takes a GPU of its own (sharing them where there are fewer), and DDP and
+// ZeRO-1/2/3 over CUDA tensors equal one process on the global batch, with the backend that "auto" picks
+// (Gloo where the ranks share a GPU: NCCL refuses that; NCCL where each has one). fp32 without TF32; the
+// half batches and the whole one still go through different cuBLAS kernels, hence the looser bound.
+TEST_F(DistRun, TwoRanksOnTheGpusEqualOneProcessOnTheGlobalBatch_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  testing::TempDir dir;
+  const std::string gpu = kRun + " --set train.device=cuda --set train.precision=fp32 --set train.tf32=false";
+  auto single =
+      run_command(kCli + " train" + gpu + " --set data.batch_size=64 --run-dir " + dir.file("single"));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  const std::string backend = torch::cuda::device_count() >= 2 && built_with_nccl() ? "nccl" : "gloo";
+  for (int zero : {0, 1, 2, 3}) {
+    const std::string run = dir.file("zero" + std::to_string(zero));
+    auto result =
+        run_command(launch(2) + gpu + " --set data.batch_size=32 --set dist.zero=" + std::to_string(zero) +
+                    " --run-dir " + run);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_LT(
+        max_difference(dir.file("single") + "/final/model.safetensors", run + "/final/model.safetensors"),
+        1e-4)
+        << "dist.zero = " << zero << " on the GPU against one process";
+    EXPECT_EQ(summary_of(run)["dist"]["backend"], backend) << "dist.zero = " << zero;
+    EXPECT_EQ(summary_of(run)["steps"], 20);
+    if (backend == "gloo") {
+      EXPECT_TRUE(testing::contains_all(result.output, {"auto: dist.backend = gloo", "share"}))
+          << result.output;
+    }
+  }
+}
+
+// dist.backend = "nccl", a rank per GPU (as many as there are, at most 2): DDP and ZeRO-1/2/3 equal one
+// process on the global batch.
+TEST_F(DistRun, NcclRanksEqualOneProcessOnTheGlobalBatch_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!built_with_nccl()) GTEST_SKIP() << "this fasttrain is built without NCCL";
+  testing::TempDir dir;
+  const int ranks = std::min(2, static_cast<int>(torch::cuda::device_count()));
+  const std::string gpu = kRun + " --set train.device=cuda --set train.precision=fp32 --set train.tf32=false";
+  auto single =
+      run_command(kCli + " train" + gpu + " --set data.batch_size=64 --run-dir " + dir.file("single"));
+  ASSERT_EQ(single.exit_code, 0) << single.output;
+  for (int zero : {0, 1, 2, 3}) {
+    const std::string run = dir.file("zero" + std::to_string(zero));
+    auto result = run_command(launch(ranks) + gpu +
+                              " --set dist.backend=nccl --set data.batch_size=" + std::to_string(64 / ranks) +
+                              " --set dist.zero=" + std::to_string(zero) + " --run-dir " + run);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_LT(
+        max_difference(dir.file("single") + "/final/model.safetensors", run + "/final/model.safetensors"),
+        1e-4)
+        << "NCCL, dist.zero = " << zero << ", " << ranks << " rank(s), against one process";
+    EXPECT_EQ(summary_of(run)["dist"]["backend"], "nccl");
+    EXPECT_EQ(summary_of(run)["dist"]["world_size"], ranks);
+  }
 }
 
 // Text on two ranks: windows are samples like images (rank r takes every other window of the epoch
@@ -779,7 +884,9 @@ TEST(Launch, BadUsageIsAClearError) {
   auto nccl =
       run_command(kCli + " launch --nproc 1 -- " + kCli + " train" + kRun + " --set dist.backend=nccl");
   EXPECT_EQ(nccl.exit_code, 2) << nccl.output;
-  EXPECT_TRUE(testing::contains_all(nccl.output, {"dist.backend = \"nccl\"", "without NCCL"})) << nccl.output;
+  EXPECT_TRUE(testing::contains_all(
+      nccl.output, {"dist.backend = \"nccl\"", built_with_nccl() ? "trains on the CPU" : "without NCCL"}))
+      << nccl.output;
   auto zero = run_command(kCli + " train" + kRun + " --set dist.zero=4");
   EXPECT_EQ(zero.exit_code, 2) << zero.output;
   EXPECT_TRUE(testing::contains_all(zero.output, {"dist.zero must be 0, 1, 2 or 3, got 4"})) << zero.output;

@@ -1,6 +1,7 @@
 #pragma once
-// The process group of a distributed run: PyTorch's c10d (Gloo on CPU) set up from the environment
-// that torchrun, Slurm's srun or `fasttrain launch` give each process.
+// The process group of a distributed run: PyTorch's c10d (Gloo for CPU tensors; NCCL or Gloo for CUDA
+// tensors, dist.backend) set up from the environment that torchrun, Slurm's srun or `fasttrain launch`
+// give each process.
 //
 //   // torchrun --nproc-per-node 2 --no-python fasttrain train cfg.toml   (or: fasttrain launch --nproc 2 --
 //   ...) if (std::optional<fasttrain::DistEnv> env = fasttrain::DistEnv::from_environment()) {
@@ -34,10 +35,13 @@ namespace fasttrain {
 // [dist]: how ranks talk and what they shard.
 struct DistOptions {
   FT_KEYS(DistOptions);
-  FT_KEY(std::string, backend,
-         "Collectives of a distributed run (torchrun, srun or fasttrain launch): auto (gloo on CPU), gloo or "
-         "nccl (a LibTorch built with NCCL)",
-         one_of({"auto", "gloo", "nccl"}), KeyTrait::kNeutral) = "auto";
+  FT_KEY(
+      std::string, backend,
+      "Collectives of a distributed run (torchrun, srun or fasttrain launch): auto (nccl on CUDA when each "
+      "rank on a machine has a GPU of its own, else gloo), gloo (ranks may share a GPU; CUDA tensors go "
+      "through the host) or nccl (CUDA, a GPU per rank, a LibTorch with NCCL; CPU tensors still take "
+      "gloo). The NCCL group has run on one rank of an H200, not yet across GPUs",
+      one_of({"auto", "gloo", "nccl"}), KeyTrait::kNeutral) = "auto";
   FT_KEY(
       double, timeout_s,
       "Longest wait of the rendezvous or any collective: a rank that died or hangs fails the others after it",
@@ -79,18 +83,46 @@ struct DistEnv {
 // Reduction of all_reduce.
 enum class ReduceOp { kSum, kMax };
 
+// What decides dist.backend "auto", and whether "nccl" can work (see choose_backend).
+struct BackendFacts {
+  torch::DeviceType device = torch::kCPU;  // the run's
+  int local_ranks = 1;                     // ranks on this machine
+  int gpus = 0;                            // GPUs they spread over: those visible, 1 under "cuda:N"
+  bool visible_devices_set = false;        // CUDA_VISIBLE_DEVICES is set: each rank may see a GPU of its own
+};
+// The facts of this process for train.device = `device_spec` with `local_ranks` ranks on this machine.
+BackendFacts backend_facts(const std::string& device_spec, int local_ranks);
+
+// dist.backend resolved: "nccl" or "gloo", and why "auto" took gloo for a CUDA run ("" otherwise).
+// "auto" takes NCCL where the machine's ranks spread over as many GPUs; "nccl" where it cannot work (a
+// CPU run, a build without NCCL, ranks that certainly share a GPU: NCCL refuses two ranks on one
+// device) is a ConfigError naming the reason.
+struct BackendChoice {
+  std::string backend;
+  std::string reason;
+};
+BackendChoice choose_backend(const std::string& requested, const BackendFacts& facts);
+// Whether this fasttrain was built with NCCL (against a CUDA LibTorch 2.x, with nccl.h).
+bool built_with_nccl();
+
 class ProcessGroup {
  public:
-  // Rendezvous at master_addr:master_port (rank 0 serves the TCP store) and connect every rank.
-  // Fails after options.timeout_s with the ranks that did not arrive.
-  static std::shared_ptr<ProcessGroup> create(const DistEnv& env, const DistOptions& options);
+  // Rendezvous at master_addr:master_port (rank 0 serves the TCP store) and connect every rank, with
+  // the backend choose_backend picks for a run on train.device = `device_spec` (every rank must pick
+  // rank 0's: one that differs is a ConfigError). Fails after options.timeout_s with the ranks that did
+  // not arrive.
+  static std::shared_ptr<ProcessGroup> create(const DistEnv& env, const DistOptions& options,
+                                              const std::string& device_spec = "cpu");
   ~ProcessGroup();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
-  // Ranks on this machine (they share its cores).
+  // Ranks on this machine (they share its cores), and this one's index among them (its GPU).
   int local_size() const { return local_size_; }
+  int local_rank() const { return local_rank_; }
+  // "gloo" or "nccl" (for CUDA tensors; CPU tensors always take gloo), and why auto took gloo on CUDA.
   const std::string& backend() const { return backend_; }
+  const std::string& backend_reason() const { return backend_reason_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
 
   // In place, on every rank.
@@ -107,6 +139,11 @@ class ProcessGroup {
   std::string broadcast_string(const std::string& text, int root = 0);
   // True on every rank when `flag` is true on any (stop requests, errors).
   bool any(bool flag);
+
+  // Ends the NCCL communicators (c10d's shutdown, as torch.distributed.destroy_process_group), or with
+  // `abort` without waiting for collectives in flight (after a failure: a dead peer never joins them);
+  // nothing for Gloo. No collective may follow.
+  void shutdown(bool abort = false);
 
   // Runs `work` (collectives launched elsewhere, such as the Reducer's inside backward); a failure
   // becomes an Error that says which rank failed in which collective and what to look at.
@@ -132,7 +169,9 @@ class ProcessGroup {
   int rank_ = 0;
   int size_ = 1;
   int local_size_ = 1;
+  int local_rank_ = 0;
   std::string backend_;
+  std::string backend_reason_;
   std::chrono::milliseconds timeout_{0};
   int64_t strings_ = 0;
   int64_t bytes_sent_ = 0;
@@ -140,8 +179,14 @@ class ProcessGroup {
 
 // The process group of this process, created from the environment on the first call (nullptr when
 // the environment names no distributed job) and kept for the life of the process, like
-// torch.distributed's default group. A later call with another dist.backend or dist.timeout_s is a
-// ConfigError (the group has them already).
-std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options);
+// torch.distributed's default group. `device_spec` is the run's train.device: a CUDA run first makes
+// its rank's GPU current (parse_device), and dist.backend "auto" takes NCCL where it can. A later call
+// with another dist.backend or dist.timeout_s is a ConfigError (the group has them already).
+std::shared_ptr<ProcessGroup> default_process_group(const DistOptions& options,
+                                                    const std::string& device_spec = "cpu");
+// Shuts the default group down and drops it, as torch.distributed.destroy_process_group() (`abort`: after
+// a failure, see ProcessGroup::shutdown): call it before the process exits (the CLI does), while CUDA
+// still runs; a later default_process_group is an Error.
+void shutdown_default_process_group(bool abort = false);
 
 }  // namespace fasttrain

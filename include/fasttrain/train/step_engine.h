@@ -64,15 +64,13 @@ class StepEngine {
   // the gradients so far); otherwise stops wait for the window's end.
   virtual bool stops_inside_windows() const = 0;
   // Host seconds spent capturing the step (recording and instantiating the graph; 0 for eager): a
-  // one-off cost inside the first timed steps.
+  // one-off cost inside the first timed steps, or before the clock when prepare() ran it.
   virtual double capture_seconds() const { return 0; }
   // Runs now, on `window` (one window's micro-batches, of the training batches' shape), the steps that
   // would otherwise come first in fit(): the captured engine's eager warm-up steps and the capture, so
   // that fit() replays from its first step. They train: the caller puts back, in place, every tensor
   // they changed (Trainer::warm_up). The eager engine has nothing to run ahead.
   virtual void prepare(const std::vector<Batch>& window) { (void)window; }
-  // Whether prepare() ran (fit() then keeps this engine).
-  virtual bool prepared() const { return false; }
 };
 
 // What decides whether the step can be captured (see capture_blocker).

@@ -313,6 +313,8 @@ class Trainer : private StepFunctions {
   void choose_engine(const DataLoader& loader);
   // warm_up's part for a captured step: its warm-up steps and capture on `batch`, then the state back.
   void capture_ahead(const Batch& batch, const DataLoader& train);
+  // An Error when warm_up captured the step already: `what` would replace tensors the graph holds.
+  void check_not_captured_ahead(const char* what) const;
   // Feeds the micro-batches of the current window to the engine; false when a stop was requested
   // inside the window (one process, eager: the gradients so far are kept for the checkpoint).
   bool feed_window(DataLoader& train, int64_t batches_per_epoch, FitSession& session);

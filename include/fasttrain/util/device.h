@@ -10,8 +10,14 @@
 
 namespace fasttrain {
 
-// "auto" | "cpu" | "cuda" | "cuda:N". An unavailable CUDA device is an error.
-torch::Device parse_device(const std::string& spec);
+// "auto" | "cpu" | "cuda" | "cuda:N". An unavailable CUDA device is an error. "auto" and "cuda" (no
+// index) take GPU `local_rank` modulo the GPUs visible: a distributed run's ranks on one machine each
+// take their own GPU, as torch.cuda.set_device(LOCAL_RANK) does, and share them when there are fewer.
+torch::Device parse_device(const std::string& spec, int local_rank = 0);
+
+// Makes `device` this process's current CUDA device (where c10d's NCCL and unindexed CUDA tensors go);
+// nothing for the CPU.
+void use_device(const torch::Device& device);
 
 // Physical cores of this machine (hyper-threads counted once); at least 1.
 int physical_cores();
