@@ -10,16 +10,13 @@
 # fasttrain's tokens/s are over steps 21-60 (metrics.jsonl), as the peer's are after its 20 untimed steps.
 set -uo pipefail
 script=gpt-kernels work=/tmp/fasttrain-gpt-work
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 unpack_prebuilt_deps >/dev/null || exit 1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 
-model=(--set data.path="$root" --set 'data.include=*.cpp' --set model.layers=12 --set model.heads=12
-  --set model.embed=768 --set model.context=1024 --set data.batch_size=16 --set data.eval_batch_size=16
-  --set schedule.warmup_steps=10 --set train.eval_every_steps=0 --set log.progress=none
-  --set train.threads=0 --set train.precision=auto)
-peer=(--device cuda --path "$root" --include '*.cpp' --layers 12 --heads 12 --embed 768 --context 1024
-  --batch-size 16 --lr-warmup-steps 10 --min-lr 1e-4 --ceiling-flops -1)
+model=("${gpt_model[@]}")
+peer=("${gpt_peer[@]}" --ceiling-flops -1)
 
 fasttrain_variants="${FASTTRAIN_GPT_VARIANTS:-$'captured --set train.cuda_graphs=true\neager --set train.cuda_graphs=false'}"
 peer_variants="${PEER_GPT_VARIANTS:-eager}"
@@ -29,13 +26,12 @@ while read -r name extra; do
   # shellcheck disable=SC2086  # $extra is a list of arguments
   timeout 120 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/fasttrain-$name" "${model[@]}" \
     --set train.max_steps=60 --set log.every_steps=10 $extra >"$work/fasttrain-$name.log" 2>&1
-  echo "fasttrain $name: $("$python" - "$work/fasttrain-$name" <<'PY' 2>&1
+  echo "fasttrain $name: $(PYTHONPATH=bench/gpu "$python" - "$work/fasttrain-$name" <<'PY' 2>&1
 import json, os, sys
+from summarize import fasttrain_tokens_per_s  # the median of the log intervals after step 20
 d = sys.argv[1]
 s = json.load(open(os.path.join(d, "summary.json")))
-steady = [json.loads(l)["samples_per_s"] for l in open(os.path.join(d, "metrics.jsonl")) if '"samples_per_s"' in l]
-steady = [r for i, r in enumerate(steady) if i >= 2]  # the intervals after step 20
-print(round(sum(steady) / len(steady)), "tokens/s over steps 21-60,", round(s["train_samples_per_s"]),
+print(round(fasttrain_tokens_per_s(d)), "tokens/s over steps 21-60,", round(s["train_samples_per_s"]),
       "over the run; capture", s.get("graph_capture_s"), "s, peak", round(s["peak_memory_bytes"] / 2**30, 2), "GiB")
 PY
 )"

@@ -16,6 +16,7 @@
 #   bench/gpu/prebuilt.sh            # PYTHON (default python3) is the PyTorch the binaries were built against
 set -uo pipefail
 script=prebuilt work=/tmp/fasttrain-gpu-work
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 budget="${FASTTRAIN_GPU_BUDGET_S:-220}"  # the tests get what is left of this
 

@@ -13,6 +13,7 @@
 #              fasttrain captured and eager; the peer (bench/peer_gpt.py) eager, with the bf16 matmul ceiling
 set -uo pipefail
 script=run-all work=/tmp/fasttrain-gpu-work
+# shellcheck source=bench/gpu/common.sh
 source "$(dirname "$0")/common.sh"
 
 stage "build and the *_CUDA tests"
@@ -40,16 +41,12 @@ timeout 30 "$python" bench/peer_gpu_speedrun.py --mode graph --no-warmup-run --d
   --repeats 1 --json >"$work/peer-graph-cold.json" 2>"$work/peer-graph-cold.log"
 
 stage "gpt 12 x 768: fasttrain captured and eager, the peer eager"
-gpt=(--set data.path="$root" --set 'data.include=*.cpp' --set model.layers=12 --set model.heads=12
-  --set model.embed=768 --set model.context=1024 --set data.batch_size=16 --set data.eval_batch_size=16
-  --set train.max_steps=60 --set schedule.warmup_steps=10 --set train.eval_every_steps=0
-  --set log.every_steps=10 --set log.progress=none --set train.threads=0 --set train.precision=auto)
+gpt=("${gpt_model[@]}" --set train.max_steps=60 --set log.every_steps=10)
 timeout 90 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/gpt-graph" "${gpt[@]}" >"$work/gpt-graph.log" 2>&1
 timeout 90 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/gpt-eager" "${gpt[@]}" \
   --set train.cuda_graphs=false >"$work/gpt-eager.log" 2>&1
-timeout 120 "$python" bench/peer_gpt.py --device cuda --path "$root" --include '*.cpp' --layers 12 --heads 12 \
-  --embed 768 --context 1024 --batch-size 16 --steps 60 --warmup-steps 20 --lr-warmup-steps 10 --min-lr 1e-4 \
-  --log-every 10 >"$work/peer-gpt.json" 2>"$work/peer-gpt.log"
+timeout 120 "$python" bench/peer_gpt.py "${gpt_peer[@]}" --steps 60 --warmup-steps 20 --log-every 10 \
+  >"$work/peer-gpt.json" 2>"$work/peer-gpt.log"
 
 stage "fasttrain profile on the GPU: the main job's Kineto trace (CUDA kernels and copies)"
 timeout 60 "$cli" profile configs/default.toml --run-dir "$work/profile" --steps 10 --warmup-steps 5 \
