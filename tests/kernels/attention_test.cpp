@@ -2,6 +2,7 @@
 // CPU capability this machine runs, sizes that fill no vector evenly.
 #include "fasttrain/kernels/attention.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -84,6 +85,28 @@ TEST(CpuAttention, ThePositionsAfterARowChangeNothingInIt) {
   auto a = kernels::packed_causal_attention(qkv, 2), b = kernels::packed_causal_attention(changed, 2);
   EXPECT_TRUE(torch::equal(a.slice(1, 0, 5), b.slice(1, 0, 5)));
   EXPECT_FALSE(torch::equal(a.slice(1, 5), b.slice(1, 5)));
+}
+
+// Each thread takes a range of (batch, head) pairs and loads a batch element's heads of it together, so a
+// range may begin or end inside a batch element: 15 pairs of 5 heads split at 2 and 4 threads begin ranges
+// at heads 2, 3 and 4. Every pair is computed alone, so the results are the same to the bit.
+TEST(CpuAttention, HowThePairsAreSplitAcrossThreadsChangesNothing) {
+  torch::manual_seed(3);
+  const int64_t threads = at::get_num_threads();
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    auto qkv = torch::randn({3, 19, 3 * 5 * 8}).to(dtype);
+    auto weights = torch::randn({3, 19, 5 * 8}, torch::kDouble);
+    auto attention = [](const torch::Tensor& x) { return kernels::packed_causal_attention(x, 5); };
+    at::set_num_threads(1);
+    const Result alone = run(qkv, weights, attention);
+    for (const int split : {2, 3, 4}) {
+      at::set_num_threads(split);
+      const Result shared = run(qkv, weights, attention);
+      EXPECT_TRUE(torch::equal(shared.out, alone.out)) << split << " threads, " << c10::toString(dtype);
+      EXPECT_TRUE(torch::equal(shared.grad, alone.grad)) << split << " threads, " << c10::toString(dtype);
+    }
+  }
+  at::set_num_threads(static_cast<int>(threads));
 }
 
 TEST(CpuAttention, TakesOnlyWhatItComputes) {

@@ -1,6 +1,7 @@
 // Causal self-attention on the CPU, forward and backward, straight from a packed qkv [B, T, 3, H, D]
 // into out [B, T, H, D]: no q/k/v views made contiguous, no [B, H, T, T] scores in memory, no
-// transposed output copied back. One (batch, head) pair at a time, in fp32 in the core's cache:
+// transposed output copied back. A batch element's heads are loaded together, in one pass over its token
+// rows, then computed one (batch, head) pair at a time, in fp32 in the core's cache:
 //   forward   s_ij = scale q_i . k_j (j <= i),  p_ij = exp(s_ij - lse_i),  o_i = sum_j p_ij v_j
 //   backward  dp_ij = do_i . v_j,  ds_ij = p_ij (dp_ij - do_i . o_i),
 //             dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i,  dv_j = sum_i p_ij do_i
@@ -11,8 +12,6 @@
 // So a row's sums take 0 x the values of up to three later keys: finite values change nothing, but an
 // inf or NaN there (a diverged run, whose loss is NaN already) makes the earlier row NaN too, as
 // ATen's math path (softmax then matmul) does.
-// Backward keeps a block of rows of p and ds (at most kBlockValues values each, or kRows rows where a
-// row is longer) so that dk and dv are sums over its columns.
 // This file is compiled once per CPU capability (CMakeLists.txt: DEFAULT, AVX2, AVX512) with that
 // capability's flags; CPU_CAPABILITY names the namespace, as in ATen's own kernels, so ATen's
 // Vectorized<float> is 8 scalars, 8 AVX2 lanes or 16 AVX512 lanes accordingly.
@@ -45,23 +44,19 @@ int64_t round_up(int64_t n, int64_t to = kLanes) {
 // kRows and D to whole vectors, zeros beyond T and D; and K or V transposed, [Dp][Tp] (a vector of
 // keys at a time). Forward reads v as rows and k as columns; backward k as both and v as columns.
 struct HeadTiles {
-  int64_t length, dim, rows, dim_padded, length_padded, block_rows;
-  std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v, probs, dscores;
+  int64_t length, dim, rows, dim_padded, length_padded;
+  std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v;
 
   HeadTiles(int64_t length_, int64_t dim_, bool backward)
       : length(length_),
         dim(dim_),
         rows(round_up(length_, kRows)),
         dim_padded(round_up(dim_)),
-        length_padded(round_up(length_)),
-        block_rows(backward ? std::clamp<int64_t>(kBlockValues / length_padded / kRows * kRows, kRows, rows)
-                            : kRows) {
+        length_padded(round_up(length_)) {
     const size_t tile = static_cast<size_t>(rows * dim_padded);
     const size_t cols = static_cast<size_t>(dim_padded * length_padded);
-    const size_t block = static_cast<size_t>(block_rows * length_padded);
     q.assign(tile, 0.f);
     k_cols.assign(cols, 0.f);
-    probs.assign(block, 0.f);
     o.assign(tile, 0.f);
     if (!backward) v.assign(tile, 0.f);
     if (backward) {
@@ -71,12 +66,26 @@ struct HeadTiles {
       grad_q.assign(tile, 0.f);
       grad_k.assign(tile, 0.f);
       grad_v.assign(tile, 0.f);
-      dscores.assign(block, 0.f);
     }
   }
   float* row(std::vector<float>& tile, int64_t t) { return tile.data() + t * dim_padded; }
   // Keys a group of rows from `first` sees: up to its last row, whole vectors.
   int64_t keys_of_group(int64_t first) const { return round_up(first + kRows); }
+};
+
+// The rows of p and of ds one head works on at a time, [block_rows][Tp], shared by the heads of a run:
+// forward a group of kRows rows of p; backward a block of rows of both (at most kBlockValues values each,
+// or kRows rows where a row is longer), so that dk and dv are sums over its columns.
+struct Block {
+  int64_t rows;
+  std::vector<float> probs, dscores;
+
+  Block(const HeadTiles& tiles, bool backward)
+      : rows(backward
+                 ? std::clamp<int64_t>(kBlockValues / tiles.length_padded / kRows * kRows, kRows, tiles.rows)
+                 : kRows),
+        probs(static_cast<size_t>(rows * tiles.length_padded), 0.f),
+        dscores(backward ? probs.size() : 0, 0.f) {}
 };
 
 // A pair's rows are a head's slice of each token's row, too far apart for the hardware to run ahead:
@@ -91,32 +100,37 @@ void prefetch_row(const T* row, int64_t dim) {
   __builtin_prefetch(bytes + size - 1);
 }
 
+// Row t of a tile from a head's slice of a token row, and the same slice as column t of a transposed tile.
 template <typename T>
-void load_rows(const T* first, int64_t row_stride, HeadTiles& tiles, std::vector<float>& into) {
-  for (int64_t t = 0; t < tiles.length; ++t) {
-    const T* src = first + t * row_stride;
-    if (t + kRowsAhead < tiles.length) prefetch_row(src + kRowsAhead * row_stride, tiles.dim);
-    float* dst = tiles.row(into, t);
-    for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<float>(src[d]);
-  }
+void copy_row(const T* src, HeadTiles& tiles, std::vector<float>& into, int64_t t) {
+  float* dst = tiles.row(into, t);
+  for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<float>(src[d]);
 }
 
 template <typename T>
-void store_rows(const HeadTiles& tiles, const std::vector<float>& from, T* first, int64_t row_stride) {
-  for (int64_t t = 0; t < tiles.length; ++t) {
-    const float* src = from.data() + t * tiles.dim_padded;
-    T* dst = first + t * row_stride;
-    for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<T>(src[d]);
-  }
+void copy_col(const T* src, HeadTiles& tiles, std::vector<float>& cols, int64_t t) {
+  for (int64_t d = 0; d < tiles.dim; ++d) cols[d * tiles.length_padded + t] = static_cast<float>(src[d]);
 }
 
-// The same rows transposed into `cols` [Dp][Tp]: a vector of keys at a time for the products.
 template <typename T>
-void load_cols(const T* first, int64_t row_stride, HeadTiles& tiles, std::vector<float>& cols) {
-  for (int64_t t = 0; t < tiles.length; ++t) {
-    const T* src = first + t * row_stride;
-    if (t + kRowsAhead < tiles.length) prefetch_row(src + kRowsAhead * row_stride, tiles.dim);
-    for (int64_t d = 0; d < tiles.dim; ++d) cols[d * tiles.length_padded + t] = static_cast<float>(src[d]);
+void store_row(const HeadTiles& tiles, const std::vector<float>& from, int64_t t, T* dst) {
+  const float* src = from.data() + t * tiles.dim_padded;
+  for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<T>(src[d]);
+}
+
+// The heads [first, first + count) of one batch element, loaded together: each token's row is read in one
+// pass over the heads' slices, from the first head's to the last's (`span` values, prefetched kRowsAhead
+// rows on). One head at a time would read a 128-byte slice of each 1.5-KB row, and wait on each.
+struct HeadRun {
+  int64_t batch, first, count;
+};
+
+template <typename T, typename RowOp>
+void stream_rows(const T* first, int64_t row_stride, int64_t length, int64_t span, const RowOp& op) {
+  for (int64_t t = 0; t < length; ++t) {
+    const T* row = first + t * row_stride;
+    if (t + kRowsAhead < length) prefetch_row(row + kRowsAhead * row_stride, span);
+    op(t, row);
   }
 }
 
@@ -217,27 +231,6 @@ float exp_row(float* scores, int64_t i, int64_t count, float shift) {
   return lanes_sum(sum);
 }
 
-template <typename T>
-struct Layout {  // where one (b, h) pair's rows lie in the packed tensors
-  int64_t qkv_row, out_row;
-  const T* q;
-  const T* k;
-  const T* v;
-  int64_t out_offset;
-
-  Layout(const detail::PackedAttention& a, int64_t pair) {
-    const int64_t b = pair / a.heads, h = pair % a.heads;
-    const int64_t embed = a.heads * a.head_dim;
-    qkv_row = 3 * embed;
-    out_row = embed;
-    const T* base = static_cast<const T*>(a.qkv) + b * a.length * qkv_row + h * a.head_dim;
-    q = base;
-    k = base + embed;
-    v = base + 2 * embed;
-    out_offset = b * a.length * out_row + h * a.head_dim;
-  }
-};
-
 // The scores of the group of rows from `first` against its keys, into p ([kRows][Tp]), made the rows'
 // unnormalised probabilities exp(s - max); per row its 1 / sum into `inverse` and lse.
 void softmax_group(const detail::PackedAttention& a, HeadTiles& tiles, int64_t first, float* p,
@@ -255,41 +248,34 @@ void softmax_group(const detail::PackedAttention& a, HeadTiles& tiles, int64_t f
   }
 }
 
+// One head's output rows (out[i * embed], its slice of token i's row) and lse.
 template <typename T>
-void forward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end) {
-  HeadTiles tiles(a.length, a.head_dim, /*backward=*/false);
-  for (int64_t pair = begin; pair < end; ++pair) {
-    const Layout<T> at(a, pair);
-    load_rows(at.q, at.qkv_row, tiles, tiles.q);
-    load_cols(at.k, at.qkv_row, tiles, tiles.k_cols);
-    load_rows(at.v, at.qkv_row, tiles, tiles.v);
-    T* out = static_cast<T*>(a.out_mut) + at.out_offset;
-    float* lse = a.lse + pair * a.length;
-    float inverse[kRows];
-    for (int64_t first = 0; first < tiles.rows; first += kRows) {
-      softmax_group(a, tiles, first, tiles.probs.data(), inverse, lse);
-      float* o = tiles.row(tiles.o, first);  // o [kRows][Dp] = p v, one key per step
-      std::fill(o, o + kRows * tiles.dim_padded, 0.f);
-      accumulate_rows({tiles.probs.data(), tiles.length_padded, 1}, tiles.v.data(), first + kRows,
-                      tiles.dim_padded, o);
-      for (int64_t i = first; i < std::min(first + kRows, a.length); ++i) {
-        const float* row = tiles.row(tiles.o, i);
-        for (int64_t d = 0; d < a.head_dim; ++d)
-          out[i * at.out_row + d] = static_cast<T>(row[d] * inverse[i - first]);
-      }
+void head_forward(const detail::PackedAttention& a, HeadTiles& tiles, Block& block, T* out, float* lse) {
+  const int64_t embed = a.heads * a.head_dim;
+  float inverse[kRows];
+  for (int64_t first = 0; first < tiles.rows; first += kRows) {
+    softmax_group(a, tiles, first, block.probs.data(), inverse, lse);
+    float* o = tiles.row(tiles.o, first);  // o [kRows][Dp] = p v, one key per step
+    std::fill(o, o + kRows * tiles.dim_padded, 0.f);
+    accumulate_rows({block.probs.data(), tiles.length_padded, 1}, tiles.v.data(), first + kRows,
+                    tiles.dim_padded, o);
+    for (int64_t i = first; i < std::min(first + kRows, a.length); ++i) {
+      const float* row = tiles.row(tiles.o, i);
+      for (int64_t d = 0; d < a.head_dim; ++d)
+        out[i * embed + d] = static_cast<T>(row[d] * inverse[i - first]);
     }
   }
 }
 
 // Rows [first, last) (whole groups) of p and scale * ds into the block matrices (row i - first), and
 // dq of those rows; then what they add to dk and dv.
-void backward_rows(const detail::PackedAttention& a, HeadTiles& tiles, const float* lse, int64_t first,
-                   int64_t last) {
+void backward_rows(const detail::PackedAttention& a, HeadTiles& tiles, Block& block, const float* lse,
+                   int64_t first, int64_t last) {
   const int64_t stride = tiles.length_padded;
   for (int64_t group = first; group < last; group += kRows) {
     const int64_t keys = tiles.keys_of_group(group);
-    float* p = tiles.probs.data() + (group - first) * stride;
-    float* ds = tiles.dscores.data() + (group - first) * stride;
+    float* p = block.probs.data() + (group - first) * stride;
+    float* ds = block.dscores.data() + (group - first) * stride;
     product_rows(tiles.row(tiles.q, group), tiles.dim_padded, tiles.k_cols.data(), stride, a.head_dim, keys,
                  a.scale, p, stride);
     product_rows(tiles.row(tiles.grad_o, group), tiles.dim_padded, tiles.v_cols.data(), stride, a.head_dim,
@@ -313,36 +299,113 @@ void backward_rows(const detail::PackedAttention& a, HeadTiles& tiles, const flo
   for (int64_t key = 0; key < last; key += kRows) {
     const int64_t from = std::max(key, first);
     const int64_t offset = (from - first) * stride + key;
-    accumulate_rows({tiles.dscores.data() + offset, 1, stride}, tiles.row(tiles.q, from), last - from,
+    accumulate_rows({block.dscores.data() + offset, 1, stride}, tiles.row(tiles.q, from), last - from,
                     tiles.dim_padded, tiles.row(tiles.grad_k, key));
-    accumulate_rows({tiles.probs.data() + offset, 1, stride}, tiles.row(tiles.grad_o, from), last - from,
+    accumulate_rows({block.probs.data() + offset, 1, stride}, tiles.row(tiles.grad_o, from), last - from,
                     tiles.dim_padded, tiles.row(tiles.grad_v, key));
   }
 }
 
+void head_backward(const detail::PackedAttention& a, HeadTiles& tiles, Block& block, const float* lse) {
+  std::fill(tiles.grad_q.begin(), tiles.grad_q.end(), 0.f);
+  std::fill(tiles.grad_k.begin(), tiles.grad_k.end(), 0.f);
+  std::fill(tiles.grad_v.begin(), tiles.grad_v.end(), 0.f);
+  for (int64_t first = 0; first < tiles.rows; first += block.rows)
+    backward_rows(a, tiles, block, lse, first, std::min(tiles.rows, first + block.rows));
+}
+
+// Where a run's heads lie in the packed tensors: `qkv` and `out` point at the first head's slice of the
+// batch element's first token row (q's slice in qkv); head h of the run is h * D on.
+template <typename T>
+struct RunLayout {
+  int64_t embed, dim, qkv_span;
+  int64_t qkv_offset, out_offset;
+
+  int64_t length, count;
+
+  RunLayout(const detail::PackedAttention& a, HeadRun run)
+      : embed(a.heads * a.head_dim),
+        dim(a.head_dim),
+        qkv_span(2 * embed + run.count * dim),
+        qkv_offset(run.batch * a.length * 3 * embed + run.first * dim),
+        out_offset(run.batch * a.length * embed + run.first * dim),
+        length(a.length),
+        count(run.count) {}
+
+  // each(t, h, slice) for every token row t and head h of the run, `slice` head h's values in row t of
+  // `base` (rows of `row_stride` values; the run's first slice at `offset`): the rows read in order.
+  template <typename HeadOp>
+  void each_head_row(const void* base, int64_t row_stride, int64_t offset, int64_t span,
+                     const HeadOp& each) const {
+    stream_rows(static_cast<const T*>(base) + offset, row_stride, length, span, [&](int64_t t, const T* row) {
+      for (int64_t h = 0; h < count; ++h) each(t, h, row + h * dim);
+    });
+  }
+};
+
+// run(HeadRun) over the pairs [begin, end), a batch element's consecutive heads at a time.
+template <typename RunOp>
+void by_runs(const detail::PackedAttention& a, int64_t begin, int64_t end, const RunOp& op) {
+  for (int64_t pair = begin; pair < end;) {
+    const HeadRun run{pair / a.heads, pair % a.heads, std::min(a.heads - pair % a.heads, end - pair)};
+    op(run);
+    pair += run.count;
+  }
+}
+
+std::vector<HeadTiles> tiles_for(const detail::PackedAttention& a, int64_t begin, int64_t end,
+                                 bool backward) {
+  return std::vector<HeadTiles>(static_cast<size_t>(std::min(a.heads, end - begin)),
+                                HeadTiles(a.length, a.head_dim, backward));
+}
+
+template <typename T>
+void forward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end) {
+  std::vector<HeadTiles> tiles = tiles_for(a, begin, end, /*backward=*/false);
+  Block block(tiles[0], /*backward=*/false);
+  by_runs(a, begin, end, [&](HeadRun run) {
+    const RunLayout<T> at(a, run);
+    at.each_head_row(a.qkv, 3 * at.embed, at.qkv_offset, at.qkv_span, [&](int64_t t, int64_t h, const T* q) {
+      copy_row(q, tiles[h], tiles[h].q, t);
+      copy_col(q + at.embed, tiles[h], tiles[h].k_cols, t);
+      copy_row(q + 2 * at.embed, tiles[h], tiles[h].v, t);
+    });
+    for (int64_t h = 0; h < run.count; ++h) {
+      T* out = static_cast<T*>(a.out_mut) + at.out_offset + h * at.dim;
+      head_forward(a, tiles[h], block, out, a.lse + (run.batch * a.heads + run.first + h) * a.length);
+    }
+  });
+}
+
 template <typename T>
 void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end) {
-  HeadTiles tiles(a.length, a.head_dim, /*backward=*/true);
-  for (int64_t pair = begin; pair < end; ++pair) {
-    const Layout<T> at(a, pair);
-    load_rows(at.q, at.qkv_row, tiles, tiles.q);
-    load_rows(at.k, at.qkv_row, tiles, tiles.k);
-    load_cols(at.k, at.qkv_row, tiles, tiles.k_cols);
-    load_cols(at.v, at.qkv_row, tiles, tiles.v_cols);
-    load_rows(static_cast<const T*>(a.out) + at.out_offset, at.out_row, tiles, tiles.o);
-    load_rows(static_cast<const T*>(a.grad_out) + at.out_offset, at.out_row, tiles, tiles.grad_o);
-    std::fill(tiles.grad_q.begin(), tiles.grad_q.end(), 0.f);
-    std::fill(tiles.grad_k.begin(), tiles.grad_k.end(), 0.f);
-    std::fill(tiles.grad_v.begin(), tiles.grad_v.end(), 0.f);
-    const float* lse = a.lse + pair * a.length;
-    for (int64_t first = 0; first < tiles.rows; first += tiles.block_rows)
-      backward_rows(a, tiles, lse, first, std::min(tiles.rows, first + tiles.block_rows));
-    T* grad = static_cast<T*>(a.grad_qkv) + (at.q - static_cast<const T*>(a.qkv));
-    const int64_t embed = a.heads * a.head_dim;
-    store_rows(tiles, tiles.grad_q, grad, at.qkv_row);
-    store_rows(tiles, tiles.grad_k, grad + embed, at.qkv_row);
-    store_rows(tiles, tiles.grad_v, grad + 2 * embed, at.qkv_row);
-  }
+  std::vector<HeadTiles> tiles = tiles_for(a, begin, end, /*backward=*/true);
+  Block block(tiles[0], /*backward=*/true);
+  by_runs(a, begin, end, [&](HeadRun run) {
+    const RunLayout<T> at(a, run);
+    at.each_head_row(a.qkv, 3 * at.embed, at.qkv_offset, at.qkv_span, [&](int64_t t, int64_t h, const T* q) {
+      copy_row(q, tiles[h], tiles[h].q, t);
+      copy_row(q + at.embed, tiles[h], tiles[h].k, t);
+      copy_col(q + at.embed, tiles[h], tiles[h].k_cols, t);
+      copy_col(q + 2 * at.embed, tiles[h], tiles[h].v_cols, t);
+    });
+    const int64_t out_span = run.count * at.dim;
+    at.each_head_row(a.out, at.embed, at.out_offset, out_span,
+                     [&](int64_t t, int64_t h, const T* o) { copy_row(o, tiles[h], tiles[h].o, t); });
+    at.each_head_row(a.grad_out, at.embed, at.out_offset, out_span,
+                     [&](int64_t t, int64_t h, const T* g) { copy_row(g, tiles[h], tiles[h].grad_o, t); });
+    for (int64_t h = 0; h < run.count; ++h)
+      head_backward(a, tiles[h], block, a.lse + (run.batch * a.heads + run.first + h) * a.length);
+    T* grad = static_cast<T*>(a.grad_qkv) + at.qkv_offset;
+    for (int64_t t = 0; t < a.length; ++t) {
+      T* row = grad + t * 3 * at.embed;
+      for (int64_t h = 0; h < run.count; ++h) {
+        store_row(tiles[h], tiles[h].grad_q, t, row + h * at.dim);
+        store_row(tiles[h], tiles[h].grad_k, t, row + at.embed + h * at.dim);
+        store_row(tiles[h], tiles[h].grad_v, t, row + 2 * at.embed + h * at.dim);
+      }
+    }
+  });
 }
 
 void forward(const detail::PackedAttention& a, int64_t begin, int64_t end) {
