@@ -181,8 +181,8 @@ def speedrun(opts):
 
 def recipe(opts):
     """(b') fasttrain's default config against the same recipe in PyTorch (bench/peer_gpu_speedrun.py on the
-    CPU: the conv net, Muon except classifier.0 with AdamW, one-cycle, label smoothing, evaluations every 25
-    steps from 520, bf16 where native), eager and torch.compile, seed by seed in turn: wall time to 91%. The
+    CPU: the conv net, Muon except classifier.0 with AdamW, one-cycle, label smoothing, evaluations with an
+    EMA of the weights every 25 steps from 500, bf16 where native), eager and torch.compile, seed by seed in turn: wall time to 91%. The
     peer's run is timed after a warm-up run in the same process (torch.compile's compilation not counted);
     fasttrain's is a fresh process, as a user runs it."""
     # The peer reads the job from configs/default.toml (its --config); timed after a whole warm-up run

@@ -28,12 +28,15 @@ figures below are the defaults of the flags where the config leaves a key out.
             final_div_factor 1e3, cos anneal, no momentum cycling, over max_steps 700; step k (0-based) trains
             at lr(k) (fasttrain's scheduled_lr(step)).
   loss      cross entropy with label smoothing 0.1 on float32 logits (src/task/classification.cpp: the same formula).
-  precision bf16 autocast on CUDA (fasttrain's "auto" picks bf16 on sm_80 and later; --precision fp32 for fp32, with
+  ema       where the config's ema.enabled (configs/default.toml: decay 0.95, warm-up on): an EMA of the weights
+            updated after every step and evaluated in their place (class Ema below; every = 1, no lookahead).
+  precision bf16 autocast where fasttrain's "auto" picks bf16: CUDA sm_80 and later, and CPUs with AVX512-BF16 or
+            AMX-BF16 (FASTTRAIN_NATIVE_BF16=0/1 overrides, as for fasttrain); --precision fp32 for fp32, with
             TF32 allowed as fasttrain's train.tf32 = true); cudnn.benchmark on (train.cudnn_benchmark = true).
   eval      the 10k test set in batches of 1000 (data.eval_batch_size), eval mode, no_grad, under the same
             autocast, float32 logits, loss sum and correct count on the device, one host read at the end.
-            When (src/train/fit_session.cpp): after every step s with s >= eval_from_step (520 in
-            configs/default.toml) and s % eval_every_steps (25) == 0, i.e. at 525, 550, ..., and at the end
+            When (src/train/fit_session.cpp): after every step s with s >= eval_from_step (500 in
+            configs/default.toml) and s % eval_every_steps (25) == 0, i.e. at 500, 525, ..., and at the end
             of the run (700) and of an epoch past eval_from_step. The run stops
             at the first evaluation with accuracy >= 0.91 (stop_at_target).
 
@@ -131,7 +134,15 @@ def job_from_config(path):
              "div_factor": ("schedule", "div_factor"), "final_div_factor": ("schedule", "final_div_factor"),
              "label_smoothing": ("task", "label_smoothing"), "eval_from": ("train", "eval_from_step"),
              "eval_every": ("train", "eval_every_steps"), "target": ("train", "target_accuracy")}
-    return {flag: key(*where) for flag, where in flags.items() if key(*where) is not None}
+    job = {flag: key(*where) for flag, where in flags.items() if key(*where) is not None}
+    if key("ema", "enabled"):
+        if key("ema", "every") not in (None, 1) or key("ema", "lookahead"):
+            sys.exit(f"{path}: [ema] every = {key('ema', 'every')!r}, lookahead = {key('ema', 'lookahead')!r}, but "
+                     "this peer implements an EMA updated after every step only (every = 1, no lookahead)")
+        job["ema_decay"] = key("ema", "decay") if key("ema", "decay") is not None else 0.999
+        if key("ema", "warmup") is not None:
+            job["ema_warmup"] = key("ema", "warmup")
+    return job
 
 
 # ---- data -------------------------------------------------------------------------------------
@@ -350,6 +361,47 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+# ---- EMA ---------------------------------------------------------------------------------------
+class Ema:
+    """fasttrain's Ema (src/optim/ema.cpp), every = 1: after each optimizer step every parameter's average
+    becomes decay_t * average + (1 - decay_t) * parameter, decay_t = min(decay, (1 + t) / (10 + t)) with the
+    warm-up (t: the updates before this one), else decay; the evaluation runs with the averages copied into
+    the model's parameters and the live values copied back after (BatchNorm's buffers are the live ones: with
+    an update after every step, fasttrain's copies of them equal them at every evaluation). On the host
+    (eager, compile) decay_t is a Python float and each average one lerp, as fasttrain does on the CPU; in
+    graph mode the count is a device tensor and the update is captured with the step, as fasttrain does on
+    a GPU."""
+
+    def __init__(self, model, decay, warmup, on_device):
+        self.parameters = list(model.parameters())
+        self.averages = [p.detach().clone() for p in self.parameters]
+        self.decay, self.warmup, self.on_device = decay, warmup, on_device
+        self.updates = 0
+        self.device_updates = torch.zeros((), dtype=torch.float64, device=self.averages[0].device)
+
+    @torch.no_grad()
+    def update(self):
+        if self.on_device:
+            decay = torch.full((), self.decay, dtype=torch.float64, device=self.device_updates.device)
+            if self.warmup:
+                decay = torch.minimum(decay, (1 + self.device_updates) / (10 + self.device_updates))
+            torch._foreach_mul_(self.averages, decay.float())
+            torch._foreach_add_(self.averages, torch._foreach_mul(self.parameters, (1 - decay).float()))
+            self.device_updates.add_(1)
+            return
+        t = self.updates
+        decay = min(self.decay, (1 + t) / (10 + t)) if self.warmup else self.decay
+        torch._foreach_lerp_(self.averages, self.parameters, 1 - decay)
+        self.updates += 1
+
+    @torch.no_grad()
+    def swap(self):
+        for parameter, average in zip(self.parameters, self.averages):
+            live = parameter.clone()
+            parameter.copy_(average)
+            average.copy_(live)
+
+
 # ---- one training run -------------------------------------------------------------------------
 class Job:
     def __init__(self, args, device, data):
@@ -435,6 +487,7 @@ class Job:
             # its own cuBLAS workspaces, 65 MiB a stream on an H100, kept for the stream's life)
         else:
             optimizer = self.optimizer(self.lrs[0])
+        ema = Ema(self.model, a.ema_decay, a.ema_warmup, on_device=graph_mode) if a.ema_decay > 0 else None
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)  # the training loss, kept on the device
@@ -451,6 +504,8 @@ class Job:
             loss.backward()
             lr_tensor.copy_(lr_table.index_select(0, device_step.clamp_max(a.max_steps).view(1)).view(()))
             optimizer.step()
+            if ema is not None:
+                ema.update()
             device_step.add_(1)
             loss_sum.add_(loss.detach())
 
@@ -472,6 +527,8 @@ class Job:
                     loss = self.loss_of(self.net, x, y)
                     loss.backward()
                     optimizer.step()
+                    if ema is not None:
+                        ema.update()
                     optimizer.zero_grad(set_to_none=True)
                     loss_sum.add_(loss.detach())
                 elif graph is not None:
@@ -504,7 +561,11 @@ class Job:
                 loop_ends = batch == self.batches_per_epoch or step == a.max_steps  # epoch or run ends
                 if self.eval_due(step, loop_ends):
                     before = marks.mark()
+                    if ema is not None:
+                        ema.swap()
                     acc, test_loss = self.evaluate(self.net, self.model)  # synchronises
+                    if ema is not None:
+                        ema.swap()
                     after = marks.mark()
                     now = time.perf_counter() - t0
                     evals.append({"step": step, "accuracy": acc, "loss": round(test_loss, 5), "at_s": now,
@@ -573,12 +634,27 @@ def eager_init(job):
     sync(job.device)
 
 
+def cpu_native_bf16():
+    """fasttrain's rule for train.precision = "auto" on the CPU (src/util/hardware.cpp): bf16 where the CPU has
+    AVX512-BF16 or AMX-BF16, FASTTRAIN_NATIVE_BF16=0/1 overriding it."""
+    forced = os.environ.get("FASTTRAIN_NATIVE_BF16", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["eager", "compile", "graph"], default="eager")
     p.add_argument("--device", default="cuda", help="cuda (default), cuda:N or cpu")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
-                   help="auto: bf16 on CUDA sm_80+ (fasttrain's auto), fp32 elsewhere")
+                   help="auto: fasttrain's auto, bf16 on CUDA sm_80+ and on CPUs with AVX512-BF16 or AMX, "
+                        "else fp32")
     p.add_argument("--data-dir", default=DATA_DIR, help="Fashion-MNIST IDX files (env FASHION_MNIST_DIR)")
     p.add_argument("--resident", choices=["float", "uint8"], default="float",
                    help="the data on the device: normalised float32, or uint8 normalised per batch")
@@ -603,6 +679,9 @@ def main():
     p.add_argument("--div-factor", type=float, default=25.0)
     p.add_argument("--final-div-factor", type=float, default=1e3)
     p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--ema-decay", type=float, default=0.0,
+                   help="ema.decay where ema.enabled: evaluate with an EMA of the weights (0: none)")
+    p.add_argument("--no-ema-warmup", dest="ema_warmup", action="store_false", help="ema.warmup = false")
     p.add_argument("--eval-from", type=int, default=560, help="train.eval_from_step")
     p.add_argument("--eval-every", type=int, default=45, help="train.eval_every_steps")
     p.add_argument("--target", type=float, default=0.91, help="train.target_accuracy")
@@ -628,7 +707,10 @@ def main():
     if args.graph_warmup_steps >= args.max_steps and args.mode == "graph":
         p.error("--max-steps must exceed --graph-warmup-steps")
     if args.precision == "auto":
-        bf16_ok = device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 8
+        if device.type == "cuda":
+            bf16_ok = torch.cuda.get_device_capability(device)[0] >= 8
+        else:
+            bf16_ok = cpu_native_bf16()
         args.precision = "bf16" if bf16_ok else "fp32"
     if args.warmup_run is None:
         args.warmup_run = device.type == "cuda"
