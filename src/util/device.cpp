@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -24,18 +25,25 @@ torch::Device parse_device(const std::string& spec, int local_rank) {
   };
   if (spec == "auto") return torch::cuda::is_available() ? rank_gpu() : torch::Device(torch::kCPU);
   if (spec == "cpu") return torch::Device(torch::kCPU);
+  const std::string must_be = "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"";
   if (spec.rfind("cuda", 0) == 0) {
+    const std::string index = spec.size() > 5 && spec[4] == ':' ? spec.substr(5) : "";
+    FT_CONFIG_CHECK(
+        spec == "cuda" || (!index.empty() && index.size() <= 4 &&
+                           std::all_of(index.begin(), index.end(), [](char c) { return std::isdigit(c); })),
+        "{}, got '{}'", must_be, spec);
     FT_CONFIG_CHECK(
         torch::cuda::is_available(),
-        "device '{}' requested but this LibTorch ({}) sees no CUDA device; use \"cpu\" or \"auto\"", spec,
+        "train.device = '{}', but this LibTorch ({}) sees no CUDA device; use \"cpu\" or \"auto\"", spec,
         TORCH_VERSION);
-    torch::Device device(spec);
-    FT_CONFIG_CHECK(!device.has_index() || device.index() < static_cast<int>(torch::cuda::device_count()),
-                    "device '{}' does not exist: {} CUDA device(s) visible", spec,
+    if (index.empty()) return rank_gpu();
+    const int ordinal = std::stoi(index);
+    FT_CONFIG_CHECK(ordinal < static_cast<int>(torch::cuda::device_count()),
+                    "train.device = '{}' does not exist: {} CUDA device(s) visible", spec,
                     torch::cuda::device_count());
-    return device.has_index() ? device : rank_gpu();
+    return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(ordinal));
   }
-  throw ConfigError(fmt::format("device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\", got '{}'", spec));
+  throw ConfigError(fmt::format("{}, got '{}'", must_be, spec));
 }
 
 void use_device(const torch::Device& device) {
