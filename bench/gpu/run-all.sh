@@ -19,7 +19,8 @@ source "$(dirname "$0")/common.sh"
 stage "build and the *_CUDA tests"
 OUT="$work" FASTTRAIN_TEST_JOBS=8 timeout 330 scripts/test-offline -R _CUDA 2>&1 | tail -n 25
 [ -x "$cli" ] || { tar czf "$out/gpu-logs.tgz" -C "$work" . 2>/dev/null; echo "run-all: no CLI built" >&2; exit 1; }
-export LD_LIBRARY_PATH="/opt/fasttrain-deps/usr/lib/$(gcc -print-multiarch)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+multiarch=$(gcc -print-multiarch)
+export LD_LIBRARY_PATH="/opt/fasttrain-deps/usr/lib/$multiarch${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 
 stage "main job: fasttrain eager and with memory.warmup (the captured runs were test-offline's)"
 for seed in 0 1 2; do
