@@ -638,7 +638,9 @@ def cpu_native_bf16():
     """fasttrain's rule for train.precision = "auto" on the CPU (src/util/hardware.cpp): bf16 where the CPU has
     AVX512-BF16 or AMX-BF16, FASTTRAIN_NATIVE_BF16=0/1 overriding it."""
     forced = os.environ.get("FASTTRAIN_NATIVE_BF16", "")
-    if forced in ("0", "1"):
+    if forced not in ("", "0", "1"):
+        sys.exit(f"FASTTRAIN_NATIVE_BF16 must be 0 (treat this CPU as without native bfloat16) or 1, got {forced!r}")
+    if forced:
         return forced == "1"
     try:
         with open("/proc/cpuinfo") as f:

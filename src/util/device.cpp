@@ -28,10 +28,10 @@ torch::Device parse_device(const std::string& spec, int local_rank) {
   const std::string must_be = "train.device must be \"auto\", \"cpu\", \"cuda\" or \"cuda:N\"";
   if (spec.rfind("cuda", 0) == 0) {
     const std::string index = spec.size() > 5 && spec[4] == ':' ? spec.substr(5) : "";
-    FT_CONFIG_CHECK(
-        spec == "cuda" || (!index.empty() && index.size() <= 4 &&
-                           std::all_of(index.begin(), index.end(), [](char c) { return std::isdigit(c); })),
-        "{}, got '{}'", must_be, spec);
+    FT_CONFIG_CHECK(spec == "cuda" || (!index.empty() && index.size() <= 4 &&
+                                       std::all_of(index.begin(), index.end(),
+                                                   [](unsigned char c) { return std::isdigit(c) != 0; })),
+                    "{}, got '{}'", must_be, spec);
     FT_CONFIG_CHECK(
         torch::cuda::is_available(),
         "train.device = '{}', but this LibTorch ({}) sees no CUDA device; use \"cpu\" or \"auto\"", spec,

@@ -69,6 +69,12 @@ struct HeadTiles {
     }
   }
   float* row(std::vector<float>& tile, int64_t t) { return tile.data() + t * dim_padded; }
+  int64_t bytes() const {
+    size_t values = 0;
+    for (const auto* tile : {&q, &k, &v, &k_cols, &v_cols, &o, &grad_o, &grad_q, &grad_k, &grad_v})
+      values += tile->size();
+    return static_cast<int64_t>(values * sizeof(float));
+  }
   // Keys a group of rows from `first` sees: up to its last row, whole vectors.
   int64_t keys_of_group(int64_t first) const { return round_up(first + kRows); }
 };
@@ -119,17 +125,28 @@ void store_row(const HeadTiles& tiles, const std::vector<float>& from, int64_t t
 }
 
 // The heads [first, first + count) of one batch element, loaded together: each token's row is read in one
-// pass over the heads' slices, from the first head's to the last's (`span` values, prefetched kRowsAhead
-// rows on). One head at a time would read a 128-byte slice of each 1.5-KB row, and wait on each.
+// pass over the heads' slices (prefetched kRowsAhead rows on). One head at a time would read a 128-byte
+// slice of each 1.5-KB row, and wait on each. A run's tiles stay within kRunBytes, a core's L2 on the CPUs
+// measured: longer sequences or wider heads run fewer heads at a time, down to one.
 struct HeadRun {
   int64_t batch, first, count;
 };
 
+constexpr int64_t kRunBytes = int64_t{1} << 20;
+
+// Where a row's values for a run lie: `segments` runs of `values`, `stride` apart (q, k and v of qkv; o).
+struct RowSegments {
+  int64_t segments, stride, values;
+};
+
 template <typename T, typename RowOp>
-void stream_rows(const T* first, int64_t row_stride, int64_t length, int64_t span, const RowOp& op) {
+void stream_rows(const T* first, int64_t row_stride, int64_t length, RowSegments read, const RowOp& op) {
   for (int64_t t = 0; t < length; ++t) {
     const T* row = first + t * row_stride;
-    if (t + kRowsAhead < length) prefetch_row(row + kRowsAhead * row_stride, span);
+    if (t + kRowsAhead < length) {
+      for (int64_t s = 0; s < read.segments; ++s)
+        prefetch_row(row + kRowsAhead * row_stride + s * read.stride, read.values);
+    }
     op(t, row);
   }
 }
@@ -318,54 +335,65 @@ void head_backward(const detail::PackedAttention& a, HeadTiles& tiles, Block& bl
 // batch element's first token row (q's slice in qkv); head h of the run is h * D on.
 template <typename T>
 struct RunLayout {
-  int64_t embed, dim, qkv_span;
+  int64_t embed, dim;
   int64_t qkv_offset, out_offset;
-
   int64_t length, count;
 
   RunLayout(const detail::PackedAttention& a, HeadRun run)
       : embed(a.heads * a.head_dim),
         dim(a.head_dim),
-        qkv_span(2 * embed + run.count * dim),
         qkv_offset(run.batch * a.length * 3 * embed + run.first * dim),
         out_offset(run.batch * a.length * embed + run.first * dim),
         length(a.length),
         count(run.count) {}
 
-  // each(t, h, slice) for every token row t and head h of the run, `slice` head h's values in row t of
-  // `base` (rows of `row_stride` values; the run's first slice at `offset`): the rows read in order.
+  // each(t, h, q) for every token row t of qkv and head h of the run, q head h's q slice in row t (k and
+  // v at embed and 2 embed on): the rows read in order.
   template <typename HeadOp>
-  void each_head_row(const void* base, int64_t row_stride, int64_t offset, int64_t span,
+  void each_qkv_row(const void* qkv, const HeadOp& each) const {
+    each_head_row(qkv, 3 * embed, qkv_offset, {3, embed, count * dim}, each);
+  }
+  // The same over the rows of out [B, T, H, D] (or its gradient).
+  template <typename HeadOp>
+  void each_out_row(const void* out, const HeadOp& each) const {
+    each_head_row(out, embed, out_offset, {1, 0, count * dim}, each);
+  }
+
+ private:
+  template <typename HeadOp>
+  void each_head_row(const void* base, int64_t row_stride, int64_t offset, RowSegments read,
                      const HeadOp& each) const {
-    stream_rows(static_cast<const T*>(base) + offset, row_stride, length, span, [&](int64_t t, const T* row) {
+    stream_rows(static_cast<const T*>(base) + offset, row_stride, length, read, [&](int64_t t, const T* row) {
       for (int64_t h = 0; h < count; ++h) each(t, h, row + h * dim);
     });
   }
 };
 
-// run(HeadRun) over the pairs [begin, end), a batch element's consecutive heads at a time.
+// run(HeadRun) over the pairs [begin, end), up to `most` consecutive heads of a batch element at a time.
 template <typename RunOp>
-void by_runs(const detail::PackedAttention& a, int64_t begin, int64_t end, const RunOp& op) {
+void by_runs(const detail::PackedAttention& a, int64_t begin, int64_t end, int64_t most, const RunOp& op) {
   for (int64_t pair = begin; pair < end;) {
-    const HeadRun run{pair / a.heads, pair % a.heads, std::min(a.heads - pair % a.heads, end - pair)};
+    const HeadRun run{pair / a.heads, pair % a.heads, std::min({a.heads - pair % a.heads, end - pair, most})};
     op(run);
     pair += run.count;
   }
 }
 
+// One head's tiles for each head a run of [begin, end) may hold: as many as fit kRunBytes, at least one.
 std::vector<HeadTiles> tiles_for(const detail::PackedAttention& a, int64_t begin, int64_t end,
                                  bool backward) {
-  return std::vector<HeadTiles>(static_cast<size_t>(std::min(a.heads, end - begin)),
-                                HeadTiles(a.length, a.head_dim, backward));
+  const HeadTiles one(a.length, a.head_dim, backward);
+  const int64_t fit = std::max<int64_t>(1, kRunBytes / std::max<int64_t>(one.bytes(), 1));
+  return std::vector<HeadTiles>(static_cast<size_t>(std::min({a.heads, end - begin, fit})), one);
 }
 
 template <typename T>
 void forward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end) {
   std::vector<HeadTiles> tiles = tiles_for(a, begin, end, /*backward=*/false);
   Block block(tiles[0], /*backward=*/false);
-  by_runs(a, begin, end, [&](HeadRun run) {
+  by_runs(a, begin, end, static_cast<int64_t>(tiles.size()), [&](HeadRun run) {
     const RunLayout<T> at(a, run);
-    at.each_head_row(a.qkv, 3 * at.embed, at.qkv_offset, at.qkv_span, [&](int64_t t, int64_t h, const T* q) {
+    at.each_qkv_row(a.qkv, [&](int64_t t, int64_t h, const T* q) {
       copy_row(q, tiles[h], tiles[h].q, t);
       copy_col(q + at.embed, tiles[h], tiles[h].k_cols, t);
       copy_row(q + 2 * at.embed, tiles[h], tiles[h].v, t);
@@ -381,19 +409,17 @@ template <typename T>
 void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end) {
   std::vector<HeadTiles> tiles = tiles_for(a, begin, end, /*backward=*/true);
   Block block(tiles[0], /*backward=*/true);
-  by_runs(a, begin, end, [&](HeadRun run) {
+  by_runs(a, begin, end, static_cast<int64_t>(tiles.size()), [&](HeadRun run) {
     const RunLayout<T> at(a, run);
-    at.each_head_row(a.qkv, 3 * at.embed, at.qkv_offset, at.qkv_span, [&](int64_t t, int64_t h, const T* q) {
+    at.each_qkv_row(a.qkv, [&](int64_t t, int64_t h, const T* q) {
       copy_row(q, tiles[h], tiles[h].q, t);
       copy_row(q + at.embed, tiles[h], tiles[h].k, t);
       copy_col(q + at.embed, tiles[h], tiles[h].k_cols, t);
       copy_col(q + 2 * at.embed, tiles[h], tiles[h].v_cols, t);
     });
-    const int64_t out_span = run.count * at.dim;
-    at.each_head_row(a.out, at.embed, at.out_offset, out_span,
-                     [&](int64_t t, int64_t h, const T* o) { copy_row(o, tiles[h], tiles[h].o, t); });
-    at.each_head_row(a.grad_out, at.embed, at.out_offset, out_span,
-                     [&](int64_t t, int64_t h, const T* g) { copy_row(g, tiles[h], tiles[h].grad_o, t); });
+    at.each_out_row(a.out, [&](int64_t t, int64_t h, const T* o) { copy_row(o, tiles[h], tiles[h].o, t); });
+    at.each_out_row(a.grad_out,
+                    [&](int64_t t, int64_t h, const T* g) { copy_row(g, tiles[h], tiles[h].grad_o, t); });
     for (int64_t h = 0; h < run.count; ++h)
       head_backward(a, tiles[h], block, a.lse + (run.batch * a.heads + run.first + h) * a.length);
     T* grad = static_cast<T*>(a.grad_qkv) + at.qkv_offset;
