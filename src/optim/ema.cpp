@@ -47,42 +47,41 @@ void Ema::apply_update() {
   }
   torch::NoGradGuard no_grad;
   if (on_cpu_) {
-    apply_update_on_cpu();
-    return;
+    average_on_host();
+  } else {
+    average_on_device();
   }
-  // decay_t in double on the device, as the host would compute it, then in the weights' dtype.
-  torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
-  if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
-  decay = decay.pow(static_cast<double>(options_.every()));
-  const auto parameters = torch::TensorList(live_).slice(0, parameter_count_);
-  const auto averages = torch::TensorList(shadow_).slice(0, parameter_count_);
-  if (parameter_count_ > 0) {
-    const auto dtype = averages.front().scalar_type();
-    // One multi-tensor op per term instead of a kernel launch per parameter.
-    compat::foreach_mul_(averages, decay.to(dtype));
-    torch::_foreach_add_(averages, compat::foreach_mul(parameters, (1 - decay).to(dtype)));
-    if (options_.lookahead()) {
-      for (size_t i = 0; i < parameter_count_; ++i) live_[i].copy_(shadow_[i]);
-    }
+  if (options_.lookahead()) {
+    for (size_t i = 0; i < parameter_count_; ++i) live_[i].copy_(shadow_[i]);
   }
   for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
   device_updates_.add_(1);
 }
 
+// average = decay_t average + (1 - decay_t) parameter, decay_t in double on the device, as the host would
+// compute it, then in the weights' dtype: nothing read on the host, so a CUDA graph can capture it.
+void Ema::average_on_device() {
+  if (parameter_count_ == 0) return;
+  torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
+  if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
+  decay = decay.pow(static_cast<double>(options_.every()));
+  const auto parameters = torch::TensorList(live_).slice(0, parameter_count_);
+  const auto averages = torch::TensorList(shadow_).slice(0, parameter_count_);
+  const auto dtype = averages.front().scalar_type();
+  // One multi-tensor op per term instead of a kernel launch per parameter.
+  compat::foreach_mul_(averages, decay.to(dtype));
+  torch::_foreach_add_(averages, compat::foreach_mul(parameters, (1 - decay).to(dtype)));
+}
+
 // On the CPU the count is read without a synchronisation, so decay_t is computed on the host and each
 // average takes one lerp: the device path's dozen small operators (decay_t as tensors, a multiply, a
 // product and an add per parameter) cost the main job 0.27 ms a step, 4.5% of it.
-void Ema::apply_update_on_cpu() {
+void Ema::average_on_host() {
   const double t = device_updates_.item<double>();
   double decay = options_.decay();
   if (options_.warmup()) decay = std::min(decay, (1 + t) / (10 + t));
   decay = std::pow(decay, static_cast<double>(options_.every()));
-  for (size_t i = 0; i < parameter_count_; ++i) {
-    shadow_[i].lerp_(live_[i], 1 - decay);
-    if (options_.lookahead()) live_[i].copy_(shadow_[i]);
-  }
-  for (size_t i = parameter_count_; i < live_.size(); ++i) shadow_[i].copy_(live_[i]);
-  device_updates_.add_(1);
+  for (size_t i = 0; i < parameter_count_; ++i) shadow_[i].lerp_(live_[i], 1 - decay);
 }
 
 void Ema::load_state(const std::vector<torch::Tensor>& shadow, int64_t calls, int64_t updates) {

@@ -77,7 +77,9 @@ class Ema {
 
  private:
   void swap();
-  void apply_update_on_cpu();
+  // The averaging step of apply_update: on the CPU (decay_t from the host) or on the device.
+  void average_on_host();
+  void average_on_device();
   std::vector<torch::Tensor> live_;    // the model's parameters then buffers
   std::vector<torch::Tensor> shadow_;  // their averages, same order
   size_t parameter_count_ = 0;
