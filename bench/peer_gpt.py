@@ -165,7 +165,9 @@ class Block(nn.Module):
     def forward(self, x):  # [B, T, C]
         batch, length, embed = x.shape
         qkv = self.qkv(self.ln1(x)).view(batch, length, 3, self.heads, embed // self.heads)
-        q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))  # [B, H, T, D]
+        # unbind, whose backward stacks the three gradients in one pass (as fasttrain's ATen path does); three
+        # selects would each fill a zero tensor of qkv's size in backward and add them.
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(2))  # [B, H, T, D]
         attended = causal_attention(q, k, v).transpose(1, 2).reshape(batch, length, embed)
         x = x + self.dropout(self.attn_proj(attended))
         hidden = F.gelu(self.fc(self.ln2(x)), approximate="tanh")  # [B, T, 4C]

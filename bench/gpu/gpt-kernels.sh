@@ -6,7 +6,8 @@
 # side by side (bench/gpu/kernel_table.py). Logs and traces go to $OUT/gpt-kernels.tgz.
 #   bench/gpu/gpt-kernels.sh          # PYTHON (default python3): the PyTorch the CLI was built against
 # FASTTRAIN_GPT_VARIANTS and PEER_GPT_VARIANTS replace the runs timed (one "name args..." per line: --set
-# options of fasttrain train, flags of bench/peer_gpt.py); GPT_PROFILE=0 skips the profiles.
+# options of fasttrain train, flags of bench/peer_gpt.py); GPT_PROFILE=0 skips the profiles, PEER_GPT_PROFILE=0
+# the peer's; FASTTRAIN_GPT_PROFILE_SETS adds --set options to fasttrain's (model.gpu_kernels=fasttrain, say).
 # fasttrain's tokens/s are over steps 21-60 (metrics.jsonl), as the peer's are after its 20 untimed steps.
 set -uo pipefail
 script=gpt-kernels work=/tmp/fasttrain-gpt-work
@@ -46,12 +47,15 @@ done <<<"$peer_variants"
 
 [ "${GPT_PROFILE:-1}" = 0 ] && { tar czf "$out/gpt-kernels.tgz" -C "$work" --exclude='*.safetensors' . 2>/dev/null; stage "done"; exit 0; }
 stage "profiles: 5 eager steps each"
+read -r -a profile_sets <<<"${FASTTRAIN_GPT_PROFILE_SETS:-}"
 timeout 120 "$cli" profile configs/gpt_text.toml --run-dir "$work/profile" --steps 5 --warmup-steps 5 "${model[@]}" \
-  >"$work/profile.log" 2>&1 || tail -n 5 "$work/profile.log"
-timeout 120 "$python" bench/peer_gpt.py "${peer[@]}" --steps 15 --warmup-steps 10 --log-every 0 --profile-steps 5 \
-  --profile-trace "$work/peer-trace.json" >"$work/peer-profile.json" 2>"$work/peer-profile.log" || tail -n 5 "$work/peer-profile.log"
+  "${profile_sets[@]}" >"$work/profile.log" 2>&1 || tail -n 5 "$work/profile.log"
 "$python" bench/gpu/kernel_table.py "$work/profile/trace.json" --steps 5 --rows 40
-"$python" bench/gpu/kernel_table.py "$work/peer-trace.json" --steps 5 --rows 40
+if [ "${PEER_GPT_PROFILE:-1}" != 0 ]; then
+  timeout 120 "$python" bench/peer_gpt.py "${peer[@]}" --steps 15 --warmup-steps 10 --log-every 0 --profile-steps 5 \
+    --profile-trace "$work/peer-trace.json" >"$work/peer-profile.json" 2>"$work/peer-profile.log" || tail -n 5 "$work/peer-profile.log"
+  "$python" bench/gpu/kernel_table.py "$work/peer-trace.json" --steps 5 --rows 40
+fi
 for f in "$work/profile/trace.json" "$work/peer-trace.json"; do
   "$python" bench/gpu/kernel_table.py "$f" --steps 5 --json >"$f.kernels.json" 2>/dev/null
 done

@@ -4,8 +4,19 @@
 
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/kernels/cpu.h"
+#include "fasttrain/kernels/gpu.h"
 #include "fasttrain/util/check.h"
 #include "runnable.h"
+
+#if FASTTRAIN_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <array>
+#include <atomic>
+
+#include "cuda/layer_norm_cuda.h"
+#endif
 
 namespace fasttrain::kernels {
 
@@ -76,6 +87,30 @@ std::string to_string(CpuCapability capability) {
 torch::ScalarType cpu_compute_dtype(const torch::Tensor& x) {
   return compat::autocast_enabled(c10::DeviceType::CPU) ? compat::autocast_dtype(c10::DeviceType::CPU)
                                                         : x.scalar_type();
+}
+
+bool gpu_kernels_run_on(const torch::Device& device) {
+#if FASTTRAIN_CUDA
+  if (!device.is_cuda()) return false;
+  const int index = device.has_index() ? device.index() : at::cuda::current_device();
+  static std::array<std::atomic<int>, 64> loads{};  // per device: 0 not asked yet, 1 yes, 2 no
+  if (index < 0 || index >= static_cast<int>(loads.size())) return false;
+  if (loads[index] == 0) {
+    const c10::cuda::CUDAGuard on_device(static_cast<c10::DeviceIndex>(index));
+    loads[index] =
+        at::cuda::getDeviceProperties(index)->major >= 8 && detail::cuda_kernels_load_on_current_device() ? 1
+                                                                                                          : 2;
+  }
+  return loads[index] == 1;
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+torch::ScalarType compute_dtype(const torch::Tensor& x) {
+  const c10::DeviceType type = x.device().type();
+  return compat::autocast_enabled(type) ? compat::autocast_dtype(type) : x.scalar_type();
 }
 
 }  // namespace fasttrain::kernels

@@ -6,8 +6,16 @@
 
 #include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
+#include "fasttrain/kernels/gpu.h"
 #include "fasttrain/util/check.h"
 #include "runnable.h"
+
+#if FASTTRAIN_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "cuda/layer_norm_cuda.h"
+#endif
 
 namespace fasttrain::kernels {
 
@@ -41,6 +49,44 @@ detail::LayerNormRows describe(const torch::Tensor& x, const torch::Tensor& bran
   return n;
 }
 
+// The rows of `n` through the CPU body of `capability`, or on a GPU its CUDA kernel.
+void run_forward(const detail::LayerNormRows& n, [[maybe_unused]] const torch::Device& device,
+                 CpuCapability capability) {
+#if FASTTRAIN_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard on_device(device);
+    return detail::layer_norm_forward_cuda(n, c10::cuda::getCurrentCUDAStream().stream());
+  }
+#endif
+  const auto kernel = kernels_for(capability).forward;
+  at::parallel_for(0, n.rows, detail::rows_per_task(n.width),
+                   [&](int64_t begin, int64_t end) { kernel(n, begin, end); });
+}
+
+// How many partial sums of the parameters' gradients backward writes: a CPU thread's rows each, or the
+// CUDA kernel's row ranges.
+int64_t backward_partials([[maybe_unused]] const torch::Device& device, int64_t rows,
+                          [[maybe_unused]] int64_t width) {
+#if FASTTRAIN_CUDA
+  if (device.is_cuda()) return detail::layer_norm_backward_partials(rows, width);
+#endif
+  return detail::row_chunks(rows).count;
+}
+
+void run_backward(const detail::LayerNormRows& n, int64_t partials,
+                  [[maybe_unused]] const torch::Device& device, CpuCapability capability) {
+#if FASTTRAIN_CUDA
+  if (device.is_cuda()) {
+    const c10::cuda::CUDAGuard on_device(device);
+    return detail::layer_norm_backward_cuda(n, partials, c10::cuda::getCurrentCUDAStream().stream());
+  }
+#endif
+  const auto kernel = kernels_for(capability).backward;
+  const detail::RowChunks chunks{partials, (n.rows + partials - 1) / partials};
+  detail::for_each_row_chunk(
+      n.rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });
+}
+
 // The forward of both functions below: {y} without a branch, {x + branch, y} with one. Saves what
 // norm_backward reads.
 torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
@@ -60,9 +106,7 @@ torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ct
   n.y = y.data_ptr();
   n.mean = mean.data_ptr<float>();
   n.rstd = rstd.data_ptr<float>();
-  const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
-  at::parallel_for(0, rows, detail::rows_per_task(width),
-                   [&](int64_t begin, int64_t end) { kernel(n, begin, end); });
+  run_forward(n, x.device(), static_cast<CpuCapability>(capability));
   // What backward normalises again: the sum where there is one, else x.
   ctx->save_for_backward({branch.defined() ? sum : x, w, b, mean, rstd});
   ctx->saved_data["eps"] = eps;
@@ -89,13 +133,12 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   torch::Tensor grad_sum = grad_sum_in.defined() ? grad_sum_in.to(x_dtype).contiguous() : torch::Tensor();
 
   const int64_t width = normalised.size(-1), rows = normalised.numel() / std::max<int64_t>(width, 1);
-  const detail::RowChunks chunks = detail::row_chunks(rows);
+  const int64_t partials = backward_partials(normalised.device(), rows, width);
   NormGrads grads;
   grads.x = torch::empty_like(normalised);
   if (has_branch) grads.branch = torch::empty(normalised.sizes(), normalised.options().dtype(branch_dtype));
-  torch::Tensor weight_partial =
-      torch::zeros({chunks.count, width}, normalised.options().dtype(torch::kFloat));
-  torch::Tensor bias_partial = torch::zeros({chunks.count, width}, normalised.options().dtype(torch::kFloat));
+  torch::Tensor weight_partial = torch::zeros({partials, width}, normalised.options().dtype(torch::kFloat));
+  torch::Tensor bias_partial = torch::zeros({partials, width}, normalised.options().dtype(torch::kFloat));
   detail::LayerNormRows n =
       describe(normalised, grads.branch, w, b, grad_y, ctx->saved_data["eps"].toDouble());
   n.mean = saved[3].data_ptr<float>();
@@ -106,9 +149,8 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   n.grad_branch = has_branch ? grads.branch.data_ptr() : nullptr;
   n.grad_weight_partial = weight_partial.data_ptr<float>();
   n.grad_bias_partial = bias_partial.data_ptr<float>();
-  const auto kernel = kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
-  detail::for_each_row_chunk(
-      rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });
+  run_backward(n, partials, normalised.device(),
+               static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
   grads.weight = weight_partial.sum(0);
   grads.bias = bias_partial.sum(0);
   return grads;
@@ -148,9 +190,9 @@ void check_takes(const torch::Tensor& x, const torch::Tensor& branch, const torc
                  const torch::Tensor& bias, torch::ScalarType y_dtype) {
   FT_CHECK(
       layer_norm_takes(x, branch, weight, bias),
-      "layer_norm takes x [..., C] (and a branch of its shape) on the CPU in fp32 or bf16 with weight and "
-      "bias fp32 [C]; got x {} {}, branch {}, weight {}, bias {}",
-      x.sizes(), c10::toString(x.scalar_type()),
+      "layer_norm takes x [..., C] (and a branch of its shape) on the CPU or a CUDA GPU in fp32 or bf16 with "
+      "weight and bias fp32 [C] on its device; got x {} {} on {}, branch {}, weight {}, bias {}",
+      x.sizes(), c10::toString(x.scalar_type()), x.device().str(),
       branch.defined() ? c10::toString(branch.scalar_type()) : "none", weight.sizes(), bias.sizes());
   FT_CHECK(y_dtype == torch::kFloat || y_dtype == torch::kBFloat16, "layer_norm writes fp32 or bf16, not {}",
            c10::toString(y_dtype));
@@ -160,10 +202,21 @@ void check_takes(const torch::Tensor& x, const torch::Tensor& branch, const torc
 
 bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& weight,
                       const torch::Tensor& bias) {
-  if (!detail::cpu_float_or_bf16(x) || x.dim() < 1 || x.numel() == 0) return false;
-  if (branch.defined() && (!detail::cpu_float_or_bf16(branch) || branch.sizes() != x.sizes())) return false;
+  // The CPU bodies, or the CUDA kernel where LibTorch has CUDA.
+  if (!x.defined()) return false;
+  const auto float_or_bf16 = [&](const torch::Tensor& t) {
+    return t.defined() && t.device() == x.device() &&
+           (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
+  };
+#if FASTTRAIN_CUDA
+  const bool on_a_device_with_a_kernel = x.device().is_cpu() || gpu_kernels_run_on(x.device());
+#else
+  const bool on_a_device_with_a_kernel = x.device().is_cpu();
+#endif
+  if (!on_a_device_with_a_kernel || !float_or_bf16(x) || x.dim() < 1 || x.numel() == 0) return false;
+  if (branch.defined() && (!float_or_bf16(branch) || branch.sizes() != x.sizes())) return false;
   const auto fp32_width = [&](const torch::Tensor& p) {
-    return p.defined() && p.device().is_cpu() && p.scalar_type() == torch::kFloat && p.dim() == 1 &&
+    return p.defined() && p.device() == x.device() && p.scalar_type() == torch::kFloat && p.dim() == 1 &&
            p.size(0) == x.size(-1);
   };
   return fp32_width(weight) && fp32_width(bias);

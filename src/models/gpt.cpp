@@ -6,8 +6,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/kernels/attention.h"
+#include "fasttrain/kernels/cpu.h"
+#include "fasttrain/kernels/gpu.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/util/check.h"
 #include "own_kernels.h"
@@ -16,14 +17,17 @@ namespace fasttrain {
 
 namespace {
 
-// Which of fasttrain's CPU kernels a block runs (model.kernels, model.aten_kernels).
+// Which of fasttrain's kernels a block runs: on the CPU by model.kernels, on a GPU by model.gpu_kernels,
+// and model.aten_kernels on both.
 struct OwnKernels {
-  bool attention = false, layer_norm = false, bias_gelu = false;
+  bool attention = false, layer_norm = false, bias_gelu = false, gpu_layer_norm = false, gpu_mlp = false;
 
   explicit OwnKernels(const GptOptions& options)
       : attention(runs_own_kernel(options.kernels(), options.aten_kernels(), "attention")),
         layer_norm(runs_own_kernel(options.kernels(), options.aten_kernels(), "layer_norm")),
-        bias_gelu(runs_own_kernel(options.kernels(), options.aten_kernels(), "bias_gelu")) {}
+        bias_gelu(runs_own_kernel(options.kernels(), options.aten_kernels(), "bias_gelu")),
+        gpu_layer_norm(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "layer_norm")),
+        gpu_mlp(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "bias_gelu")) {}
 };
 
 // x + attention(ln1(x)), then x + mlp(ln2(x)).
@@ -48,8 +52,7 @@ class GptBlockImpl : public torch::nn::Module {
     auto [residual, normed] =
         add_norm(x, dropout_->forward(linear(attn_proj_, attended)), ln2_);  // [B, T, C]
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
-    auto hidden = mlp_hidden(normed);  // [B, T, 4C]
-    return residual + dropout_->forward(linear(mlp_proj_, hidden));
+    return residual + dropout_->forward(mlp(normed));  // [B, T, C]
   }
 
   // The projections that write into the residual stream (GPT-2 scales their init by 1/sqrt(2 L)).
@@ -61,6 +64,14 @@ class GptBlockImpl : public torch::nn::Module {
   // as Python's nn.Linear does.
   static torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
     return torch::linear(x, layer->weight, layer->bias);
+  }
+  // mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where model.gpu_kernels
+  // says.
+  torch::Tensor mlp(const torch::Tensor& normed) {
+    if (own_kernels_.gpu_mlp && normed.is_cuda() &&
+        kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias))
+      return kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias);
+    return linear(mlp_proj_, mlp_hidden(normed));  // [B, T, 4C] -> [B, T, C]
   }
   // gelu_tanh(fc(x)). On the CPU with fasttrain's kernels the Linear runs without its bias, which the
   // bias + GELU kernel adds: one pass over [B, T, 4C] each way, and a tanh cheaper than ATen's.
@@ -74,7 +85,7 @@ class GptBlockImpl : public torch::nn::Module {
   // own_norm says, else ATen's.
   torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
     if (!own_norm(x, {}, ln)) return ln->forward(x);
-    return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::cpu_compute_dtype(x));
+    return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::compute_dtype(x));
   }
   // x + branch and ln(x + branch), in one pass where fasttrain's kernel takes them.
   std::pair<torch::Tensor, torch::Tensor> add_norm(const torch::Tensor& x, const torch::Tensor& branch,
@@ -84,13 +95,18 @@ class GptBlockImpl : public torch::nn::Module {
       return {sum, ln->forward(sum)};
     }
     return kernels::add_layer_norm(x, branch, ln->weight, ln->bias, ln->options.eps(),
-                                   kernels::cpu_compute_dtype(x));
+                                   kernels::compute_dtype(x));
   }
-  // Where it writes bf16 for an fp32 stream (autocast): it saves the cast, and measured faster than
-  // ATen's add + layer_norm + cast; in fp32 ATen's is faster (BENCHMARKS.md "Own CPU kernels").
+  // On the CPU where it writes bf16 for an fp32 stream (autocast): it saves the cast, and measured faster
+  // than ATen's add + layer_norm + cast; in fp32 ATen's is faster (BENCHMARKS.md "Own CPU kernels"). On a
+  // GPU wherever it writes fp32 or bf16 (not fp16 autocast's).
   bool own_norm(const torch::Tensor& x, const torch::Tensor& branch, torch::nn::LayerNorm& ln) const {
-    return own_kernels_.layer_norm && kernels::cpu_compute_dtype(x) == torch::kBFloat16 &&
-           x.scalar_type() == torch::kFloat && kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
+    const torch::ScalarType y_dtype = kernels::compute_dtype(x);
+    const bool wanted =
+        x.is_cuda()
+            ? own_kernels_.gpu_layer_norm && (y_dtype == torch::kFloat || y_dtype == torch::kBFloat16)
+            : own_kernels_.layer_norm && y_dtype == torch::kBFloat16 && x.scalar_type() == torch::kFloat;
+    return wanted && kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
   }
 
   int64_t heads_;

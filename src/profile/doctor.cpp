@@ -219,21 +219,23 @@ std::vector<Finding> channels_last(const DoctorContext& c) {
                    c.compare("channels_last", nhwc, kSwitchSpeedup), "in channels_last");
 }
 
-// Work that fasttrain's own CPU kernels cover (the model's `kernels` key: the gpt's attention and
-// pointwise chain, the cnn's max-pool; the task's: the cross-entropy; muon's Newton-Schulz) left to ATen,
-// where turning every such switch to fasttrain is faster by the switch threshold.
+// Work that fasttrain's own kernels cover (on the CPU the model's `kernels` key: the gpt's attention and
+// pointwise chain, the cnn's max-pool; the task's: the cross-entropy; muon's Newton-Schulz; on a GPU the
+// gpt's `gpu_kernels`: LayerNorm and the MLP) left to ATen, where turning every such switch to fasttrain
+// is faster by the switch threshold.
 std::vector<Finding> own_kernels(const DoctorContext& c) {
-  if (c.cuda) return {};
   Config own = c.config;
   std::vector<std::string> settings;
-  for (const detail::KernelSwitch& s : detail::kernel_switches(c.config)) {
+  for (const detail::KernelSwitch& s : detail::kernel_switches(c.config, c.cuda)) {
     if (s.value == "fasttrain") continue;
     apply_override(own, s.key + "=fasttrain");
     settings.push_back(fmt::format("{} = \"fasttrain\"", s.key));
   }
   if (settings.empty()) return {};
-  return if_faster("own_kernels", fmt::format("Use fasttrain's CPU kernels: {}", fmt::join(settings, ", ")),
-                   c.compare("own_kernels", own, kSwitchSpeedup), "with fasttrain's kernels");
+  return if_faster(
+      "own_kernels",
+      fmt::format("Use fasttrain's {} kernels: {}", c.cuda ? "GPU" : "CPU", fmt::join(settings, ", ")),
+      c.compare("own_kernels", own, kSwitchSpeedup), "with fasttrain's kernels");
 }
 
 // ATen's elementwise operators, with the norms, softmaxes and casts: a pass or two over memory each and
@@ -526,10 +528,11 @@ Registry<DoctorRule>& doctor_rules() {
     r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);
-    r.add("own_kernels",
-          "CPU: model.kernels, task.kernels or optim.muon_newton_schulz = \"aten\", and fasttrain's kernels "
-          "give >= 1.15x",
-          own_kernels);
+    r.add(
+        "own_kernels",
+        "model.kernels, task.kernels or optim.muon_newton_schulz = \"aten\" on the CPU, model.gpu_kernels = "
+        "\"aten\" on a GPU, and fasttrain's kernels give >= 1.15x",
+        own_kernels);
     r.add("pointwise_bound",
           "CPU: elementwise operators (activations, norms, softmax, adds, casts) take >= 20% of the recorded "
           "step",

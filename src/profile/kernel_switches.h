@@ -1,8 +1,8 @@
 #pragma once
-// What the tuner and the doctor know of the switches between fasttrain's own CPU kernels and ATen's:
-// the selected model's and task's `kernels` keys (the gpt's and the cnn's, classification's and
+// What the tuner and the doctor know of the switches between fasttrain's own kernels and ATen's: on the
+// CPU the selected model's and task's `kernels` keys (the gpt's and the cnn's, classification's and
 // language_modeling's; any whose options have one, without naming it) and, under muon,
-// optim.muon_newton_schulz.
+// optim.muon_newton_schulz; on a GPU the model's `gpu_kernels` key (the gpt's).
 #include <optional>
 #include <string>
 #include <vector>
@@ -16,11 +16,11 @@ struct KernelSwitch {
   std::string key, value;
 };
 
-// A selected component's `kernels` value, or none where its options have no such key.
+// A selected component's `kernels` (or other `name`) value, or none where its options have no such key.
 template <typename Selection>
-std::optional<std::string> kernels_of(const Selection& selection) {
+std::optional<std::string> kernels_of(const Selection& selection, const std::string& name = "kernels") {
   for (const KeyInfo& key : selection.options().keys()) {
-    if (key.name != "kernels") continue;
+    if (key.name != name) continue;
     const std::string literal = key.write(selection.options().data());  // "\"fasttrain\""
     return literal.size() >= 2 ? literal.substr(1, literal.size() - 2) : literal;
   }
@@ -31,9 +31,14 @@ inline std::optional<std::string> model_kernels(const Config& config) {
   return kernels_of(config.model);
 }
 
-// Every kernel switch this config has.
-inline std::vector<KernelSwitch> kernel_switches(const Config& config) {
+// Every kernel switch this config has for a run on the CPU or, where `cuda`, on a GPU.
+inline std::vector<KernelSwitch> kernel_switches(const Config& config, bool cuda) {
   std::vector<KernelSwitch> switches;
+  if (cuda) {
+    if (const auto kernels = kernels_of(config.model, "gpu_kernels"))
+      switches.push_back({"model.gpu_kernels", *kernels});
+    return switches;
+  }
   if (const auto kernels = model_kernels(config)) switches.push_back({"model.kernels", *kernels});
   if (const auto kernels = kernels_of(config.task)) switches.push_back({"task.kernels", *kernels});
   if (config.optim.name() == "muon")

@@ -150,11 +150,12 @@ std::vector<Candidate> bf16_candidates(int threads_in_effect) {
   return bf16;
 }
 
-// The other value of each switch between fasttrain's CPU kernels and ATen's that the config has (the
-// model's `kernels` key, muon's Newton-Schulz).
-std::vector<Candidate> kernel_candidates(const Config& config) {
+// The other value of each switch between fasttrain's kernels and ATen's that the config has for the device
+// (on the CPU the model's and the task's `kernels` keys and muon's Newton-Schulz, on a GPU the model's
+// `gpu_kernels`).
+std::vector<Candidate> kernel_candidates(const Config& config, bool cuda) {
   std::vector<Candidate> candidates;
-  for (const detail::KernelSwitch& s : detail::kernel_switches(config)) {
+  for (const detail::KernelSwitch& s : detail::kernel_switches(config, cuda)) {
     const std::string other = detail::other_kernels(s.value);
     candidates.push_back({fmt::format("{} = \"{}\"", s.key, other),
                           [setting = s.key + "=" + other](Config& c) { apply_override(c, setting); }});
@@ -209,7 +210,7 @@ TuneResult tune(RunBuilder& builder, const Config& requested, const std::string&
   tuner.try_candidates(workers);
   if (tuner.best().train.precision() == "fp32" && hardware.native_bf16())
     tuner.try_candidates(bf16_candidates(tuner.threads_in_effect()));
-  if (device.is_cpu()) tuner.try_candidates(kernel_candidates(tuner.best()));
+  tuner.try_candidates(kernel_candidates(tuner.best(), device.is_cuda()));
   if (conv_net)
     tuner.try_candidates({{"train.channels_last = true", [](Config& c) { c.train.channels_last(true); }}});
   if (device.is_cuda())

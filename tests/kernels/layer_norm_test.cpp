@@ -1,7 +1,8 @@
 // fasttrain's residual add + LayerNorm kernel against ATen's ops: values and gradients of x, the branch,
 // weight and bias, in fp32 and bf16 (and y written in bf16 from fp32, as under autocast), on every
-// CPU capability this machine runs, widths that fill no vector evenly.
+// CPU capability this machine runs, widths that fill no vector evenly; and the CUDA kernel the same way.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include "fasttrain/kernels/cpu.h"
@@ -34,24 +35,24 @@ Inputs make_inputs(int64_t rows, int64_t width, const Dtypes& dtypes, bool branc
   return in;
 }
 
+// Runs `norm` on `device` (results back on the CPU).
 template <typename Norm>
-Grads run(const Inputs& in, torch::ScalarType as, Norm norm) {
+Grads run(const Inputs& in, torch::ScalarType as, Norm norm, torch::Device device = torch::kCPU) {
   auto leaf = [&](const torch::Tensor& t) {
-    return t.defined()
-               ? t.detach().to(as == torch::kDouble ? torch::kDouble : t.scalar_type()).requires_grad_(true)
-               : t;
+    return t.defined() ? t.detach()
+                             .to(device, as == torch::kDouble ? torch::kDouble : t.scalar_type())
+                             .requires_grad_(true)
+                       : t;
   };
   auto x = leaf(in.x), branch = leaf(in.branch), weight = leaf(in.weight), bias = leaf(in.bias);
   auto [sum, y] = norm(x, branch, weight, bias);
-  auto loss = (y.to(torch::kDouble) * in.wy).sum();
-  if (in.ws.defined()) loss = loss + (sum.to(torch::kDouble) * in.ws).sum();
+  auto loss = (y.to(torch::kDouble) * in.wy.to(device)).sum();
+  if (in.ws.defined()) loss = loss + (sum.to(torch::kDouble) * in.ws.to(device)).sum();
   loss.backward();
-  return {sum.defined() ? sum.detach() : sum,
-          y.detach(),
-          x.grad(),
-          branch.defined() ? branch.grad() : torch::Tensor(),
-          weight.grad(),
-          bias.grad()};
+  const auto cpu = [](const torch::Tensor& t) { return t.defined() ? t.detach().cpu() : t; };
+  return {cpu(sum),           cpu(y),
+          cpu(x.grad()),      branch.defined() ? cpu(branch.grad()) : torch::Tensor(),
+          cpu(weight.grad()), cpu(bias.grad())};
 }
 
 std::pair<torch::Tensor, torch::Tensor> aten_norm(const torch::Tensor& x, const torch::Tensor& branch,
@@ -70,6 +71,26 @@ void expect_close(const torch::Tensor& got, const torch::Tensor& want, double to
   const double scale = want.to(torch::kDouble).abs().max().item<double>();
   EXPECT_LE(error, tolerance * scale + 1e-9)
       << what << ": max |error| " << error << " of max |value| " << scale;
+}
+
+// The kernel's outputs in the dtypes asked for, and within rounding of the reference: fp32 the arithmetic's,
+// bf16 8 bits of mantissa in what is read and written.
+void expect_matches(const Grads& got, const Grads& want, const Dtypes& dtypes, bool branch,
+                    const std::string& what) {
+  ASSERT_EQ(got.y.scalar_type(), dtypes.y) << what;
+  ASSERT_EQ(got.x.scalar_type(), dtypes.x) << what;
+  if (branch) {
+    ASSERT_EQ(got.branch.scalar_type(), dtypes.branch) << what;
+  }
+  const bool any_bf16 = dtypes.x == torch::kBFloat16 || dtypes.y == torch::kBFloat16 ||
+                        (branch && dtypes.branch == torch::kBFloat16);
+  const double tolerance = any_bf16 ? 2e-2 : 5e-5;
+  expect_close(got.sum, want.sum, tolerance, what + " sum");
+  expect_close(got.y, want.y, tolerance, what + " y");
+  expect_close(got.x, want.x, tolerance, what + " grad x");
+  expect_close(got.branch, want.branch, tolerance, what + " grad branch");
+  expect_close(got.weight, want.weight, tolerance, what + " grad weight");
+  expect_close(got.bias, want.bias, tolerance, what + " grad bias");
 }
 
 TEST(CpuLayerNorm, MatchesATenInValuesAndGradientsOnEveryCapability) {
@@ -96,23 +117,69 @@ TEST(CpuLayerNorm, MatchesATenInValuesAndGradientsOnEveryCapability) {
                                       kernels::layer_norm(x, w, bias, 1e-5, dtypes.y, capability));
               return kernels::add_layer_norm(x, b, w, bias, 1e-5, dtypes.y, capability);
             });
-            ASSERT_EQ(got.y.scalar_type(), dtypes.y) << what;
-            ASSERT_EQ(got.x.scalar_type(), dtypes.x) << what;
-            const bool any_bf16 = dtypes.x == torch::kBFloat16 || dtypes.y == torch::kBFloat16 ||
-                                  (branch && dtypes.branch == torch::kBFloat16);
-            // fp32: the arithmetic's rounding; bf16: 8 bits of mantissa in what is read and written.
-            const double tolerance = any_bf16 ? 2e-2 : 5e-5;
-            expect_close(got.sum, want.sum, tolerance, what + " sum");
-            expect_close(got.y, want.y, tolerance, what + " y");
-            expect_close(got.x, want.x, tolerance, what + " grad x");
-            expect_close(got.branch, want.branch, tolerance, what + " grad branch");
-            expect_close(got.weight, want.weight, tolerance, what + " grad weight");
-            expect_close(got.bias, want.bias, tolerance, what + " grad bias");
+            expect_matches(got, want, dtypes, branch, what);
           }
         }
       }
     }
   }
+}
+
+// Every dtype the kernel reads and writes, widths on each side of its register tiers (256, 512, 768,
+// 1024: past them a row is read again each pass), rows over one and several partial sums of the
+// parameters' gradients.
+TEST(GpuLayerNorm, MatchesATenInValuesAndGradients_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Dtypes kDtypes[] = {{torch::kFloat, torch::kFloat, torch::kFloat},
+                            {torch::kFloat, torch::kBFloat16, torch::kBFloat16},
+                            {torch::kFloat, torch::kFloat, torch::kBFloat16},
+                            {torch::kBFloat16, torch::kBFloat16, torch::kBFloat16},
+                            {torch::kBFloat16, torch::kFloat, torch::kFloat}};
+  for (const Dtypes& dtypes : kDtypes) {
+    for (int64_t width : {1, 7, 33, 300, 768, 1000, 1500}) {
+      for (int64_t rows : {37, 1000}) {
+        for (bool branch : {false, true}) {
+          for (bool sum_used : {false, true}) {
+            if (!branch && sum_used) continue;
+            torch::manual_seed(width + rows);
+            const Inputs in = make_inputs(rows, width, dtypes, branch, sum_used);
+            const std::string what =
+                fmt::format("cuda x {} branch {} y {} rows {} width {}{}{}", c10::toString(dtypes.x),
+                            branch ? c10::toString(dtypes.branch) : "none", c10::toString(dtypes.y), rows,
+                            width, branch ? " add" : "", sum_used ? " sum used" : "");
+            const Grads want = run(in, torch::kDouble, aten_norm);
+            const Grads got = run(
+                in, torch::kFloat,
+                [&](auto x, auto b, auto w, auto bias) {
+                  if (!b.defined())
+                    return std::make_pair(torch::Tensor(), kernels::layer_norm(x, w, bias, 1e-5, dtypes.y));
+                  return kernels::add_layer_norm(x, b, w, bias, 1e-5, dtypes.y);
+                },
+                torch::kCUDA);
+            expect_matches(got, want, dtypes, branch, what);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The CUDA kernel rounds as the CPU bodies do: the same fp32 inputs give the same values to fp32's last
+// few bits (the sums run in another order), bf16 outputs within one bf16 step.
+TEST(GpuLayerNorm, AgreesWithTheCpuKernel_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(5);
+  const Inputs in = make_inputs(513, 768, {torch::kFloat, torch::kBFloat16, torch::kBFloat16}, true, true);
+  const auto norm = [](auto x, auto b, auto w, auto bias) {
+    return kernels::add_layer_norm(x, b, w, bias, 1e-5, torch::kBFloat16);
+  };
+  const Grads cpu = run(in, torch::kFloat, norm), gpu = run(in, torch::kFloat, norm, torch::kCUDA);
+  EXPECT_TRUE(torch::equal(cpu.sum, gpu.sum));  // one rounding of the same two numbers
+  expect_close(gpu.y, cpu.y, 1e-2, "y");
+  expect_close(gpu.x, cpu.x, 1e-5, "grad x");
+  expect_close(gpu.branch, cpu.branch, 1e-2, "grad branch");
+  expect_close(gpu.weight, cpu.weight, 1e-4, "grad weight");
+  expect_close(gpu.bias, cpu.bias, 1e-4, "grad bias");
 }
 
 TEST(CpuLayerNorm, TakesOnlyWhatItComputes) {

@@ -1,5 +1,6 @@
 // The GPT model and its attention and GELU.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -123,21 +124,23 @@ struct StepOutcome {
   std::vector<torch::Tensor> grads;
 };
 
-// One training step's loss and gradients of the small gpt, fp32 or under bf16 autocast.
-StepOutcome gpt_train_step(const GptOptions& options, bool bf16) {
+// One training step's loss and gradients (on the CPU) of the small gpt on `device`, fp32 or under bf16
+// autocast.
+StepOutcome gpt_train_step(const GptOptions& options, bool bf16, torch::Device device = torch::kCPU) {
   torch::manual_seed(7);
-  auto tokens = torch::randint(0, 256, {3, 12}, torch::kLong);
-  auto targets = torch::randint(0, 256, {36}, torch::kLong);
+  auto tokens = torch::randint(0, 256, {3, 12}, torch::kLong).to(device);
+  auto targets = torch::randint(0, 256, {36}, torch::kLong).to(device);
   torch::manual_seed(6);
   auto model = make_gpt(options);
+  model.module().to(device);
   torch::Tensor loss;
   {
-    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    AutocastGuard autocast(device, torch::kBFloat16, bf16);
     loss = torch::nn::functional::cross_entropy(logits_of(model, tokens).to(torch::kFloat), targets);
   }
   loss.backward();
   StepOutcome outcome{loss.item<double>(), {}};
-  for (const auto& p : model.module().parameters()) outcome.grads.push_back(p.grad().clone());
+  for (const auto& p : model.module().parameters()) outcome.grads.push_back(p.grad().cpu());
   return outcome;
 }
 
@@ -176,6 +179,32 @@ TEST(Gpt, OwnKernelsMatchATensInLossAndGradients) {
   }
   const std::string message = testing::error_message([] { make_gpt(small_gpt().aten_kernels({"softmax"})); });
   EXPECT_TRUE(testing::contains_all(message, {"model.aten_kernels", "'softmax'", "bias_gelu"})) << message;
+}
+
+// model.gpu_kernels on and off: fasttrain's residual add + LayerNorm and MLP on the GPU give ATen's loss and
+// gradients, in fp32 and under bf16 autocast (the cuBLASLt MLP runs only there), and aten_kernels naming both
+// turns them off.
+TEST(Gpt, GpuKernelsMatchATensInLossAndGradients_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    const StepOutcome aten = gpt_train_step(small_gpt().gpu_kernels("aten"), bf16, torch::kCUDA);
+    const StepOutcome mine = gpt_train_step(small_gpt().gpu_kernels("fasttrain"), bf16, torch::kCUDA);
+    const StepOutcome off = gpt_train_step(
+        small_gpt().gpu_kernels("fasttrain").aten_kernels({"layer_norm", "bias_gelu"}), bf16, torch::kCUDA);
+    EXPECT_FALSE(bitwise_equal(mine, aten));  // the kernel ran
+    const double tolerance = bf16 ? 2e-2 : 1e-5;
+    for (const StepOutcome* run : {&mine, &off}) {
+      EXPECT_NEAR(run->loss, aten.loss, tolerance * std::abs(aten.loss));
+      ASSERT_EQ(run->grads.size(), aten.grads.size());
+      for (size_t i = 0; i < run->grads.size(); ++i) {
+        const double error = (run->grads[i] - aten.grads[i]).abs().max().item<double>();
+        const double scale = aten.grads[i].abs().max().item<double>();
+        EXPECT_LE(error, 10 * tolerance * scale + 1e-7) << "parameter " << i;
+      }
+    }
+    EXPECT_NEAR(off.loss, aten.loss, 1e-6 * std::abs(aten.loss));  // ATen's ops both: the same loss
+  }
 }
 
 TEST(Gpt, CheckpointedBlocksMatchThePlainGradients) {

@@ -171,6 +171,7 @@ TEST(Ema, OptimizerStillUpdatesTheModelAfterTheGuard) {
 TEST(Ema, TheDeviceCountAveragesAsTheHostCount_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   Net on_cpu, on_gpu;
+  set_parameters(on_cpu, 0.25), set_parameters(on_gpu, 0.25);  // the two start from the same averages
   on_gpu.to(torch::kCUDA);
   Ema host(on_cpu, EmaOptions(0.7).every(2)), device(on_gpu, EmaOptions(0.7).every(2));
   for (int call = 1; call <= 9; ++call) {

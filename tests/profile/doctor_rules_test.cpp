@@ -248,6 +248,33 @@ TEST(DoctorRules, OwnKernelsTurnsEveryKernelSwitchLeftToATen) {
   EXPECT_TRUE(c.run("own_kernels").empty());
 }
 
+// On a GPU the switch is the gpt's model.gpu_kernels (model.kernels = "aten" changes nothing there).
+TEST(DoctorRules, OwnKernelsOnAGpuTurnsTheGptsGpuKernels) {
+  Case c;
+  c.context.cuda = true;
+  c.context.config.model.select("gpt").as<GptOptions>().kernels("aten").gpu_kernels("aten");
+  std::vector<Config> seen;
+  c.context.compare = [&](const std::string&, const Config& config, double) {
+    seen.push_back(config);
+    return Comparison{1000, 1300, 1.3};
+  };
+  auto findings = c.run("own_kernels");
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_TRUE(
+      testing::contains_all(findings[0].title(), {"GPU kernels", "model.gpu_kernels = \"fasttrain\""}))
+      << findings[0].title();
+  EXPECT_EQ(findings[0].title().find("model.kernels"), std::string::npos) << findings[0].title();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].model.as<GptOptions>().gpu_kernels(), "fasttrain");
+  EXPECT_EQ(seen[0].model.as<GptOptions>().kernels(), "aten");
+  c.context.config.model.as<GptOptions>().gpu_kernels("fasttrain");
+  EXPECT_TRUE(c.run("own_kernels").empty());
+  c.context.cuda = false;  // on the CPU the gpt's model.kernels counts, gpu_kernels not
+  findings = c.run("own_kernels");
+  ASSERT_EQ(findings.size(), 1u);
+  EXPECT_TRUE(testing::contains_all(findings[0].title(), {"CPU kernels", "model.kernels = \"fasttrain\""}));
+}
+
 // Below its threshold, on CUDA (host times of launches), and with matmuls and reductions, which are no
 // elementwise work, it stays quiet; with the gpt's kernels in ATen it names the switch.
 TEST(DoctorRules, PointwiseBoundCountsOnlyElementwiseOperatorsOnTheCpu) {

@@ -33,6 +33,8 @@ std::string to_string(CpuCapability capability);
 // The dtype an op on `x` computes in on the CPU: autocast's where CPU autocast is on, else x's. What the
 // dtype arguments below take, so that a kernel runs as the matmul or conv it feeds or replaces would.
 torch::ScalarType cpu_compute_dtype(const torch::Tensor& x);
+// The same on x's device (a GPU's autocast on a CUDA tensor).
+torch::ScalarType compute_dtype(const torch::Tensor& x);
 
 // Whether packed_causal_attention takes these inputs: qkv [B, T, 3C] on the CPU, fp32 or bf16,
 // C a multiple of `heads`. Elsewhere (a GPU, another dtype) the caller runs ATen's attention.
@@ -47,7 +49,8 @@ torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads,
                                       CpuCapability capability = cpu_capability());
 
 // Whether layer_norm and add_layer_norm take these: x (and branch, when defined) [..., C] of one shape on
-// the CPU in fp32 or bf16, weight and bias fp32 [C]. Elsewhere the caller runs ATen's ops.
+// the CPU, or on a CUDA GPU where LibTorch has CUDA (src/kernels/cuda: the same arithmetic and roundings, a
+// warp a row), in fp32 or bf16, weight and bias fp32 [C] on x's device. Elsewhere the caller runs ATen's ops.
 bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& weight,
                       const torch::Tensor& bias);
 

@@ -125,6 +125,14 @@ struct GptOptions {
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (attention, layer_norm, "
          "bias_gelu), to measure one kernel on and off",
          each_one_of({"attention", "layer_norm", "bias_gelu"})) = {};
+  FT_KEY(std::string, gpu_kernels,
+         "GPU kernels, on GPUs of compute capability 8.0 and later: fasttrain (its residual add + LayerNorm "
+         "in one CUDA kernel each way, writing the dtype of the matmul it feeds; under bf16 the MLP as four "
+         "cuBLASLt matmuls whose epilogues add the biases and apply GELU, and GELU's derivative with the "
+         "bias gradient in one pass) or aten (add, layer_norm and autocast's cast; addmm, gelu and the bias "
+         "gradients' reductions); aten_kernels names layer_norm or bias_gelu to leave one to ATen. Measured "
+         "on an H200 (BENCHMARKS.md \"GPU\")",
+         one_of({"fasttrain", "aten"})) = "fasttrain";
 };
 
 Model make_mlp(const MlpOptions& options, const DataShape& shape);

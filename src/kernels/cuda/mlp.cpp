@@ -1,0 +1,272 @@
+// The transformer MLP as four cuBLASLt matmuls with epilogues (fasttrain/kernels/gpu.h). cuBLASLt is called
+// through the library LibTorch loaded (its entry points looked up at run time, not linked), with LibTorch's
+// handle, stream and workspace, so that it is the same cuBLAS that ATen runs and a CUDA graph captures it
+// as it captures ATen's matmuls.
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "../runnable.h"
+#include "fasttrain/kernels/gpu.h"
+#include "fasttrain/util/check.h"
+
+#if FASTTRAIN_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cublasLt.h>
+#include <dlfcn.h>
+
+#include "fasttrain/kernels/cpu.h"
+#include "gelu_cuda.h"
+#endif
+
+namespace fasttrain::kernels {
+
+#if FASTTRAIN_CUDA
+namespace {
+
+// The cuBLASLt functions used, from the libcublasLt that libtorch_cuda loaded.
+struct CublasLt {
+  decltype(&cublasLtMatmulDescCreate) desc_create;
+  decltype(&cublasLtMatmulDescDestroy) desc_destroy;
+  decltype(&cublasLtMatmulDescSetAttribute) desc_set;
+  decltype(&cublasLtMatrixLayoutCreate) layout_create;
+  decltype(&cublasLtMatrixLayoutDestroy) layout_destroy;
+  decltype(&cublasLtMatmulPreferenceCreate) preference_create;
+  decltype(&cublasLtMatmulPreferenceDestroy) preference_destroy;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) preference_set;
+  decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic;
+  decltype(&cublasLtMatmul) matmul;
+};
+
+template <typename F>
+void look_up(F& f, const char* name) {
+  void* address = dlsym(RTLD_DEFAULT, name);
+  FT_CHECK(address != nullptr,
+           "gpu_mlp: {} was not found in the process: LibTorch's libcublasLt is not loaded (a CUDA build of "
+           "LibTorch loads it); set model.gpu_kernels = \"aten\"",
+           name);
+  f = reinterpret_cast<F>(address);
+}
+
+const CublasLt& cublas_lt() {
+  static const CublasLt api = [] {
+    CublasLt f{};
+    look_up(f.desc_create, "cublasLtMatmulDescCreate");
+    look_up(f.desc_destroy, "cublasLtMatmulDescDestroy");
+    look_up(f.desc_set, "cublasLtMatmulDescSetAttribute");
+    look_up(f.layout_create, "cublasLtMatrixLayoutCreate");
+    look_up(f.layout_destroy, "cublasLtMatrixLayoutDestroy");
+    look_up(f.preference_create, "cublasLtMatmulPreferenceCreate");
+    look_up(f.preference_destroy, "cublasLtMatmulPreferenceDestroy");
+    look_up(f.preference_set, "cublasLtMatmulPreferenceSetAttribute");
+    look_up(f.heuristic, "cublasLtMatmulAlgoGetHeuristic");
+    look_up(f.matmul, "cublasLtMatmul");
+    return f;
+  }();
+  return api;
+}
+
+void check(cublasStatus_t status, const char* call, const char* gemm) {
+  FT_CHECK(status == CUBLAS_STATUS_SUCCESS, "gpu_mlp's {}: cuBLASLt's {} failed with status {}", gemm, call,
+           static_cast<int>(status));
+}
+
+cudaDataType_t cuda_type(const torch::Tensor& t) {
+  return t.scalar_type() == torch::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// One matmul in row-major terms: D [m, n] = A [m, k] B [k, n], with A and B each stored as it is or, where
+// `transposed`, as its transpose ([k, m], [n, k]); contiguous 2-d tensors. cuBLASLt is column-major, where
+// a row-major X is X^T: it computes D^T = B^T A^T, so B goes first.
+struct Gemm {
+  const char* name;
+  torch::Tensor a, b, d;
+  bool a_transposed = false, b_transposed = false;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  torch::Tensor bias;  // BIAS: added over D's rows, [n]; BGRAD epilogues: the gradient written, [n] or [m]
+  torch::Tensor aux;   // GELU_AUX_BIAS: the pre-activation written; DGELU: read ([m, n] as D)
+};
+
+// RAII for cuBLASLt's descriptors.
+struct Descriptors {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  ~Descriptors() {
+    const CublasLt& lt = cublas_lt();
+    if (preference != nullptr) lt.preference_destroy(preference);
+    for (auto layout : {a, b, d})
+      if (layout != nullptr) lt.layout_destroy(layout);
+    if (op != nullptr) lt.desc_destroy(op);
+  }
+};
+
+void run(const Gemm& g) {
+  const CublasLt& lt = cublas_lt();
+  const int64_t m = g.d.size(0), n = g.d.size(1);
+  const int64_t k = g.a_transposed ? g.a.size(0) : g.a.size(1);
+  Descriptors desc;
+  check(lt.desc_create(&desc.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "MatmulDescCreate", g.name);
+  const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const auto& value) {
+    check(lt.desc_set(desc.op, attribute, &value, sizeof(value)), "MatmulDescSetAttribute", g.name);
+  };
+  // Column-major: the first operand is B^T (n x k), the second A^T (k x m), the output D^T (n x m).
+  const cublasOperation_t first_op = g.b_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t second_op = g.a_transposed ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set(CUBLASLT_MATMUL_DESC_TRANSA, first_op);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, second_op);
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, g.epilogue);
+  if (g.bias.defined()) {
+    set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias.data_ptr());
+    set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(cuda_type(g.bias)));
+  }
+  if (g.aux.defined()) {
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.aux.data_ptr());
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, g.aux.size(1));
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, static_cast<int32_t>(cuda_type(g.aux)));
+  }
+  // Stored shapes, column-major: B^T is B stored [k, n] (n x k, ld n), or stored [n, k] (k x n, ld k) and
+  // transposed by the op; likewise A.
+  const auto layout = [&](cublasLtMatrixLayout_t* out, const torch::Tensor& t) {
+    check(lt.layout_create(out, cuda_type(t), t.size(1), t.size(0), t.size(1)), "MatrixLayoutCreate", g.name);
+  };
+  layout(&desc.a, g.b);
+  layout(&desc.b, g.a);
+  layout(&desc.d, g.d);
+  const size_t workspace_bytes = at::cuda::getCUDABlasLtWorkspaceSize();
+  check(lt.preference_create(&desc.preference), "MatmulPreferenceCreate", g.name);
+  check(lt.preference_set(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                          sizeof(workspace_bytes)),
+        "MatmulPreferenceSetAttribute", g.name);
+  cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  check(lt.heuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.preference, 1, &best, &found),
+        "MatmulAlgoGetHeuristic", g.name);
+  FT_CHECK(
+      found > 0,
+      "gpu_mlp's {}: cuBLASLt has no kernel for [{}, {}] x [{}, {}] ({} x {}, epilogue {}) on this GPU; set "
+      "model.gpu_kernels = \"aten\" or model.aten_kernels = [\"bias_gelu\"]",
+      g.name, m, k, k, n, c10::toString(g.a.scalar_type()), c10::toString(g.d.scalar_type()),
+      static_cast<int>(g.epilogue));
+  const float one = 1, zero = 0;
+  check(lt.matmul(handle, desc.op, &one, g.b.data_ptr(), desc.a, g.a.data_ptr(), desc.b, &zero,
+                  g.d.data_ptr(), desc.d, g.d.data_ptr(), desc.d, &best.algo,
+                  at::cuda::getCUDABlasLtWorkspace(), workspace_bytes, at::cuda::getCurrentCUDAStream()),
+        "Matmul", g.name);
+}
+
+torch::Tensor bf16(const torch::Tensor& t) {
+  return t.to(torch::kBFloat16).contiguous();
+}
+
+class GpuMlpFunction : public torch::autograd::Function<GpuMlpFunction> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                               const torch::Tensor& proj_weight, const torch::Tensor& proj_bias) {
+    const c10::cuda::CUDAGuard on_device(x.device());
+    const int64_t width = x.size(-1), hidden = fc_weight.size(0);
+    const torch::Tensor input = bf16(x.reshape({-1, width}));  // [M, C]
+    const torch::Tensor w_fc = bf16(fc_weight), w_proj = bf16(proj_weight);
+    const auto options = input.options();
+    torch::Tensor pre = torch::empty({input.size(0), hidden}, options);  // fc(x), GELU's input
+    torch::Tensor activation = torch::empty({input.size(0), hidden}, options);
+    torch::Tensor out = torch::empty({input.size(0), width}, options);
+    // ---- activation [M, H] = gelu(x [M, C] w_fc^T [C, H] + b_fc), pre kept; out [M, C] = activation
+    // w_proj^T + b_proj
+    run({"fc forward", input, w_fc, activation, false, true, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bf16(fc_bias),
+         pre});
+    run({"proj forward", activation, w_proj, out, false, true, CUBLASLT_EPILOGUE_BIAS, bf16(proj_bias), {}});
+    ctx->save_for_backward({input, w_fc, w_proj, pre, activation});
+    ctx->saved_data["x_dtype"] = static_cast<int64_t>(x.scalar_type());
+    ctx->saved_data["parameter_dtype"] = static_cast<int64_t>(fc_weight.scalar_type());
+    auto sizes = x.sizes().vec();
+    return out.view(sizes);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    detail::check_first_order("gpu_mlp");
+    if (!grads[0].defined()) return {{}, {}, {}, {}, {}};  // the output was not used
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &input = saved[0], &w_fc = saved[1], &w_proj = saved[2], &pre = saved[3],
+                        &activation = saved[4];
+    const c10::cuda::CUDAGuard on_device(input.device());
+    const int64_t rows = input.size(0), width = input.size(1), hidden = w_fc.size(0);
+    const torch::Tensor grad_out = bf16(grads[0].reshape({rows, width}));  // [M, C]
+    const auto fp32 = input.options().dtype(torch::kFloat);
+    torch::Tensor grad_w_proj = torch::empty({width, hidden}, fp32),
+                  grad_b_proj = torch::empty({width}, fp32);
+    torch::Tensor grad_pre = torch::empty({rows, hidden}, input.options());
+    torch::Tensor grad_w_fc = torch::empty({hidden, width}, fp32);
+    torch::Tensor grad_input = torch::empty({rows, width}, input.options());
+    // ---- proj: grad_w [C, H] = grad_out^T [C, M] activation [M, H], grad_b [C] = sum over M of grad_out
+    run({"proj weight gradient",
+         grad_out,
+         activation,
+         grad_w_proj,
+         true,
+         false,
+         CUBLASLT_EPILOGUE_BGRADB,
+         grad_b_proj,
+         {}});
+    // ---- grad_pre [M, H] = (grad_out [M, C] w_proj [C, H]) * gelu'(pre), grad_b_fc [H] = its sum over M.
+    // cuBLASLt's DGELU_BGRAD epilogue would do the second part, but on an H200 it ran as a kernel of its own
+    // at 320 us a call, where fasttrain's below is one pass over the product in place.
+    run({"proj input gradient", grad_out, w_proj, grad_pre, false, false, CUBLASLT_EPILOGUE_DEFAULT, {}, {}});
+    const int64_t partials = detail::gelu_backward_partials(rows, hidden);
+    torch::Tensor grad_b_fc_partials = torch::empty({partials, hidden}, fp32);
+    detail::gelu_backward_cuda(grad_pre.data_ptr(), pre.data_ptr(), grad_pre.data_ptr(),
+                               grad_b_fc_partials.data_ptr<float>(), rows, hidden, partials,
+                               at::cuda::getCurrentCUDAStream().stream());
+    const torch::Tensor grad_b_fc = grad_b_fc_partials.sum(0);
+    // ---- fc: grad_w [H, C] = grad_pre^T [H, M] x [M, C]; grad_x [M, C] = grad_pre [M, H] w_fc [H, C]
+    run({"fc weight gradient", grad_pre, input, grad_w_fc, true, false, CUBLASLT_EPILOGUE_DEFAULT, {}, {}});
+    run({"fc input gradient", grad_pre, w_fc, grad_input, false, false, CUBLASLT_EPILOGUE_DEFAULT, {}, {}});
+    const auto x_dtype = static_cast<torch::ScalarType>(ctx->saved_data["x_dtype"].toInt());
+    const auto parameter_dtype = static_cast<torch::ScalarType>(ctx->saved_data["parameter_dtype"].toInt());
+    return {grad_input.to(x_dtype).view(grads[0].sizes()), grad_w_fc.to(parameter_dtype),
+            grad_b_fc.to(parameter_dtype), grad_w_proj.to(parameter_dtype), grad_b_proj.to(parameter_dtype)};
+  }
+};
+
+}  // namespace
+#endif
+
+bool gpu_mlp_takes(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                   const torch::Tensor& proj_weight, const torch::Tensor& proj_bias) {
+#if FASTTRAIN_CUDA
+  if (!x.defined() || !gpu_kernels_run_on(x.device()) || x.dim() < 1 || x.numel() == 0) return false;
+  if (compute_dtype(x) != torch::kBFloat16) return false;
+  const int64_t width = x.size(-1), hidden = fc_weight.defined() ? fc_weight.size(0) : 0;
+  const auto parameter = [&](const torch::Tensor& p, std::initializer_list<int64_t> sizes) {
+    return p.defined() && p.device() == x.device() && p.sizes() == c10::IntArrayRef(sizes) &&
+           (p.scalar_type() == torch::kFloat || p.scalar_type() == torch::kBFloat16);
+  };
+  return width % 8 == 0 && hidden % 8 == 0 && hidden > 0 && parameter(fc_weight, {hidden, width}) &&
+         parameter(fc_bias, {hidden}) && parameter(proj_weight, {width, hidden}) &&
+         parameter(proj_bias, {width}) &&
+         (x.scalar_type() == torch::kFloat || x.scalar_type() == torch::kBFloat16);
+#else
+  (void)x, (void)fc_weight, (void)fc_bias, (void)proj_weight, (void)proj_bias;
+  return false;
+#endif
+}
+
+torch::Tensor gpu_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                      const torch::Tensor& proj_weight, const torch::Tensor& proj_bias) {
+  FT_CHECK(gpu_mlp_takes(x, fc_weight, fc_bias, proj_weight, proj_bias),
+           "gpu_mlp takes x [..., C] on a CUDA GPU computing in bf16 and fp32 or bf16 parameters fc [H, C], "
+           "[H] and "
+           "proj [C, H], [C] on its device, C and H multiples of 8; got x {} {} on {}, fc {} and {}, proj {} "
+           "and {}",
+           x.sizes(), c10::toString(x.scalar_type()), x.device().str(), fc_weight.sizes(), fc_bias.sizes(),
+           proj_weight.sizes(), proj_bias.sizes());
+#if FASTTRAIN_CUDA
+  return GpuMlpFunction::apply(x, fc_weight, fc_bias, proj_weight, proj_bias);
+#else
+  return {};
+#endif
+}
+
+}  // namespace fasttrain::kernels

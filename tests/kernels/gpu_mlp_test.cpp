@@ -1,0 +1,124 @@
+// fasttrain's cuBLASLt MLP (kernels::gpu_mlp) against ATen's ops: values and gradients of x and the four
+// parameters, under bf16 autocast on the GPU, with x in fp32 (ATen's LayerNorm before it) and in bf16
+// (fasttrain's), against fp64 on the CPU and against ATen's own bf16 run on the GPU.
+#include <gtest/gtest.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include "fasttrain/kernels/gpu.h"
+#include "fasttrain/precision/autocast.h"
+#include "support.h"
+
+namespace fasttrain {
+namespace {
+
+struct MlpParameters {
+  torch::Tensor fc_weight, fc_bias, proj_weight, proj_bias;
+};
+
+struct MlpRun {
+  torch::Tensor y, x, fc_weight, fc_bias, proj_weight, proj_bias;  // the output and the gradients, on the CPU
+};
+
+// loss = sum(y * wy) in fp64 through `mlp` on `device`, under bf16 autocast where `bf16`.
+template <typename Mlp>
+MlpRun run(const torch::Tensor& x_in, const MlpParameters& p, const torch::Tensor& wy, torch::Device device,
+           torch::ScalarType as, bool bf16, Mlp mlp) {
+  const auto leaf = [&](const torch::Tensor& t, torch::ScalarType dtype) {
+    return t.detach().to(device, dtype).requires_grad_(true);
+  };
+  const auto parameter_dtype = as == torch::kDouble ? torch::kDouble : torch::kFloat;
+  auto x = leaf(x_in, as == torch::kDouble ? torch::kDouble : x_in.scalar_type());
+  auto fc_weight = leaf(p.fc_weight, parameter_dtype), fc_bias = leaf(p.fc_bias, parameter_dtype);
+  auto proj_weight = leaf(p.proj_weight, parameter_dtype), proj_bias = leaf(p.proj_bias, parameter_dtype);
+  torch::Tensor y;
+  {
+    AutocastGuard autocast(device, torch::kBFloat16, bf16);
+    y = mlp(x, fc_weight, fc_bias, proj_weight, proj_bias);
+  }
+  (y.to(torch::kDouble) * wy.to(device)).sum().backward();
+  const auto cpu = [](const torch::Tensor& t) { return t.detach().cpu(); };
+  return {cpu(y),
+          cpu(x.grad()),
+          cpu(fc_weight.grad()),
+          cpu(fc_bias.grad()),
+          cpu(proj_weight.grad()),
+          cpu(proj_bias.grad())};
+}
+
+torch::Tensor aten_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                       const torch::Tensor& proj_weight, const torch::Tensor& proj_bias) {
+  return torch::linear(torch::gelu(torch::linear(x, fc_weight, fc_bias), "tanh"), proj_weight, proj_bias);
+}
+
+void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
+                  const std::string& what) {
+  const double error = (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
+  const double scale = want.to(torch::kDouble).abs().max().item<double>();
+  EXPECT_LE(error, tolerance * scale) << what << ": max |error| " << error << " of max |value| " << scale;
+}
+
+void expect_all_close(const MlpRun& got, const MlpRun& want, double tolerance, const std::string& what) {
+  expect_close(got.y, want.y, tolerance, what + " y");
+  expect_close(got.x, want.x, tolerance, what + " grad x");
+  expect_close(got.fc_weight, want.fc_weight, tolerance, what + " grad fc weight");
+  expect_close(got.fc_bias, want.fc_bias, tolerance, what + " grad fc bias");
+  expect_close(got.proj_weight, want.proj_weight, tolerance, what + " grad proj weight");
+  expect_close(got.proj_bias, want.proj_bias, tolerance, what + " grad proj bias");
+}
+
+TEST(GpuMlp, MatchesATenInValuesAndGradients_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int64_t batch, length, width, hidden;
+  };
+  for (const Shape& s : {Shape{3, 37, 64, 256}, Shape{2, 256, 768, 3072}, Shape{1, 5, 8, 24}}) {
+    for (auto x_dtype : {torch::kFloat, torch::kBFloat16}) {
+      const std::string what = fmt::format("x [{}, {}, {}] {}, hidden {}", s.batch, s.length, s.width,
+                                           c10::toString(x_dtype), s.hidden);
+      torch::manual_seed(s.width + s.length);
+      const torch::Tensor x = torch::randn({s.batch, s.length, s.width}).to(x_dtype);
+      const double fc_scale = 2.0 / std::sqrt(static_cast<double>(s.width));  // pre-activations of about 2
+      const MlpParameters p{fc_scale * torch::randn({s.hidden, s.width}), torch::randn({s.hidden}),
+                            torch::randn({s.width, s.hidden}) / std::sqrt(static_cast<double>(s.hidden)),
+                            torch::randn({s.width})};
+      const torch::Tensor wy = torch::randn({s.batch, s.length, s.width}, torch::kDouble);
+      const MlpRun want = run(x, p, wy, torch::kCPU, torch::kDouble, false, aten_mlp);
+      const MlpRun aten = run(x, p, wy, torch::kCUDA, torch::kFloat, true, aten_mlp);
+      const MlpRun mine = run(x, p, wy, torch::kCUDA, torch::kFloat, true,
+                              [](auto... args) { return kernels::gpu_mlp(args...); });
+      ASSERT_EQ(mine.y.scalar_type(), torch::kBFloat16) << what;  // as autocast's Linear returns
+      ASSERT_EQ(mine.x.scalar_type(), x_dtype) << what;
+      ASSERT_EQ(mine.fc_weight.scalar_type(), torch::kFloat) << what;
+      // bf16's 8 bits in the inputs, the pre-activation and the activation: ATen's bf16 run is as far off.
+      expect_all_close(aten, want, 3e-2, what + " (ATen bf16 against fp64)");
+      expect_all_close(mine, want, 3e-2, what + " (gpu_mlp against fp64)");
+    }
+  }
+}
+
+TEST(GpuMlp, TakesOnlyWhatItComputes) {
+  const auto x = torch::zeros({4, 16}), fc_w = torch::zeros({32, 16}), fc_b = torch::zeros({32});
+  const auto proj_w = torch::zeros({16, 32}), proj_b = torch::zeros({16});
+  EXPECT_FALSE(kernels::gpu_mlp_takes(x, fc_w, fc_b, proj_w, proj_b));  // the CPU
+  const std::string message =
+      testing::error_message([&] { kernels::gpu_mlp(x, fc_w, fc_b, proj_w, proj_b); });
+  EXPECT_TRUE(testing::contains_all(message, {"gpu_mlp", "CUDA", "[4, 16]"})) << message;
+  if (!torch::cuda::is_available()) return;
+  const auto cuda = [](const torch::Tensor& t) { return t.to(torch::kCUDA); };
+  {
+    AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+    EXPECT_TRUE(kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b)));
+    EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(torch::zeros({4, 12})), cuda(torch::zeros({32, 12})), cuda(fc_b),
+                                        cuda(torch::zeros({12, 32})), cuda(torch::zeros({12}))));  // 12 % 8
+    EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(x), fc_w, fc_b, proj_w, proj_b));  // parameters elsewhere
+    EXPECT_FALSE(
+        kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(fc_w), cuda(proj_b)));  // shapes
+  }
+  EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b)));  // fp32
+  EXPECT_TRUE(kernels::gpu_mlp_takes(cuda(x).to(torch::kBFloat16), cuda(fc_w), cuda(fc_b), cuda(proj_w),
+                                     cuda(proj_b)));  // bf16 itself
+}
+
+}  // namespace
+}  // namespace fasttrain
