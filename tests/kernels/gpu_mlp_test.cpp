@@ -5,12 +5,25 @@
 #include <torch/cuda.h>
 #include <torch/torch.h>
 
+#include <optional>
+
 #include "fasttrain/kernels/gpu.h"
 #include "fasttrain/precision/autocast.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
+
+// bf16 autocast on `device` for a scope (the header-only guard: the kernels' tests link no precision/).
+AutocastState bf16_autocast(torch::Device device) {
+  AutocastState state = AutocastState::current();
+  if (device.is_cuda()) {
+    state.cuda_enabled = true, state.cuda_dtype = torch::kBFloat16;
+  } else {
+    state.cpu_enabled = true, state.cpu_dtype = torch::kBFloat16;
+  }
+  return state;
+}
 
 struct MlpParameters {
   torch::Tensor fc_weight, fc_bias, proj_weight, proj_bias;
@@ -33,7 +46,8 @@ MlpRun run(const torch::Tensor& x_in, const MlpParameters& p, const torch::Tenso
   auto proj_weight = leaf(p.proj_weight, parameter_dtype), proj_bias = leaf(p.proj_bias, parameter_dtype);
   torch::Tensor y;
   {
-    AutocastGuard autocast(device, torch::kBFloat16, bf16);
+    std::optional<AutocastStateGuard> autocast;
+    if (bf16) autocast.emplace(bf16_autocast(device));
     y = mlp(x, fc_weight, fc_bias, proj_weight, proj_bias);
   }
   (y.to(torch::kDouble) * wy.to(device)).sum().backward();
@@ -107,7 +121,7 @@ TEST(GpuMlp, TakesOnlyWhatItComputes) {
   if (!torch::cuda::is_available()) return;
   const auto cuda = [](const torch::Tensor& t) { return t.to(torch::kCUDA); };
   {
-    AutocastGuard autocast(torch::kCUDA, torch::kBFloat16);
+    const AutocastStateGuard autocast(bf16_autocast(torch::kCUDA));
     EXPECT_TRUE(kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b)));
     EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(torch::zeros({4, 12})), cuda(torch::zeros({32, 12})), cuda(fc_b),
                                         cuda(torch::zeros({12, 32})), cuda(torch::zeros({12}))));  // 12 % 8
