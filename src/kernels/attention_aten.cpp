@@ -1,11 +1,12 @@
 // kernels/attention.h: the attention and GELU of GPT models through ATen's ops, and the pick between
 // them and fasttrain's attention kernel.
+#include "fasttrain/kernels/attention.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "fasttrain/detail/compat.h"
-#include "fasttrain/kernels/attention.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 

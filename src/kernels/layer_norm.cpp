@@ -73,7 +73,7 @@ int64_t backward_partials([[maybe_unused]] const torch::Device& device, int64_t 
   return detail::row_chunks(rows).count;
 }
 
-void run_backward(const detail::LayerNormRows& n, int64_t partials,
+void run_backward(const detail::LayerNormRows& n, [[maybe_unused]] int64_t partials,
                   [[maybe_unused]] const torch::Device& device, CpuCapability capability) {
 #if FASTTRAIN_CUDA
   if (device.is_cuda()) {
@@ -81,10 +81,10 @@ void run_backward(const detail::LayerNormRows& n, int64_t partials,
     return detail::layer_norm_backward_cuda(n, partials, c10::cuda::getCurrentCUDAStream().stream());
   }
 #endif
-  const auto kernel = kernels_for(capability).backward;
-  const detail::RowChunks chunks{partials, (n.rows + partials - 1) / partials};
+  const auto kernel = kernels_for(capability).backward;  // a chunk's rows per partial (backward_partials)
   detail::for_each_row_chunk(
-      n.rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });
+      n.rows, detail::row_chunks(n.rows),
+      [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });
 }
 
 // The forward of both functions below: {y} without a branch, {x + branch, y} with one. Saves what
@@ -208,11 +208,7 @@ bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const
     return t.defined() && t.device() == x.device() &&
            (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
   };
-#if FASTTRAIN_CUDA
   const bool on_a_device_with_a_kernel = x.device().is_cpu() || gpu_kernels_run_on(x.device());
-#else
-  const bool on_a_device_with_a_kernel = x.device().is_cpu();
-#endif
   if (!on_a_device_with_a_kernel || !float_or_bf16(x) || x.dim() < 1 || x.numel() == 0) return false;
   if (branch.defined() && (!float_or_bf16(branch) || branch.sizes() != x.sizes())) return false;
   const auto fp32_width = [&](const torch::Tensor& p) {

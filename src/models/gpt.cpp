@@ -68,7 +68,7 @@ class GptBlockImpl : public torch::nn::Module {
   // mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where model.gpu_kernels
   // says.
   torch::Tensor mlp(const torch::Tensor& normed) {
-    if (own_kernels_.gpu_mlp && normed.is_cuda() &&
+    if (own_kernels_.gpu_mlp &&
         kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias))
       return kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias);
     return linear(mlp_proj_, mlp_hidden(normed));  // [B, T, 4C] -> [B, T, C]

@@ -4,11 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
-#include <stdexcept>
-#include <string>
-
 #include "gelu_cuda.h"
+#include "launch.h"
 
 namespace fasttrain::kernels::detail {
 
@@ -70,9 +67,7 @@ __global__ void __launch_bounds__(kPairs* kRowThreads)
 }  // namespace
 
 int64_t gelu_backward_partials(int64_t rows, int64_t width) {
-  // About a thousand blocks over the column tiles, each partial at least 128 rows.
-  const int64_t tiles = (width / 2 + kPairs - 1) / kPairs;
-  return std::max<int64_t>(1, std::min<int64_t>((rows + 127) / 128, (1024 + tiles - 1) / tiles));
+  return row_partials(rows, (width / 2 + kPairs - 1) / kPairs);
 }
 
 void gelu_backward_cuda(const void* grad_out, const void* pre, void* grad_pre, float* bias_partials,
@@ -83,10 +78,7 @@ void gelu_backward_cuda(const void* grad_out, const void* pre, void* grad_pre, f
   gelu_backward_bias<<<grid, dim3(kPairs, kRowThreads), 0, static_cast<cudaStream_t>(stream)>>>(
       static_cast<const __nv_bfloat162*>(grad_out), static_cast<const __nv_bfloat162*>(pre),
       static_cast<__nv_bfloat162*>(grad_pre), bias_partials, rows, pairs, rows_per_partial);
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string("fasttrain's GELU backward CUDA kernel did not launch: ") +
-                             cudaGetErrorString(error));
+  check_launch("GELU backward");
 }
 
 }  // namespace fasttrain::kernels::detail

@@ -6,12 +6,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <stdexcept>
-#include <string>
 #include <type_traits>
 
+#include "launch.h"
 #include "layer_norm_cuda.h"
 
 namespace fasttrain::kernels::detail {
@@ -251,13 +249,6 @@ __global__ void __launch_bounds__(kWarp* kGradRows)
   n.grad_bias_partial[blockIdx.y * n.width + c] = db;
 }
 
-void check_launch(const char* what) {
-  const cudaError_t error = cudaGetLastError();
-  if (error != cudaSuccess)
-    throw std::runtime_error(std::string("fasttrain's ") + what +
-                             " CUDA kernel did not launch: " + cudaGetErrorString(error));
-}
-
 template <typename T>
 struct Type {
   using type = T;
@@ -309,6 +300,26 @@ void with_groups(const LayerNormRows& n, G&& g) {
   return g(Vector<1>(), Cached<0>());
 }
 
+// The kernels' template arguments for `n`: its dtypes and its lane's groups.
+template <typename X_, typename B_, typename Y_, int V_, int kGroups_>
+struct RowKernel {
+  using X = X_;
+  using B = B_;
+  using Y = Y_;
+  static constexpr int V = V_, kGroups = kGroups_;
+};
+
+// f(RowKernel<...>) for n's dtypes (with_dtypes) and groups (with_groups).
+template <typename F>
+void with_row_kernel(const LayerNormRows& n, F&& f) {
+  with_dtypes(n, [&](auto x, auto branch, auto y) {
+    with_groups(n, [&](auto vector, auto cached) {
+      f(RowKernel<typename decltype(x)::type, typename decltype(branch)::type, typename decltype(y)::type,
+                  decltype(vector)::value, decltype(cached)::value>());
+    });
+  });
+}
+
 unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
@@ -327,22 +338,16 @@ bool cuda_kernels_load_on_current_device() {
 void layer_norm_forward_cuda(const LayerNormRows& n, void* stream) {
   if (n.rows == 0) return;
   const auto s = static_cast<cudaStream_t>(stream);
-  with_dtypes(n, [&](auto x, auto branch, auto y) {
-    using X = typename decltype(x)::type;
-    using B = typename decltype(branch)::type;
-    using Y = typename decltype(y)::type;
-    with_groups(n, [&](auto vector, auto cached) {
-      add_layer_norm_forward<X, B, Y, decltype(vector)::value, decltype(cached)::value>
-          <<<row_blocks(n.rows), dim3(kWarp, kRowsPerBlock), 0, s>>>(n);
-    });
+  with_row_kernel(n, [&](auto kernel) {
+    using K = decltype(kernel);
+    add_layer_norm_forward<typename K::X, typename K::B, typename K::Y, K::V, K::kGroups>
+        <<<row_blocks(n.rows), dim3(kWarp, kRowsPerBlock), 0, s>>>(n);
   });
   check_launch("layer_norm forward");
 }
 
 int64_t layer_norm_backward_partials(int64_t rows, int64_t width) {
-  // About a thousand blocks over the columns' tiles, each partial at least 128 rows.
-  const int64_t tiles = (width + kWarp - 1) / kWarp;
-  return std::max<int64_t>(1, std::min<int64_t>((rows + 127) / 128, (1024 + tiles - 1) / tiles));
+  return row_partials(rows, (width + kWarp - 1) / kWarp);
 }
 
 void layer_norm_backward_cuda(const LayerNormRows& n, int64_t partials, void* stream) {
@@ -350,15 +355,12 @@ void layer_norm_backward_cuda(const LayerNormRows& n, int64_t partials, void* st
   const auto s = static_cast<cudaStream_t>(stream);
   const int64_t rows_per_partial = (n.rows + partials - 1) / partials;
   const dim3 grad_grid(static_cast<unsigned>((n.width + kWarp - 1) / kWarp), static_cast<unsigned>(partials));
-  with_dtypes(n, [&](auto x, auto branch, auto y) {
-    using X = typename decltype(x)::type;
-    using B = typename decltype(branch)::type;
-    using Y = typename decltype(y)::type;
-    with_groups(n, [&](auto vector, auto cached) {
-      add_layer_norm_backward<X, B, Y, decltype(vector)::value, decltype(cached)::value>
-          <<<row_blocks(n.rows), dim3(kWarp, kRowsPerBlock), 0, s>>>(n);
-    });
-    layer_norm_param_grads<X, Y><<<grad_grid, dim3(kWarp, kGradRows), 0, s>>>(n, rows_per_partial);
+  with_row_kernel(n, [&](auto kernel) {
+    using K = decltype(kernel);
+    add_layer_norm_backward<typename K::X, typename K::B, typename K::Y, K::V, K::kGroups>
+        <<<row_blocks(n.rows), dim3(kWarp, kRowsPerBlock), 0, s>>>(n);
+    layer_norm_param_grads<typename K::X, typename K::Y>
+        <<<grad_grid, dim3(kWarp, kGradRows), 0, s>>>(n, rows_per_partial);
   });
   check_launch("layer_norm backward");
 }

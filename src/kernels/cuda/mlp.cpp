@@ -2,10 +2,11 @@
 // through the library LibTorch loaded (its entry points looked up at run time, not linked), with LibTorch's
 // handle, stream and workspace, so that it is the same cuBLAS that ATen runs and a CUDA graph captures it
 // as it captures ATen's matmuls.
+#include "fasttrain/kernels/gpu.h"
+
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "../runnable.h"
-#include "fasttrain/kernels/gpu.h"
 #include "fasttrain/util/check.h"
 
 #if FASTTRAIN_CUDA
@@ -83,7 +84,7 @@ struct Gemm {
   bool a_transposed = false, b_transposed = false;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   torch::Tensor bias;  // BIAS: added over D's rows, [n]; BGRAD epilogues: the gradient written, [n] or [m]
-  torch::Tensor aux;   // GELU_AUX_BIAS: the pre-activation written; DGELU: read ([m, n] as D)
+  torch::Tensor aux;   // GELU_AUX_BIAS: the pre-activation written ([m, n] as D)
 };
 
 // RAII for cuBLASLt's descriptors.
