@@ -25,8 +25,8 @@
 
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/detail/json.h"
-#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/kernels/attention.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/task/tasks.h"
 
 namespace {
@@ -139,6 +139,41 @@ void gpt_rows(nlohmann::json& out, int repeats) {
           hidden.sum().backward();
         },
         repeats);
+  }
+
+  // ---- fasttrain's fp32 linear against ATen's, forward + backward of x, weight and bias: the MLP's two
+  // Linears as the gpt's blocks run them (fc without its bias, mlp_proj adding into the residual stream) ----
+  if (fasttrain::kernels::linear_takes(torch::ones({1, 1}), torch::ones({1, 1}), {})) {
+    struct Case {
+      std::string name, shape;
+      int64_t in, out;
+      bool bias, residual;
+    };
+    for (const Case& c :
+         {Case{"linear_fc_fp32", "x [4096, 128] -> [4096, 512], no bias", 128, 512, false, false},
+          Case{"linear_proj_residual_fp32", "residual + x [4096, 512] -> [4096, 128] + bias", 512, 128, true,
+               true}}) {
+      const auto x = torch::randn({32 * 128, c.in}), weight = 0.05 * torch::randn({c.out, c.in});
+      const auto bias = c.bias ? torch::randn({c.out}) : torch::Tensor();
+      const auto residual = c.residual ? torch::randn({32 * 128, c.out}) : torch::Tensor();
+      out[c.name] = own_against_aten(
+          c.shape + ", forward + backward",
+          [&](bool own) {
+            const auto leaf = [](const torch::Tensor& t) {
+              return t.defined() ? t.detach().requires_grad_(true) : torch::Tensor();
+            };
+            auto xx = leaf(x), w = leaf(weight), b = leaf(bias), r = leaf(residual);
+            torch::Tensor y;
+            if (own) {
+              y = fasttrain::kernels::linear(xx, w, b, r);
+            } else {
+              y = torch::linear(xx, w, b);
+              if (r.defined()) y = r + y;
+            }
+            y.sum().backward();
+          },
+          repeats);
+    }
   }
 
   // ---- causal attention of the packed qkv [B, T, 3C], as the gpt's blocks call it ----

@@ -20,12 +20,14 @@ namespace {
 // Which of fasttrain's kernels a block runs: on the CPU by model.kernels, on a GPU by model.gpu_kernels,
 // and model.aten_kernels on both.
 struct OwnKernels {
-  bool attention = false, layer_norm = false, bias_gelu = false, gpu_layer_norm = false, gpu_mlp = false;
+  bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gpu_layer_norm = false,
+       gpu_mlp = false;
 
   explicit OwnKernels(const GptOptions& options)
       : attention(runs_own_kernel(options.kernels(), options.aten_kernels(), "attention")),
         layer_norm(runs_own_kernel(options.kernels(), options.aten_kernels(), "layer_norm")),
         bias_gelu(runs_own_kernel(options.kernels(), options.aten_kernels(), "bias_gelu")),
+        linear(runs_own_kernel(options.kernels(), options.aten_kernels(), "linear")),
         gpu_layer_norm(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "layer_norm")),
         gpu_mlp(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "bias_gelu")) {}
 };
@@ -49,10 +51,9 @@ class GptBlockImpl : public torch::nn::Module {
     auto qkv = linear(qkv_, norm(ln1_, x));  // [B, T, 3C]: q, k, v side by side
     auto attended = own_kernels_.attention ? packed_causal_attention(qkv, heads_)
                                            : packed_causal_attention_aten(qkv, heads_);
-    auto [residual, normed] =
-        add_norm(x, dropout_->forward(linear(attn_proj_, attended)), ln2_);  // [B, T, C]
+    auto [residual, normed] = project_add_norm(attn_proj_, attended, x, ln2_);  // [B, T, C] each
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
-    return residual + dropout_->forward(mlp(normed));  // [B, T, C]
+    return mlp(normed, residual);  // residual + mlp_proj(gelu(fc(normed))): [B, T, C]
   }
 
   // The projections that write into the residual stream (GPT-2 scales their init by 1/sqrt(2 L)).
@@ -61,23 +62,42 @@ class GptBlockImpl : public torch::nn::Module {
  private:
   // ATen's linear, not the C++ frontend's Linear::forward: on [B, T, C] the latter is a matmul and then
   // `+= bias`, a pass over the output each way; ATen's folds the bias into one addmm over B * T rows,
-  // as Python's nn.Linear does.
-  static torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) {
+  // as Python's nn.Linear does. On the CPU in fp32, fasttrain's (its input gradient by oneDNN).
+  torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) const {
+    if (own_linear(x, layer->weight, layer->bias, {})) return kernels::linear(x, layer->weight, layer->bias);
     return torch::linear(x, layer->weight, layer->bias);
   }
-  // mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where model.gpu_kernels
-  // says.
-  torch::Tensor mlp(const torch::Tensor& normed) {
+  // residual + dropout(layer(x)).
+  torch::Tensor project_add(torch::nn::Linear& layer, const torch::Tensor& x, const torch::Tensor& residual) {
+    if (projects_into(layer, x, residual)) return kernels::linear(x, layer->weight, layer->bias, residual);
+    return residual + dropout_->forward(linear(layer, x));
+  }
+  // Whether residual + dropout(layer(x)) is one of fasttrain's linears, a matmul adding into residual + bias:
+  // on the CPU in fp32, where dropout does nothing.
+  bool projects_into(torch::nn::Linear& layer, const torch::Tensor& x, const torch::Tensor& residual) const {
+    const bool dropout_off = dropout_->options.p() == 0.0 || !is_training();
+    return dropout_off && own_linear(x, layer->weight, layer->bias, residual);
+  }
+  bool own_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                  const torch::Tensor& residual) const {
+    return own_kernels_.linear && kernels::linear_takes(x, weight, bias, residual);
+  }
+  // residual + mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where
+  // model.gpu_kernels says.
+  torch::Tensor mlp(const torch::Tensor& normed, const torch::Tensor& residual) {
     if (own_kernels_.gpu_mlp &&
         kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias))
-      return kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias);
-    return linear(mlp_proj_, mlp_hidden(normed));  // [B, T, 4C] -> [B, T, C]
+      return residual + dropout_->forward(kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight,
+                                                           mlp_proj_->bias));
+    return project_add(mlp_proj_, mlp_hidden(normed), residual);  // [B, T, 4C] -> [B, T, C]
   }
   // gelu_tanh(fc(x)). On the CPU with fasttrain's kernels the Linear runs without its bias, which the
   // bias + GELU kernel adds: one pass over [B, T, 4C] each way, and a tanh cheaper than ATen's.
   torch::Tensor mlp_hidden(const torch::Tensor& normed) {
     if (!own_kernels_.bias_gelu || !normed.device().is_cpu()) return gelu_tanh(linear(fc_, normed));
-    auto pre = torch::linear(normed, fc_->weight);  // [B, T, 4C], under autocast in its dtype
+    auto pre = own_linear(normed, fc_->weight, {}, {})  // [B, T, 4C], under autocast in its dtype
+                   ? kernels::linear(normed, fc_->weight, {})
+                   : torch::linear(normed, fc_->weight);
     if (!kernels::bias_gelu_takes(pre, fc_->bias)) return gelu_tanh(pre + fc_->bias);
     return kernels::bias_gelu(pre, fc_->bias);
   }
@@ -87,9 +107,17 @@ class GptBlockImpl : public torch::nn::Module {
     if (!own_norm(x, {}, ln)) return ln->forward(x);
     return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::compute_dtype(x));
   }
-  // x + branch and ln(x + branch), in one pass where fasttrain's kernel takes them.
-  std::pair<torch::Tensor, torch::Tensor> add_norm(const torch::Tensor& x, const torch::Tensor& branch,
-                                                   torch::nn::LayerNorm& ln) {
+  // {x + dropout(layer(input)), ln of it}: the residual add inside the projection's matmul where
+  // projects_into says (fp32 on the CPU), or in fasttrain's LayerNorm kernel where own_norm does (bf16
+  // autocast; a GPU).
+  std::pair<torch::Tensor, torch::Tensor> project_add_norm(torch::nn::Linear& layer,
+                                                           const torch::Tensor& input, const torch::Tensor& x,
+                                                           torch::nn::LayerNorm& ln) {
+    if (projects_into(layer, input, x)) {
+      auto sum = kernels::linear(input, layer->weight, layer->bias, x);
+      return {sum, ln->forward(sum)};
+    }
+    const torch::Tensor branch = dropout_->forward(linear(layer, input));
     if (!own_norm(x, branch, ln)) {
       auto sum = x + branch;
       return {sum, ln->forward(sum)};
@@ -121,7 +149,8 @@ TORCH_MODULE(GptBlock);
 
 class Gpt : public torch::nn::Module {
  public:
-  Gpt(const GptOptions& options, int64_t vocabulary) : context_(options.context()), vocab_(vocabulary) {
+  Gpt(const GptOptions& options, int64_t vocabulary)
+      : context_(options.context()), vocab_(vocabulary), own_linear_(OwnKernels(options).linear) {
     const int64_t embed = options.embed();
     token_embedding_ = register_module("token_embedding", torch::nn::Embedding(vocab_, embed));
     position_embedding_ = register_module("position_embedding", torch::nn::Embedding(context_, embed));
@@ -159,14 +188,18 @@ class Gpt : public torch::nn::Module {
     const int64_t length = tokens.size(1);
     auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
     auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
-    x = final_norm_->forward(blocks_->forward(x));                 // [B, T, C]
-    auto logits = torch::matmul(x, token_embedding_->weight.t());  // [B, T, vocab], tied
+    x = final_norm_->forward(blocks_->forward(x));                   // [B, T, C]
+    const torch::Tensor& tied = token_embedding_->weight;            // [vocab, C]
+    auto logits = own_linear_ && kernels::linear_takes(x, tied, {})  // [B, T, vocab]
+                      ? kernels::linear(x, tied, {})
+                      : torch::matmul(x, tied.t());
     return logits.reshape({-1, vocab_});
   }
 
  private:
   int64_t context_;
   int64_t vocab_;
+  bool own_linear_;
   torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
   Stage blocks_{nullptr};

@@ -8,6 +8,7 @@
 #include "fasttrain/data/batch_source.h"
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/kernels/attention.h"
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/generate.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/precision/autocast.h"
@@ -155,18 +156,22 @@ bool bitwise_equal(const StepOutcome& a, const StepOutcome& b) {
 // loss and gradients; each one alone changes the arithmetic (not bitwise ATen's) where it runs, and
 // naming all three in aten_kernels is ATen's run bit for bit, so the switch is what decides.
 TEST(Gpt, OwnKernelsMatchATensInLossAndGradients) {
-  const std::vector<std::string> all = {"attention", "layer_norm", "bias_gelu"};
+  const std::vector<std::string> all = {"attention", "layer_norm", "bias_gelu", "linear"};
+  // fasttrain's linear runs in fp32 where oneDNN has fp32 matmuls (LibTorch 2.4+, AVX512 BW/VL/DQ).
+  const bool own_linear_here = kernels::linear_takes(torch::ones({1, 1}), torch::ones({1, 1}), {});
   for (bool bf16 : {false, true}) {
     const StepOutcome aten = gpt_train_step(small_gpt().kernels("aten"), bf16);
     EXPECT_TRUE(bitwise_equal(gpt_train_step(small_gpt().aten_kernels(all), bf16), aten));
-    for (const std::string own : {"all", "attention", "layer_norm", "bias_gelu"}) {
+    for (const std::string own : {"all", "attention", "layer_norm", "bias_gelu", "linear"}) {
       SCOPED_TRACE(std::string(bf16 ? "bf16 " : "fp32 ") + own);
       std::vector<std::string> others;
       for (const auto& name : all)
         if (own != "all" && name != own) others.push_back(name);
       const StepOutcome mine = gpt_train_step(small_gpt().aten_kernels(others), bf16);
-      // fasttrain's LayerNorm runs only under bf16 autocast (in fp32 ATen's is faster).
-      if (bf16 || own != "layer_norm") EXPECT_FALSE(bitwise_equal(mine, aten));
+      // fasttrain's LayerNorm runs only under bf16 autocast (in fp32 ATen's is faster), its linear only in
+      // fp32.
+      const bool runs = own == "layer_norm" ? bf16 : own == "linear" ? !bf16 && own_linear_here : true;
+      if (runs) EXPECT_FALSE(bitwise_equal(mine, aten));
       const double tolerance = bf16 ? 2e-2 : 1e-5;
       EXPECT_NEAR(mine.loss, aten.loss, tolerance * std::abs(aten.loss));
       ASSERT_EQ(mine.grads.size(), aten.grads.size());

@@ -76,6 +76,20 @@ bool bias_gelu_takes(const torch::Tensor& pre, const torch::Tensor& bias);
 torch::Tensor bias_gelu(const torch::Tensor& pre, const torch::Tensor& bias,
                         CpuCapability capability = cpu_capability());
 
+// Whether linear takes these: x [..., K], weight [N, K], bias [N] and residual [..., N] (either may be
+// undefined), all fp32 on the CPU with CPU autocast off, where oneDNN runs fp32 matmuls (LibTorch 2.4 and
+// later, a CPU with AVX512 BW, VL and DQ). Elsewhere the caller runs torch::linear (and adds the residual).
+bool linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                  const torch::Tensor& residual = {});
+
+// residual + x weight^T + bias, differentiable in all four. The input's gradient grad_y weight is oneDNN's
+// matmul, which ran the gpt's shapes 10-25% faster than MKL's sgemm and writes its output without MKL's
+// zeroing pass; with a residual, or without a bias, the forward is one oneDNN matmul that adds into
+// residual + bias (the residual add a transformer block does after its projection, in the same pass);
+// with a bias alone it is torch::linear's. The weight's and bias's gradients are ATen's. fp32 arithmetic.
+torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                     const torch::Tensor& residual = {});
+
 // Whether max_pool2x2 takes this: images [N, C, H, W] with H and W at least 2, laid out channels_last
 // (NHWC), on the CPU in fp32 or bf16. Elsewhere (NCHW, a GPU) the caller runs ATen's max_pool2d.
 bool max_pool2x2_takes(const torch::Tensor& input);

@@ -117,14 +117,15 @@ struct GptOptions {
   FT_KEY(
       std::string, kernels,
       "CPU kernels: fasttrain (its own causal attention, reading the packed qkv in place; the MLP's bias + "
-      "tanh-GELU in one pass; and under bf16 autocast its residual add + LayerNorm, writing bf16 for the "
-      "matmul) or aten (scaled_dot_product_attention, or the math path on 1.x; addmm, gelu, add, "
-      "layer_norm); GPUs run aten",
+      "tanh-GELU in one pass; under bf16 autocast its residual add + LayerNorm, writing bf16 for the "
+      "matmul; and in fp32 its linear, whose input gradient and bias-less or residual-adding forward are "
+      "oneDNN matmuls, where LibTorch 2.4+ and AVX512 BW/VL/DQ allow) or aten (scaled_dot_product_attention, "
+      "or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (attention, layer_norm, "
-         "bias_gelu), to measure one kernel on and off",
-         each_one_of({"attention", "layer_norm", "bias_gelu"})) = {};
+         "bias_gelu, linear), to measure one kernel on and off",
+         each_one_of({"attention", "layer_norm", "bias_gelu", "linear"})) = {};
   FT_KEY(std::string, gpu_kernels,
          "GPU kernels, on GPUs of compute capability 8.0 and later: fasttrain (its residual add + LayerNorm "
          "in one CUDA kernel each way, writing the dtype of the matmul it feeds; under bf16 the MLP as four "
