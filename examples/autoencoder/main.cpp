@@ -15,13 +15,17 @@
 
 // ---- the model: any torch::nn::Module ----
 // A Linear and a tanh GELU, the bias and the GELU in fasttrain's fused CPU kernel (one pass each way,
-// fasttrain/kernels/cpu.h) where it takes the tensors, ATen's ops elsewhere (a GPU).
+// fasttrain/kernels/cpu.h) where it takes the tensors, and in fp32 the Linear through fasttrain's linear;
+// ATen's ops elsewhere (a GPU, bf16 autocast).
 struct LinearGeluImpl : torch::nn::Module {
   LinearGeluImpl(int64_t in, int64_t out) : linear(register_module("linear", torch::nn::Linear(in, out))) {}
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor pre = torch::linear(x, linear->weight);  // without the bias, which the kernel adds
-    if (fasttrain::kernels::bias_gelu_takes(pre, linear->bias))
-      return fasttrain::kernels::bias_gelu(pre, linear->bias);
+    namespace kernels = fasttrain::kernels;
+    torch::Tensor pre =
+        kernels::linear_takes(x, linear->weight, {})  // without the bias, which the kernel adds
+            ? kernels::linear(x, linear->weight, {})  // fp32: oneDNN's matmuls each way
+            : torch::linear(x, linear->weight);
+    if (kernels::bias_gelu_takes(pre, linear->bias)) return kernels::bias_gelu(pre, linear->bias);
     return torch::gelu(pre + linear->bias, "tanh");
   }
   torch::nn::Linear linear{nullptr};
