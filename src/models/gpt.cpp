@@ -32,6 +32,16 @@ struct OwnKernels {
         gpu_mlp(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "bias_gelu")) {}
 };
 
+// x weight^T + bias through ATen's linear, not the C++ frontend's Linear::forward: on [B, T, C] the latter
+// is a matmul and then `+= bias`, a pass over the output each way; ATen's folds the bias into one addmm over
+// B * T rows, as Python's nn.Linear does. Where `own` (model.kernels) and it takes them (fp32 on the CPU),
+// fasttrain's linear, whose input gradient is oneDNN's matmul. `bias` may be undefined.
+torch::Tensor linear(bool own, const torch::Tensor& x, const torch::Tensor& weight,
+                     const torch::Tensor& bias) {
+  if (own && kernels::linear_takes(x, weight, bias)) return kernels::linear(x, weight, bias);
+  return torch::linear(x, weight, bias);
+}
+
 // x + attention(ln1(x)), then x + mlp(ln2(x)).
 class GptBlockImpl : public torch::nn::Module {
  public:
@@ -60,12 +70,8 @@ class GptBlockImpl : public torch::nn::Module {
   std::vector<torch::Tensor> residual_projections() { return {attn_proj_->weight, mlp_proj_->weight}; }
 
  private:
-  // ATen's linear, not the C++ frontend's Linear::forward: on [B, T, C] the latter is a matmul and then
-  // `+= bias`, a pass over the output each way; ATen's folds the bias into one addmm over B * T rows,
-  // as Python's nn.Linear does. On the CPU in fp32, fasttrain's (its input gradient by oneDNN).
   torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) const {
-    if (own_linear(x, layer->weight, layer->bias, {})) return kernels::linear(x, layer->weight, layer->bias);
-    return torch::linear(x, layer->weight, layer->bias);
+    return fasttrain::linear(own_kernels_.linear, x, layer->weight, layer->bias);
   }
   // residual + dropout(layer(x)).
   torch::Tensor project_add(torch::nn::Linear& layer, const torch::Tensor& x, const torch::Tensor& residual) {
@@ -76,11 +82,8 @@ class GptBlockImpl : public torch::nn::Module {
   // on the CPU in fp32, where dropout does nothing.
   bool projects_into(torch::nn::Linear& layer, const torch::Tensor& x, const torch::Tensor& residual) const {
     const bool dropout_off = dropout_->options.p() == 0.0 || !is_training();
-    return dropout_off && own_linear(x, layer->weight, layer->bias, residual);
-  }
-  bool own_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
-                  const torch::Tensor& residual) const {
-    return own_kernels_.linear && kernels::linear_takes(x, weight, bias, residual);
+    return dropout_off && own_kernels_.linear &&
+           kernels::linear_takes(x, layer->weight, layer->bias, residual);
   }
   // residual + mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where
   // model.gpu_kernels says.
@@ -95,9 +98,8 @@ class GptBlockImpl : public torch::nn::Module {
   // bias + GELU kernel adds: one pass over [B, T, 4C] each way, and a tanh cheaper than ATen's.
   torch::Tensor mlp_hidden(const torch::Tensor& normed) {
     if (!own_kernels_.bias_gelu || !normed.device().is_cpu()) return gelu_tanh(linear(fc_, normed));
-    auto pre = own_linear(normed, fc_->weight, {}, {})  // [B, T, 4C], under autocast in its dtype
-                   ? kernels::linear(normed, fc_->weight, {})
-                   : torch::linear(normed, fc_->weight);
+    auto pre =
+        fasttrain::linear(own_kernels_.linear, normed, fc_->weight, {});  // [B, T, 4C], autocast's dtype
     if (!kernels::bias_gelu_takes(pre, fc_->bias)) return gelu_tanh(pre + fc_->bias);
     return kernels::bias_gelu(pre, fc_->bias);
   }
@@ -188,11 +190,8 @@ class Gpt : public torch::nn::Module {
     const int64_t length = tokens.size(1);
     auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
     auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
-    x = final_norm_->forward(blocks_->forward(x));                   // [B, T, C]
-    const torch::Tensor& tied = token_embedding_->weight;            // [vocab, C]
-    auto logits = own_linear_ && kernels::linear_takes(x, tied, {})  // [B, T, vocab]
-                      ? kernels::linear(x, tied, {})
-                      : torch::matmul(x, tied.t());
+    x = final_norm_->forward(blocks_->forward(x));                       // [B, T, C]
+    auto logits = linear(own_linear_, x, token_embedding_->weight, {});  // [B, T, vocab], tied
     return logits.reshape({-1, vocab_});
   }
 
