@@ -9,6 +9,7 @@
 #include <numeric>
 #include <set>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/memory/stats.h"
 #include "fasttrain/profile/profiler.h"
 #include "fasttrain/run/auto.h"
@@ -189,6 +190,30 @@ std::vector<Finding> bf16_slower(const DoctorContext& c) {
                    "Train in fp32 (train.precision = \"fp32\"): bf16 autocast is slower than fp32 here, "
                    "although this CPU runs bfloat16 natively",
                    c.compare("bf16_slower", fp32, kSwitchSpeedup), "in fp32");
+}
+
+// fp32 training where oneDNN can compute the fp32 matmuls and convolutions in bf16 (AMX-BF16, LibTorch
+// 2.9+): weights, activations and the optimizer stay fp32, the products' inputs are rounded to bf16. It
+// changes the arithmetic, so the finding asks for the accuracy to be checked; the tuner, which times and
+// does not train to the target, never proposes it.
+std::vector<Finding> implicit_bf16(const DoctorContext& c) {
+  if (c.cuda || c.config.train.precision() != "fp32" || c.config.train.fp32_precision() != "ieee" ||
+      !c.hardware.cpu_amx_bf16 || !compat::has_cpu_fp32_precision())
+    return {};
+  Config bf16_math = c.config;
+  bf16_math.train.fp32_precision("bf16");
+  const Comparison result = c.compare("implicit_bf16", bf16_math, kSwitchSpeedup);
+  if (result.speedup < kSwitchSpeedup) return {};
+  return {
+      Finding("implicit_bf16", Severity::kLow)
+          .title("Let oneDNN compute the fp32 matmuls and convolutions in bf16 on this AMX CPU: "
+                 "train.fp32_precision = \"bf16\" (their inputs rounded to bf16; weights, activations and "
+                 "the optimizer stay fp32): check the accuracy it costs before keeping it")
+          .evidence(
+              fmt::format("{:.0f} samples/s with bf16 matmul arithmetic vs {:.0f} as configured ({:.2f}x)",
+                          result.changed, result.configured, result.speedup))
+          .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
+          .gain(1 - 1 / result.speedup)};
 }
 
 std::vector<Finding> thread_contention(const DoctorContext& c) {
@@ -525,6 +550,9 @@ Registry<DoctorRule>& doctor_rules() {
           mixed_precision);
     r.add("bf16_slower", "CPU: bf16 autocast on a CPU with native bfloat16, and fp32 gives >= 1.15x",
           bf16_slower);
+    r.add("implicit_bf16",
+          "CPU: fp32 training on AMX-BF16 with train.fp32_precision = \"ieee\", and \"bf16\" gives >= 1.15x",
+          implicit_bf16);
     r.add("thread_contention", "OpenMP + OpenBLAS threads > cores, and one pool at 1 thread gives >= 1.15x",
           thread_contention);
     r.add("channels_last", "a conv net in NCHW, and channels_last gives >= 1.15x", channels_last);

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 
+#include "fasttrain/detail/compat.h"
 #include "fasttrain/profile/doctor.h"
 #include "fasttrain/task/tasks.h"
 #include "fasttrain/util/check.h"
@@ -91,6 +92,13 @@ std::vector<RuleCase> rule_cases() {
        },
        Severity::kMedium,
        {"train.precision = \"fp32\"", "slower than fp32", "in fp32", "1.30x"}},
+      {"implicit_bf16",
+       [](Case& c) {
+         c.context.hardware.cpu_amx_bf16 = true;
+         c.speedups["implicit_bf16"] = 1.6;
+       },
+       Severity::kLow,
+       {"train.fp32_precision = \"bf16\"", "check the accuracy", "1.60x"}},
       {"thread_contention",
        [](Case& c) {
          c.context.blas = BlasLibrary{"OpenBLAS", 2, 2};
@@ -175,6 +183,8 @@ std::vector<RuleCase> rule_cases() {
 
 TEST(DoctorRules, EachFiresOnItsPlantedProblemAndSaysWhatToDo) {
   for (const auto& rule_case : rule_cases()) {
+    // Before LibTorch 2.9 there is no fp32 precision to set on the CPU (train.fp32_precision is refused).
+    if (rule_case.rule == "implicit_bf16" && !compat::has_cpu_fp32_precision()) continue;
     Case c;
     rule_case.plant(c);
     const std::vector<Finding> findings = c.run(rule_case.rule);
@@ -200,18 +210,17 @@ TEST(DoctorRules, EachStaysQuietOnACleanRun) {
 
 TEST(DoctorRules, ASpeedupUnderTheThresholdIsNoFinding) {
   for (const std::string rule :
-       {"small_batch", "mixed_precision", "channels_last", "own_kernels", "bf16_slower"}) {
+       {"small_batch", "mixed_precision", "channels_last", "own_kernels", "bf16_slower", "implicit_bf16"}) {
+    if (rule == "implicit_bf16" && !compat::has_cpu_fp32_precision()) continue;
     Case c;
     c.context.hardware.cpu_native_bf16 = true;
+    c.context.hardware.cpu_amx_bf16 = true;
     c.context.conv_net = true;
     c.context.config.train.channels_last(false);
     if (rule == "own_kernels") c.context.config.model.select("gpt").as<GptOptions>().kernels("aten");
     if (rule == "bf16_slower") c.context.config.train.precision("bf16");
-    c.speedups = {{"batch_x4", 1.4},
-                  {"mixed_precision", 1.1},
-                  {"channels_last", 1.1},
-                  {"own_kernels", 1.1},
-                  {"bf16_slower", 1.1}};
+    c.speedups = {{"batch_x4", 1.4},    {"mixed_precision", 1.1}, {"channels_last", 1.1},
+                  {"own_kernels", 1.1}, {"bf16_slower", 1.1},     {"implicit_bf16", 1.1}};
     EXPECT_TRUE(c.run(rule).empty()) << rule;
     EXPECT_FALSE(c.compared.empty()) << rule << ": the rule measured nothing";
   }
