@@ -13,7 +13,11 @@
 // or transposed, beta != 0 as oneDNN's sum post-op. Checked against LibTorch 2.11's source, where it takes
 // fp32 on CPUs with AVX512 BW, VL and DQ (mkldnn_bf16_device_check) and computes in fp32 unless the fp32
 // matmul precision allows bf16; 1.13's took bf16 only.
-#define FASTTRAIN_HAS_ONEDNN_FP32_MATMUL (FASTTRAIN_TORCH_AT_LEAST(2, 4) && defined(__x86_64__))
+#if defined(__x86_64__) && FASTTRAIN_TORCH_AT_LEAST(2, 4)
+#define FASTTRAIN_HAS_ONEDNN_FP32_MATMUL 1
+#else
+#define FASTTRAIN_HAS_ONEDNN_FP32_MATMUL 0
+#endif
 #if FASTTRAIN_HAS_ONEDNN_FP32_MATMUL
 namespace at::native {
 TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& result,
