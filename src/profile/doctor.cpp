@@ -86,9 +86,10 @@ std::vector<std::string> odd_layer_sizes(const Model& model, const DataShape& sh
 
 // A speed comparison that cleared `threshold`: the change is worth it, by this much.
 std::vector<Finding> if_faster(const std::string& rule, const std::string& title, const Comparison& result,
-                               const std::string& what, double threshold = kSwitchSpeedup) {
+                               const std::string& what, Severity severity = Severity::kMedium,
+                               double threshold = kSwitchSpeedup) {
   if (result.speedup < threshold) return {};
-  return {Finding(rule, Severity::kMedium)
+  return {Finding(rule, severity)
               .title(title)
               .evidence(fmt::format("{:.0f} samples/s {} vs {:.0f} as configured ({:.2f}x)", result.changed,
                                     what, result.configured, result.speedup))
@@ -202,18 +203,12 @@ std::vector<Finding> implicit_bf16(const DoctorContext& c) {
     return {};
   Config bf16_math = c.config;
   bf16_math.train.fp32_precision("bf16");
-  const Comparison result = c.compare("implicit_bf16", bf16_math, kSwitchSpeedup);
-  if (result.speedup < kSwitchSpeedup) return {};
-  return {
-      Finding("implicit_bf16", Severity::kLow)
-          .title("Let oneDNN compute the fp32 matmuls and convolutions in bf16 on this AMX CPU: "
-                 "train.fp32_precision = \"bf16\" (their inputs rounded to bf16; weights, activations and "
-                 "the optimizer stay fp32): check the accuracy it costs before keeping it")
-          .evidence(
-              fmt::format("{:.0f} samples/s with bf16 matmul arithmetic vs {:.0f} as configured ({:.2f}x)",
-                          result.changed, result.configured, result.speedup))
-          .estimated_gain(fmt::format("{:.2f}x samples/s", result.speedup))
-          .gain(1 - 1 / result.speedup)};
+  return if_faster("implicit_bf16",
+                   "Let oneDNN compute the fp32 matmuls and convolutions in bf16 on this AMX CPU: "
+                   "train.fp32_precision = \"bf16\" (their inputs rounded to bf16; weights, activations and "
+                   "the optimizer stay fp32): check the accuracy it costs before keeping it",
+                   c.compare("implicit_bf16", bf16_math, kSwitchSpeedup), "with bf16 matmul arithmetic",
+                   Severity::kLow);
 }
 
 std::vector<Finding> thread_contention(const DoctorContext& c) {
