@@ -19,7 +19,11 @@
 #include <thread>
 #include <vector>
 
+#include "fasttrain/data/batch_source.h"
 #include "fasttrain/data/dataset.h"
+#include "fasttrain/data/loader.h"
+#include "fasttrain/detail/file_io.h"
+#include "fasttrain/state/safetensors.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain::testing {
@@ -105,6 +109,9 @@ inline ::testing::AssertionResult contains_all(const std::string& message,
 
 inline const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";
 
+// The shape of Fashion-MNIST's images and classes.
+inline const DataShape kFashion = DataShape::images(1, 28, 28, 10);
+
 inline bool have_fashion_mnist() {
   return std::filesystem::is_directory(kFashionMnist);
 }
@@ -151,6 +158,35 @@ inline std::string read_text(const std::string& path) {
   text << in.rdbuf();
   return text.str();
 }
+
+// A file's bytes, for comparing two runs' files (a missing file is read_binary_file's error, not "").
+inline std::string bytes_of(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_binary_file(path);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+// The largest element difference between two safetensors files with the same tensor names.
+inline double max_difference(const std::string& a, const std::string& b) {
+  SafetensorsFile first = load_safetensors(a), second = load_safetensors(b);
+  EXPECT_EQ(first.names(), second.names());
+  double worst = 0;
+  for (const auto& name : first.names()) {
+    worst = std::max(worst, (first.at(name) - second.at(name)).abs().max().item<double>());
+  }
+  return worst;
+}
+
+// One epoch's batches from `loader`, as many as it says an epoch has.
+inline std::vector<Batch> epoch_batches(DataLoader& loader, int64_t epoch) {
+  std::vector<Batch> batches;
+  loader.start_epoch(epoch);
+  while (auto batch = loader.next()) batches.push_back(std::move(*batch));
+  EXPECT_EQ(static_cast<int64_t>(batches.size()), loader.batches_per_epoch());
+  return batches;
+}
+
+// The fasttrain executable under test.
+inline const std::string kCli = FASTTRAIN_CLI;
 
 // Runs a shell command, returns its exit code and merged stdout+stderr.
 struct CommandResult {

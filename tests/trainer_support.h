@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "fasttrain/data/transforms.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
@@ -12,6 +13,11 @@
 #include "fasttrain/train/trainer.h"
 
 namespace fasttrain::testing {
+
+// Normalisation only: the pipeline of tests whose images need no augmentation.
+inline TransformPipeline plain_pipeline() {
+  return TransformPipeline({0.5f}, {0.25f});
+}
 
 // synthetic_images' default samples: [1, 8, 8] images in 4 classes.
 inline DataShape small_images() {

@@ -13,7 +13,7 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::AttentionKernels kernels_for(CpuCapability capability) {
+detail::AttentionKernels attention_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(attention_kernels, capability);
 }
 
@@ -50,7 +50,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
         torch::empty({attention.batch, heads, attention.length}, qkv.options().dtype(torch::kFloat));
     attention.out_mut = out.data_ptr();
     attention.lse = lse.data_ptr<float>();
-    run_pairs(kernels_for(static_cast<CpuCapability>(capability)).forward, attention);
+    run_pairs(attention_bodies(static_cast<CpuCapability>(capability)).forward, attention);
     ctx->save_for_backward({qkv, out, lse});
     ctx->saved_data["heads"] = heads;
     ctx->saved_data["capability"] = capability;
@@ -69,7 +69,7 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     attention.lse = lse.data_ptr<float>();
     attention.grad_out = grad_out.data_ptr();
     attention.grad_qkv = grad_qkv.data_ptr();
-    run_pairs(kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward,
+    run_pairs(attention_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward,
               attention);
     return {grad_qkv, torch::Tensor(), torch::Tensor()};
   }

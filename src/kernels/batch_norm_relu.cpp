@@ -14,11 +14,9 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::BatchNormReluKernels kernels_for(CpuCapability capability) {
+detail::BatchNormReluKernels batch_norm_relu_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(batch_norm_relu_kernels, capability);
 }
-
-constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
 
 // The per-channel values both directions read, fp32 [4, C] in one allocation.
 struct ChannelTerms {
@@ -105,7 +103,7 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
                                const torch::Tensor& weight, const torch::Tensor& bias,
                                const torch::Tensor& running_mean, const torch::Tensor& running_var,
                                bool training, double momentum, double eps, int64_t capability) {
-    const auto kernels = kernels_for(static_cast<CpuCapability>(capability));
+    const auto kernels = batch_norm_relu_bodies(static_cast<CpuCapability>(capability));
     ChannelTerms terms{torch::empty({4, x.size(1)}, x.options().dtype(torch::kFloat))};
     detail::BatchNormReluMaps m = describe(x, terms);
     std::vector<double> mean(m.channels), variance(m.channels);
@@ -144,7 +142,8 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
     ChannelTerms terms{saved[1]};
-    const auto kernels = kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
+    const auto kernels =
+        batch_norm_relu_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
     const torch::Tensor grad_y = grads[0].to(x.scalar_type()).contiguous(kChannelsLast);
     detail::BatchNormReluMaps m = describe(x, terms);
     m.grad_y = grad_y.data_ptr();

@@ -13,7 +13,7 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::BiasGeluKernels kernels_for(CpuCapability capability) {
+detail::BiasGeluKernels bias_gelu_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(bias_gelu_kernels, capability);
 }
 
@@ -37,7 +37,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     torch::Tensor y = torch::empty_like(pre);
     detail::BiasGeluRows g = describe(pre, bias);
     g.y = y.data_ptr();
-    const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
+    const auto kernel = bias_gelu_bodies(static_cast<CpuCapability>(capability)).forward;
     at::parallel_for(0, g.rows, detail::rows_per_task(g.width),
                      [&](int64_t begin, int64_t end) { kernel(g, begin, end); });
     ctx->save_for_backward({pre, bias});
@@ -59,7 +59,7 @@ class BiasGeluFunction : public torch::autograd::Function<BiasGeluFunction> {
     g.grad_pre = grad_pre.data_ptr();
     g.grad_bias_partial = bias_partial.data_ptr<float>();
     const auto kernel =
-        kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
+        bias_gelu_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
     detail::for_each_row_chunk(
         g.rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(g, begin, end, chunk); });
     return {grad_pre, bias_partial.sum(0), torch::Tensor()};

@@ -15,9 +15,7 @@ namespace {
 
 static_assert(kConvMaxPoolInChannels == detail::kConvMaxPoolInChannels);
 
-constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
-
-detail::ConvMaxPoolKernels kernels_for(CpuCapability capability) {
+detail::ConvMaxPoolKernels conv_max_pool_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(conv_max_pool_kernels, capability);
 }
 
@@ -92,7 +90,7 @@ detail::Pooled direct_forward(const torch::Tensor& input, const torch::Tensor& w
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = pooled.output.data_ptr();
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  const auto kernel = kernels_for(capability).forward;
+  const auto kernel = conv_max_pool_bodies(capability).forward;
   at::parallel_for(0, p.batch * p.out_height, rows_per_task(p),
                    [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
   return pooled;
@@ -123,7 +121,7 @@ ParameterGradients direct_parameter_gradients(detail::ConvMaxPoolImages p, CpuCa
   const detail::RowChunks chunks = detail::row_chunks(p.batch * p.out_height);
   torch::Tensor sums = torch::zeros({chunks.count, taps + 1, p.out_channels}, torch::kFloat);
   p.grad_taps = sums.data_ptr<float>();
-  const auto kernel = kernels_for(capability).weight_backward;
+  const auto kernel = conv_max_pool_bodies(capability).weight_backward;
   detail::for_each_row_chunk(p.batch * p.out_height, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
     kernel(p, begin, end, chunk);
   });
@@ -143,7 +141,7 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
   p.weight_rows = weight_rows.data_ptr<float>();
   p.grad_rows = sums.data_ptr<float>();
   p.grad_input = grad_input.defined() ? grad_input.data_ptr() : nullptr;
-  const auto kernel = kernels_for(capability).winner_backward;
+  const auto kernel = conv_max_pool_bodies(capability).winner_backward;
   detail::for_each_row_chunk(
       p.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) { kernel(p, begin, end, chunk); });
   const torch::Tensor total = rounded_to(sums.sum(0), compute_dtype(p));

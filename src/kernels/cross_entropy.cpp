@@ -11,7 +11,7 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::CrossEntropyKernels kernels_for(CpuCapability capability) {
+detail::CrossEntropyKernels cross_entropy_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(cross_entropy_kernels, capability);
 }
 
@@ -65,7 +65,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     e.row_max = rows.data_ptr<float>();
     e.log_sum = e.row_max + e.rows;
     e.losses = e.log_sum + e.rows;
-    const auto kernel = kernels_for(static_cast<CpuCapability>(capability)).forward;
+    const auto kernel = cross_entropy_bodies(static_cast<CpuCapability>(capability)).forward;
     for_rows(e, [&](int64_t begin, int64_t end) { kernel(e, begin, end); });
     // The mean over the counted rows, summed in double on the host (no operator to dispatch); 0 where
     // every target is ignored, as fasttrain::cross_entropy's padded mean gives.
@@ -95,7 +95,7 @@ class CrossEntropyFunction : public torch::autograd::Function<CrossEntropyFuncti
     e.scale = *grad_loss.data_ptr<float>() / static_cast<float>(counted);
     e.grad_logits = grad_logits.data_ptr();
     const auto kernel =
-        kernels_for(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
+        cross_entropy_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward;
     for_rows(e, [&](int64_t begin, int64_t end) { kernel(e, begin, end); });
     return {grad_logits, torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

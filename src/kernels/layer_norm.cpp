@@ -21,7 +21,7 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::LayerNormKernels kernels_for(CpuCapability capability) {
+detail::LayerNormKernels layer_norm_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(layer_norm_kernels, capability);
 }
 
@@ -58,7 +58,7 @@ void run_forward(const detail::LayerNormRows& n, [[maybe_unused]] const torch::D
     return detail::layer_norm_forward_cuda(n, c10::cuda::getCurrentCUDAStream().stream());
   }
 #endif
-  const auto kernel = kernels_for(capability).forward;
+  const auto kernel = layer_norm_bodies(capability).forward;
   at::parallel_for(0, n.rows, detail::rows_per_task(n.width),
                    [&](int64_t begin, int64_t end) { kernel(n, begin, end); });
 }
@@ -81,7 +81,8 @@ void run_backward(const detail::LayerNormRows& n, [[maybe_unused]] int64_t parti
     return detail::layer_norm_backward_cuda(n, partials, c10::cuda::getCurrentCUDAStream().stream());
   }
 #endif
-  const auto kernel = kernels_for(capability).backward;  // a chunk's rows per partial (backward_partials)
+  const auto kernel =
+      layer_norm_bodies(capability).backward;  // a chunk's rows per partial (backward_partials)
   detail::for_each_row_chunk(
       n.rows, detail::row_chunks(n.rows),
       [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });

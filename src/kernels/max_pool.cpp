@@ -13,7 +13,7 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::MaxPoolKernels kernels_for(CpuCapability capability) {
+detail::MaxPoolKernels max_pool_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(max_pool_kernels, capability);
 }
 
@@ -72,7 +72,7 @@ detail::Pooled detail::pool2x2(const torch::Tensor& input, CpuCapability capabil
   p.input = input.data_ptr();
   p.output = pooled.output.data_ptr();
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  const auto kernel = kernels_for(capability).forward;
+  const auto kernel = max_pool_bodies(capability).forward;
   for_output_rows(p, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
   return pooled;
 }
@@ -85,7 +85,7 @@ torch::Tensor detail::unpool2x2(const torch::Tensor& grad_output, const torch::T
   p.argmax = argmax.data_ptr<uint8_t>();
   p.grad_output = grad_output.data_ptr();
   p.grad_input = grad_input.data_ptr();
-  const auto kernel = kernels_for(capability).backward;
+  const auto kernel = max_pool_bodies(capability).backward;
   for_output_rows(p, [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
   return grad_input;
 }

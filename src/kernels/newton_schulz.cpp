@@ -16,7 +16,7 @@ namespace {
 constexpr int64_t kLargestSmallerSide = 64;
 constexpr int64_t kLargestMatrix = 65536;
 
-detail::NewtonSchulzKernels kernels_for(CpuCapability capability) {
+detail::NewtonSchulzKernels newton_schulz_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(newton_schulz_kernels, capability);
 }
 
@@ -51,7 +51,7 @@ torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps,
   matrix.c = static_cast<float>(coefficients.c);
   matrix.eps = static_cast<float>(coefficients.eps);
   matrix.x = x.data_ptr<float>();
-  kernels_for(capability).run(matrix);
+  newton_schulz_bodies(capability).run(matrix);
   x = x.to(torch::kBFloat16);
   return tall ? x.t() : x;
 }

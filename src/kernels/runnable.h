@@ -47,3 +47,9 @@ void for_each_row_chunk(int64_t rows, const RowChunks& chunks, const Body& body)
 }
 
 }  // namespace fasttrain::kernels::detail
+
+namespace fasttrain::kernels {
+
+constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+
+}  // namespace fasttrain::kernels

@@ -129,8 +129,8 @@ class CountingAllocator<false, Base> : public Base {
   }
 };
 
-std::once_flag g_install;
-std::atomic<bool> g_installed{false};
+std::once_flag g_allocator_install;
+std::atomic<bool> g_allocator_installed{false};
 
 }  // namespace
 
@@ -149,17 +149,17 @@ bool retain_cpu_heap() {
 }
 
 void track_cpu_allocations() {
-  std::call_once(g_install, [] {
+  std::call_once(g_allocator_install, [] {
     static CountingAllocator<kConstAllocate> allocator;  // static: tensors freed during exit call into it
     counter().inner = c10::GetCPUAllocator();
     // SetCPUAllocator ignores priorities lower than the current allocator's.
     c10::SetCPUAllocator(&allocator, /*priority=*/UINT8_MAX);
-    g_installed.store(true);
+    g_allocator_installed.store(true);
   });
 }
 
 bool tracking_cpu_allocations() {
-  return g_installed.load();
+  return g_allocator_installed.load();
 }
 
 MemoryStats memory_stats(torch::Device device) {

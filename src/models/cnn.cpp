@@ -93,10 +93,10 @@ class BatchNormReLU2dImpl : public torch::nn::BatchNorm2dImpl {
 TORCH_MODULE(BatchNormReLU2d);
 
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
-struct OwnKernels {
+struct CnnKernels {
   bool max_pool = false, batch_norm_relu = false, conv_max_pool = false;
 
-  explicit OwnKernels(const CnnOptions& options)
+  explicit CnnKernels(const CnnOptions& options)
       : max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "max_pool")),
         batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")),
         conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")) {}
@@ -106,7 +106,7 @@ class Cnn : public torch::nn::Module {
  public:
   Cnn(const CnnOptions& options, const DataShape& shape) {
     int64_t channels = shape.input[0], height = shape.input[1], width = shape.input[2];
-    const OwnKernels own(options);
+    const CnnKernels own(options);
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
       const auto conv = torch::nn::Conv2dOptions(channels, stage_width, 3)

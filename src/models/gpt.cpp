@@ -19,11 +19,11 @@ namespace {
 
 // Which of fasttrain's kernels a block runs: on the CPU by model.kernels, on a GPU by model.gpu_kernels,
 // and model.aten_kernels on both.
-struct OwnKernels {
+struct GptKernels {
   bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gpu_layer_norm = false,
        gpu_mlp = false;
 
-  explicit OwnKernels(const GptOptions& options)
+  explicit GptKernels(const GptOptions& options)
       : attention(runs_own_kernel(options.kernels(), options.aten_kernels(), "attention")),
         layer_norm(runs_own_kernel(options.kernels(), options.aten_kernels(), "layer_norm")),
         bias_gelu(runs_own_kernel(options.kernels(), options.aten_kernels(), "bias_gelu")),
@@ -45,7 +45,7 @@ torch::Tensor linear(bool own, const torch::Tensor& x, const torch::Tensor& weig
 // x + attention(ln1(x)), then x + mlp(ln2(x)).
 class GptBlockImpl : public torch::nn::Module {
  public:
-  GptBlockImpl(int64_t embed, int64_t heads, double dropout, const OwnKernels& own_kernels)
+  GptBlockImpl(int64_t embed, int64_t heads, double dropout, const GptKernels& own_kernels)
       : heads_(heads),
         own_kernels_(own_kernels),
         ln1_(register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})))),
@@ -140,7 +140,7 @@ class GptBlockImpl : public torch::nn::Module {
   }
 
   int64_t heads_;
-  OwnKernels own_kernels_;
+  GptKernels own_kernels_;
   torch::nn::LayerNorm ln1_;
   torch::nn::Linear qkv_, attn_proj_;
   torch::nn::LayerNorm ln2_;
@@ -152,14 +152,14 @@ TORCH_MODULE(GptBlock);
 class Gpt : public torch::nn::Module {
  public:
   Gpt(const GptOptions& options, int64_t vocabulary)
-      : context_(options.context()), vocab_(vocabulary), own_linear_(OwnKernels(options).linear) {
+      : context_(options.context()), vocab_(vocabulary), own_linear_(GptKernels(options).linear) {
     const int64_t embed = options.embed();
     token_embedding_ = register_module("token_embedding", torch::nn::Embedding(vocab_, embed));
     position_embedding_ = register_module("position_embedding", torch::nn::Embedding(context_, embed));
     dropout_ = register_module("dropout", torch::nn::Dropout(options.dropout()));
     blocks_ = register_module("blocks", Stage());
     for (int64_t i = 0; i < options.layers(); ++i)
-      blocks_->push_back(GptBlock(embed, options.heads(), options.dropout(), OwnKernels(options)));
+      blocks_->push_back(GptBlock(embed, options.heads(), options.dropout(), GptKernels(options)));
     final_norm_ = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({embed})));
 
     // ---- GPT-2's initialisation: N(0, 0.02), biases 0, residual projections / sqrt(2 L) ----

@@ -13,8 +13,6 @@ namespace fasttrain {
 
 namespace {
 
-enum : size_t { kExpAvg = 0, kExpAvgSq = 1 };
-
 class Adam : public Optimizer {
  public:
   Adam(std::vector<ParamGroup> groups, const OptimizerOptions& options, bool decoupled)
@@ -43,14 +41,14 @@ class Adam : public Optimizer {
  protected:
   void update_fused(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr,
                     const torch::Tensor& found_inf) override {
-    detail::adam_fused(gather_params(g, with_grad), gather_grads(g, with_grad), gather(g, kExpAvg, with_grad),
-                       gather(g, kExpAvgSq, with_grad), gather_steps(g, with_grad), fused_lr(lr),
-                       hyperparameters(g), found_inf);
+    detail::adam_fused(gather_params(g, with_grad), gather_grads(g, with_grad),
+                       gather(g, detail::kExpAvg, with_grad), gather(g, detail::kExpAvgSq, with_grad),
+                       gather_steps(g, with_grad), fused_lr(lr), hyperparameters(g), found_inf);
   }
 
   void update_foreach(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr) override {
     detail::adam_foreach(gather_params(g, with_grad), gather_grads(g, with_grad),
-                         gather(g, kExpAvg, with_grad), gather(g, kExpAvgSq, with_grad),
+                         gather(g, detail::kExpAvg, with_grad), gather(g, detail::kExpAvgSq, with_grad),
                          gather_steps(g, with_grad), lr, hyperparameters(g));
   }
 

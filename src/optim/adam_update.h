@@ -9,6 +9,9 @@
 
 namespace fasttrain::detail {
 
+// Where Adam keeps its two moments in a parameter's optimizer state (torch.optim.Adam's order).
+enum AdamSlot : size_t { kExpAvg = 0, kExpAvgSq = 1 };
+
 struct AdamHyperparameters {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
   bool decoupled = true;  // AdamW: p <- p (1 - lr wd); Adam: wd p added to the gradient

@@ -60,7 +60,7 @@ double lr_adjustment(const torch::Tensor& param, const std::string& rule) {
   return rule == "original" ? std::sqrt(std::max(1.0, a / b)) : 0.2 * std::sqrt(std::max(a, b));
 }
 
-enum : size_t { kMomentumBuffer = 0, kExpAvg = 0, kExpAvgSq = 1 };
+enum : size_t { kMuonMomentum = 0 };  // a matrix's one state slot (AdamW's parameters: detail::AdamSlot)
 
 class Muon : public Optimizer {
  public:
@@ -111,15 +111,16 @@ class Muon : public Optimizer {
       if (!found_inf.defined() || found_inf.item<double>() == 0) update_matrices(g, with_grad, lr);
       return;
     }
-    detail::adam_fused(gather_params(g, with_grad), gather_grads(g, with_grad), gather(g, kExpAvg, with_grad),
-                       gather(g, kExpAvgSq, with_grad), gather_steps(g, with_grad), fused_lr(adamw_lr(lr)),
-                       adamw_hyperparameters(g), found_inf);
+    detail::adam_fused(gather_params(g, with_grad), gather_grads(g, with_grad),
+                       gather(g, detail::kExpAvg, with_grad), gather(g, detail::kExpAvgSq, with_grad),
+                       gather_steps(g, with_grad), fused_lr(adamw_lr(lr)), adamw_hyperparameters(g),
+                       found_inf);
   }
 
   void update_foreach(size_t g, const std::vector<size_t>& with_grad, const torch::Tensor& lr) override {
     if (muon_[g]) return update_matrices(g, with_grad, lr);
     detail::adam_foreach(gather_params(g, with_grad), gather_grads(g, with_grad),
-                         gather(g, kExpAvg, with_grad), gather(g, kExpAvgSq, with_grad),
+                         gather(g, detail::kExpAvg, with_grad), gather(g, detail::kExpAvgSq, with_grad),
                          gather_steps(g, with_grad), adamw_lr(lr), adamw_hyperparameters(g));
   }
 
@@ -136,7 +137,7 @@ class Muon : public Optimizer {
     for (size_t i : with_grad) {
       const torch::Tensor& param = groups()[g].params[i];
       const torch::Tensor grad = param.grad();
-      const torch::Tensor& buffer = state(g, kMomentumBuffer, i);
+      const torch::Tensor& buffer = state(g, kMuonMomentum, i);
       buffer.lerp_(grad, 1 - mu);
       const torch::Tensor update = nesterov ? grad.lerp(buffer, mu) : buffer;
       const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]

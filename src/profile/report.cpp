@@ -177,7 +177,7 @@ std::optional<double> number_field(const json& record, const char* key, const st
   return it->get<double>();
 }
 
-struct Metrics {
+struct RecordedMetrics {
   Series train_loss{"train loss", {}}, lr{"learning rate", {}};
   // Keyed by the record's "ema" flag: evaluations of the EMA weights are their own series.
   std::map<bool, Series> test_loss;
@@ -195,10 +195,10 @@ struct Metrics {
   }
 };
 
-Metrics read_metrics(const fs::path& path) {
+RecordedMetrics read_metrics(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
   FT_CHECK(in.good(), "cannot open '{}' for reading", path.string());
-  Metrics metrics;
+  RecordedMetrics metrics;
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -711,7 +711,7 @@ std::string render_report(const std::string& run_dir, const ReportOptions& optio
            "'{}' is missing: '{}' is not a fasttrain run directory, or its run has not logged yet",
            metrics_path.string(), run_dir);
 
-  const Metrics metrics = read_metrics(metrics_path);
+  const RecordedMetrics metrics = read_metrics(metrics_path);
   const fs::path summary_path = dir / "summary.json";
   std::optional<json> summary;
   if (fs::exists(summary_path)) {

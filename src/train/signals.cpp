@@ -13,7 +13,7 @@ namespace {
 
 std::atomic<int> g_received{0};
 std::atomic<bool> g_announced{false};
-std::atomic<bool> g_installed{false};
+std::atomic<bool> g_guard_installed{false};
 std::atomic<bool> g_quiet{false};  // kept past the guard: no run is left to stop
 std::atomic<bool> g_armed{false};  // a fit() can stop gracefully
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free flag");
@@ -48,7 +48,7 @@ void on_signal(int signal) {
 }  // namespace
 
 StopSignals::StopSignals() {
-  FT_CHECK(!g_installed.exchange(true), "only one StopSignals guard may exist at a time");
+  FT_CHECK(!g_guard_installed.exchange(true), "only one StopSignals guard may exist at a time");
   g_received.store(0);
   g_announced.store(false);
   g_quiet.store(false);
@@ -91,7 +91,7 @@ StopSignals::~StopSignals() {
     sigaction(SIGTERM, &previous_term_, nullptr);
     if (extra_ != 0) sigaction(extra_, &previous_extra_, nullptr);
   }
-  g_installed.store(false);
+  g_guard_installed.store(false);
 }
 
 int StopSignals::received() {

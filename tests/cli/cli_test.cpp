@@ -11,9 +11,10 @@
 namespace fasttrain {
 namespace {
 
+using testing::kCli;
+
 using testing::run_command;
 
-const std::string kCli = FASTTRAIN_CLI;
 const std::string kSmallRun =
     " --set model.name=mlp --set model.hidden=[64] --set data.batch_size=64 --set optim.lr=2e-3"
     " --set schedule.name=one-cycle --set train.max_steps=300 --set train.eval_every_steps=150"

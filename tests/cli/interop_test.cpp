@@ -16,9 +16,10 @@
 namespace fasttrain {
 namespace {
 
+using testing::kCli;
+
 using testing::run_command;
 
-const std::string kCli = FASTTRAIN_CLI;
 const std::string kPython = FASTTRAIN_PYTHON;
 const std::string kInterop = FASTTRAIN_SOURCE_DIR "/tests/interop/";
 

@@ -17,10 +17,12 @@
 namespace fasttrain {
 namespace {
 
+using testing::bytes_of;
+using testing::kCli;
+
 namespace fs = std::filesystem;
 using testing::run_command;
 
-const std::string kCli = FASTTRAIN_CLI;
 // 6400 samples in micro-batches of 64, windows of 3: 100 batches and 34 steps per epoch (the last
 // window has 1 micro-batch), 68 steps in all.
 const std::string kRun =
@@ -33,11 +35,6 @@ const std::string kRun =
     // runs need the deterministic ones (on the CPU this changes nothing).
     " --set train.deterministic=true";
 constexpr int kSteps = 68;
-
-std::string bytes_of(const std::string& path) {
-  std::vector<uint8_t> bytes = read_binary_file(path);
-  return std::string(bytes.begin(), bytes.end());
-}
 
 // The files that must be identical between two runs that ended at the same step.
 void expect_same_end_state(const std::string& a, const std::string& b) {

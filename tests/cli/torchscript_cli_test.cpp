@@ -12,10 +12,12 @@
 namespace fasttrain {
 namespace {
 
+using testing::bytes_of;
+using testing::kCli;
+
 using testing::contains_all;
 using testing::run_command;
 
-const std::string kCli = FASTTRAIN_CLI;
 const std::string kDefault = " " FASTTRAIN_SOURCE_DIR "/configs/default.toml";
 
 // The default config's recipe on tests/models/scripted_models.py's Cnn, with accumulation, clipping and
@@ -28,11 +30,6 @@ std::string scripted_run() {
          " --set ema.enabled=true --set ema.decay=0.9 --set log.every_steps=1 --set log.progress=none"
          // bit-identical runs on a GPU need cuDNN's deterministic algorithms, not its per-process benchmark
          " --set train.deterministic=true";
-}
-
-std::string bytes_of(const std::string& path) {
-  const std::vector<uint8_t> bytes = read_binary_file(path);
-  return std::string(bytes.begin(), bytes.end());
 }
 
 TEST(TorchScriptCli, TrainsAndResumesInAFreshProcessBitIdentically) {

@@ -14,12 +14,7 @@
 namespace fasttrain {
 namespace {
 
-std::vector<Batch> epoch_batches(DataLoader& loader, int64_t epoch) {
-  std::vector<Batch> batches;
-  loader.start_epoch(epoch);
-  while (auto batch = loader.next()) batches.push_back(std::move(*batch));
-  return batches;
-}
+using testing::epoch_batches;
 
 void expect_same_batches(DataLoader& built, DataLoader& resident, int64_t epoch, const std::string& what) {
   const auto a = epoch_batches(built, epoch), b = epoch_batches(resident, epoch);

@@ -15,6 +15,8 @@
 namespace fasttrain {
 namespace {
 
+using testing::epoch_batches;
+
 using testing::contains_all;
 using testing::error_message;
 using testing::TempDir;
@@ -56,14 +58,6 @@ TextCorpus corpus_of(const std::vector<std::string>& documents) {
 std::string document_text(const TextCorpus& corpus, int64_t d) {
   const uint8_t* tokens = corpus.tokens.data_ptr<uint8_t>();
   return std::string(tokens + corpus.starts[d], tokens + corpus.starts[d + 1] - 1);
-}
-
-std::vector<Batch> epoch_batches(DataLoader& loader, int64_t epoch) {
-  std::vector<Batch> batches;
-  loader.start_epoch(epoch);
-  while (auto batch = loader.next()) batches.push_back(*batch);
-  EXPECT_EQ(static_cast<int64_t>(batches.size()), loader.batches_per_epoch());
-  return batches;
 }
 
 TEST(TextCorpus, ReadsMatchingFilesAsDocumentsAndSplitsThemByPath) {

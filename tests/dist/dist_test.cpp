@@ -30,10 +30,12 @@
 namespace fasttrain {
 namespace {
 
+using testing::kCli;
+using testing::max_difference;
+
 namespace fs = std::filesystem;
 using testing::run_command;
 
-const std::string kCli = FASTTRAIN_CLI;
 // 20 optimizer steps over windows of 2 micro-batches, with clipping, AdamW and one-cycle. An MLP: a
 // BatchNorm model would differ by design (DDP normalises each rank's half of the batch on its own).
 const std::string kRun =
@@ -49,17 +51,6 @@ std::string launch(int nproc) {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// The largest element difference between two safetensors files with the same tensor names.
-double max_difference(const std::string& a, const std::string& b) {
-  SafetensorsFile first = load_safetensors(a), second = load_safetensors(b);
-  EXPECT_EQ(first.names(), second.names());
-  double worst = 0;
-  for (const auto& name : first.names()) {
-    worst = std::max(worst, (first.at(name) - second.at(name)).abs().max().item<double>());
-  }
-  return worst;
 }
 
 // Whether the run writing `run_dir` logged step `step` within `timeout_s` (its metrics every 5 steps).

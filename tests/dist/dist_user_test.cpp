@@ -20,7 +20,8 @@
 namespace fasttrain {
 namespace {
 
-const std::string kCli = FASTTRAIN_CLI;
+using testing::kCli;
+using testing::max_difference;
 
 struct ScaledRegressorImpl : torch::nn::Module {
   explicit ScaledRegressorImpl(int64_t features) {
@@ -83,15 +84,6 @@ TEST(DistUserRank, TrainsAsOneRank) {
       train_run(builder, user_config(16, std::atoi(std::getenv("FASTTRAIN_TEST_USER_ZERO"))), run_dir);
   EXPECT_EQ(summary.steps, 12);
   EXPECT_TRUE(summary.test.has("r2"));
-}
-
-double max_difference(const std::string& a, const std::string& b) {
-  SafetensorsFile first = load_safetensors(a), second = load_safetensors(b);
-  EXPECT_EQ(first.names(), second.names());
-  double worst = 0;
-  for (const auto& name : first.names())
-    worst = std::max(worst, (first.at(name) - second.at(name)).abs().max().item<double>());
-  return worst;
 }
 
 // DistUserRank.TrainsAsOneRank's ranks, launched for `zero` into `run` (the model from `scripted`, or the

@@ -8,9 +8,12 @@
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
+#include "kernels/compare.h"
 
 namespace fasttrain {
 namespace {
+
+using testing::expect_close;
 
 struct Shape {
   int64_t batch, length, heads, head_dim;
@@ -32,30 +35,23 @@ const Shape kShapes[] = {
 // not a whole number of groups of 4 rows: padding rows in the last block.
 const Shape kLongShape{1, 1101, 1, 8};
 
-struct Result {
+struct AttentionResult {
   torch::Tensor out, grad;
 };
 
 // out and d(sum(out * weights))/d(qkv) for `attention`, in the dtype of `qkv`.
 template <typename Attention>
-Result run(const torch::Tensor& qkv, const torch::Tensor& weights, Attention attention) {
+AttentionResult run_attention(const torch::Tensor& qkv, const torch::Tensor& weights, Attention attention) {
   auto input = qkv.detach().clone().requires_grad_(true);
   auto out = attention(input);
   (out.to(torch::kDouble) * weights).sum().backward();
   return {out.detach(), input.grad()};
 }
 
-Result reference(const torch::Tensor& qkv, const torch::Tensor& weights, int64_t heads) {
+AttentionResult attention_reference(const torch::Tensor& qkv, const torch::Tensor& weights, int64_t heads) {
   // ATen's composed ops in fp64 from the same (possibly bf16-rounded) inputs.
-  return run(qkv.to(torch::kDouble), weights,
-             [&](const torch::Tensor& x) { return packed_causal_attention_aten(x, heads); });
-}
-
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
-                  const std::string& what) {
-  const double error = (got.to(torch::kDouble) - want).abs().max().item<double>();
-  const double scale = want.abs().max().item<double>() + 1e-12;
-  EXPECT_LE(error, tolerance * scale) << what << ": max |error| " << error << " of max |value| " << scale;
+  return run_attention(qkv.to(torch::kDouble), weights,
+                       [&](const torch::Tensor& x) { return packed_causal_attention_aten(x, heads); });
 }
 
 TEST(CpuAttention, MatchesATenInValuesAndGradientsOnEveryCapability) {
@@ -70,8 +66,8 @@ TEST(CpuAttention, MatchesATenInValuesAndGradientsOnEveryCapability) {
         auto weights = torch::randn({s.batch, s.length, embed}, torch::kDouble);
         const std::string what = fmt::format("{} {} B{} T{} H{} D{}", kernels::to_string(capability),
                                              c10::toString(dtype), s.batch, s.length, s.heads, s.head_dim);
-        auto want = reference(qkv, weights, s.heads);
-        auto got = run(qkv, weights, [&](const torch::Tensor& x) {
+        auto want = attention_reference(qkv, weights, s.heads);
+        auto got = run_attention(qkv, weights, [&](const torch::Tensor& x) {
           return kernels::packed_causal_attention(x, s.heads, capability);
         });
         ASSERT_EQ(got.out.scalar_type(), dtype) << what;
@@ -106,12 +102,12 @@ TEST(CpuAttention, HowThePairsAreSplitAcrossThreadsChangesNothing) {
     auto weights = torch::randn({3, 19, 5 * 8}, torch::kDouble);
     auto attention = [](const torch::Tensor& x) { return kernels::packed_causal_attention(x, 5); };
     at::set_num_threads(1);
-    const Result alone = run(qkv, weights, attention);
+    const AttentionResult alone = run_attention(qkv, weights, attention);
     for (const int split : {2, 3, 4}) {
       at::set_num_threads(split);
       if (at::get_num_threads() != split)
         GTEST_SKIP() << "this ATen's thread pool stays at " << at::get_num_threads();
-      const Result shared = run(qkv, weights, attention);
+      const AttentionResult shared = run_attention(qkv, weights, attention);
       EXPECT_TRUE(torch::equal(shared.out, alone.out)) << split << " threads, " << c10::toString(dtype);
       EXPECT_TRUE(torch::equal(shared.grad, alone.grad)) << split << " threads, " << c10::toString(dtype);
     }

@@ -10,18 +10,20 @@
 #include <vector>
 
 #include "fasttrain/kernels/cpu.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
 
-constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+using testing::close;
+using testing::kChannelsLast;
 
 struct Norm {
   torch::Tensor weight, bias, running_mean, running_var;
 };
 
-struct Result {
+struct BatchNormReluResult {
   torch::Tensor y, grad_x, grad_weight, grad_bias, running_mean, running_var;
 };
 
@@ -31,8 +33,8 @@ Norm make_norm(int64_t channels) {
 }
 
 // The kernel on leaves x (its dtype) and weight, bias (fp32); y.backward(grad_y).
-Result run_kernel(const torch::Tensor& x_in, const Norm& norm, const torch::Tensor& grad_y, bool training,
-                  double momentum, kernels::CpuCapability capability) {
+BatchNormReluResult run_kernel(const torch::Tensor& x_in, const Norm& norm, const torch::Tensor& grad_y,
+                               bool training, double momentum, kernels::CpuCapability capability) {
   auto x = x_in.contiguous(kChannelsLast).detach().requires_grad_(true);
   auto weight = norm.weight.clone().requires_grad_(true), bias = norm.bias.clone().requires_grad_(true);
   auto running_mean = norm.running_mean.clone(), running_var = norm.running_var.clone();
@@ -46,8 +48,8 @@ Result run_kernel(const torch::Tensor& x_in, const Norm& norm, const torch::Tens
 // (where the kernel's y is positive): a pre-activation within fp32's rounding of zero may fall either
 // way, and one such value moves the bias's gradient by a whole grad_y. The kernel's y is checked against
 // relu of the double pre-activation everywhere, so the mask is the kernel's own only where that is ~0.
-Result run_reference(const torch::Tensor& x_in, const Norm& norm, const torch::Tensor& grad_y, bool training,
-                     double momentum, const torch::Tensor& positive) {
+BatchNormReluResult run_reference(const torch::Tensor& x_in, const Norm& norm, const torch::Tensor& grad_y,
+                                  bool training, double momentum, const torch::Tensor& positive) {
   auto x = x_in.to(torch::kDouble).detach().requires_grad_(true);
   auto weight = norm.weight.to(torch::kDouble).requires_grad_(true);
   auto bias = norm.bias.to(torch::kDouble).requires_grad_(true);
@@ -57,23 +59,13 @@ Result run_reference(const torch::Tensor& x_in, const Norm& norm, const torch::T
   return {torch::relu(pre).detach(), x.grad(), weight.grad(), bias.grad(), running_mean, running_var};
 }
 
-// |got - want| <= atol + rtol |want| everywhere, got read as double.
-::testing::AssertionResult close(const char* what, const torch::Tensor& got, const torch::Tensor& want,
-                                 double rtol, double atol) {
-  const auto error = (got.to(torch::kDouble) - want).abs() - rtol * want.abs();
-  const double worst = error.max().item<double>();
-  if (worst <= atol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure()
-         << what << ": off by " << worst << " beyond rtol " << rtol << " (atol " << atol << ")";
-}
-
 // `atol_scale` widens the absolute tolerances where fp32's rounding of the mean itself shows (a far mean).
 void expect_matches_double(const torch::Tensor& x, bool training, kernels::CpuCapability capability,
                            double momentum = 0.1, double atol_scale = 1) {
   const Norm norm = make_norm(x.size(1));
   const auto grad_y = torch::randn(x.sizes()).to(x.scalar_type());
-  const Result got = run_kernel(x, norm, grad_y, training, momentum, capability);
-  const Result want = run_reference(x, norm, grad_y, training, momentum, got.y > 0);
+  const BatchNormReluResult got = run_kernel(x, norm, grad_y, training, momentum, capability);
+  const BatchNormReluResult want = run_reference(x, norm, grad_y, training, momentum, got.y > 0);
   const bool bf16 = x.scalar_type() == torch::kBFloat16;
   EXPECT_EQ(got.y.scalar_type(), x.scalar_type());
   EXPECT_TRUE(got.y.is_contiguous(kChannelsLast));
@@ -143,7 +135,7 @@ TEST(CpuBatchNormRelu, PassesTheGradientAtANaNAsThresholdBackwardDoes) {
   x.select(1, 1).select(1, 2).select(1, 3)[0] = std::numeric_limits<float>::quiet_NaN();
   const Norm norm = make_norm(3);
   const auto grad_y = torch::randn(x.sizes());
-  const Result got = run_kernel(x, norm, grad_y, false, 0.1, kernels::cpu_capability());
+  const BatchNormReluResult got = run_kernel(x, norm, grad_y, false, 0.1, kernels::cpu_capability());
   auto xx = x.detach().requires_grad_(true);
   torch::relu(torch::batch_norm(xx, norm.weight, norm.bias, norm.running_mean, norm.running_var, false, 0.1,
                                 1e-5, false))
@@ -162,11 +154,11 @@ TEST(CpuBatchNormRelu, TellsAWrongGradientApart) {
   const auto x = torch::randn({8, 4, 6, 6}).contiguous(kChannelsLast);
   Norm norm = make_norm(4);
   const auto grad_y = torch::randn(x.sizes());
-  const Result training = run_kernel(x, norm, grad_y, true, 0.1, kernels::cpu_capability());
-  const Result want = run_reference(x, norm, grad_y, true, 0.1, training.y > 0);
+  const BatchNormReluResult training = run_kernel(x, norm, grad_y, true, 0.1, kernels::cpu_capability());
+  const BatchNormReluResult want = run_reference(x, norm, grad_y, true, 0.1, training.y > 0);
   norm.running_mean = x.mean({0, 2, 3});
   norm.running_var = x.var({0, 2, 3}, /*unbiased=*/false);
-  const Result eval = run_kernel(x, norm, grad_y, false, 0.1, kernels::cpu_capability());
+  const BatchNormReluResult eval = run_kernel(x, norm, grad_y, false, 0.1, kernels::cpu_capability());
   EXPECT_TRUE(close("y", eval.y, want.y, 1e-5, 1e-5)) << "the same forward";
   EXPECT_TRUE(close("grad_x", training.grad_x, want.grad_x, 1e-5, 1e-4));
   EXPECT_FALSE(close("grad_x", eval.grad_x, want.grad_x, 1e-5, 1e-4)) << "another backward";

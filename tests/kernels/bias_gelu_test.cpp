@@ -7,31 +7,33 @@
 #include <limits>
 
 #include "fasttrain/kernels/cpu.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
 
-struct Result {
+using testing::max_error;
+
+struct BiasGeluResult {
   torch::Tensor y, grad_pre, grad_bias;
 };
 
 // loss = sum(y * weights) in fp64, so every element's gradient differs.
 template <typename Op>
-Result run(const torch::Tensor& pre_in, const torch::Tensor& bias_in, const torch::Tensor& weights, Op op) {
+BiasGeluResult run_bias_gelu(const torch::Tensor& pre_in, const torch::Tensor& bias_in,
+                             const torch::Tensor& weights, Op op) {
   auto pre = pre_in.detach().requires_grad_(true), bias = bias_in.detach().requires_grad_(true);
   auto y = op(pre, bias);
   (y.to(torch::kDouble) * weights).sum().backward();
   return {y.detach(), pre.grad(), bias.grad()};
 }
 
-Result reference(const torch::Tensor& pre, const torch::Tensor& bias, const torch::Tensor& weights) {
-  return run(pre.to(torch::kDouble), bias.to(torch::kDouble), weights,
-             [](const torch::Tensor& p, const torch::Tensor& b) { return torch::gelu(p + b, "tanh"); });
-}
-
-double max_error(const torch::Tensor& got, const torch::Tensor& want) {
-  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
+BiasGeluResult bias_gelu_reference(const torch::Tensor& pre, const torch::Tensor& bias,
+                                   const torch::Tensor& weights) {
+  return run_bias_gelu(
+      pre.to(torch::kDouble), bias.to(torch::kDouble), weights,
+      [](const torch::Tensor& p, const torch::Tensor& b) { return torch::gelu(p + b, "tanh"); });
 }
 
 double max_abs(const torch::Tensor& t) {
@@ -51,10 +53,11 @@ TEST(CpuBiasGelu, MatchesATenInValuesAndGradientsOnEveryCapability) {
         pre = pre.to(dtype);
         const auto bias = torch::randn({width});
         const auto weights = torch::randn({37, width}, torch::kDouble);
-        const Result want = reference(pre, bias, weights);
-        const Result got = run(pre, bias, weights, [&](const torch::Tensor& p, const torch::Tensor& b) {
-          return kernels::bias_gelu(p, b, capability);
-        });
+        const BiasGeluResult want = bias_gelu_reference(pre, bias, weights);
+        const BiasGeluResult got =
+            run_bias_gelu(pre, bias, weights, [&](const torch::Tensor& p, const torch::Tensor& b) {
+              return kernels::bias_gelu(p, b, capability);
+            });
         ASSERT_EQ(got.y.scalar_type(), dtype);
         ASSERT_EQ(got.grad_pre.scalar_type(), dtype);
         ASSERT_EQ(got.grad_bias.scalar_type(), torch::kFloat);
@@ -78,9 +81,9 @@ TEST(CpuBiasGelu, KeepsNaNAndMatchesTheDerivativesShapeFarOut) {
   const auto weights = torch::ones({5}, torch::kDouble);
   for (auto capability : kernels::runnable_cpu_capabilities()) {
     SCOPED_TRACE(kernels::to_string(capability));
-    const Result got = run(pre, bias, weights, [&](const torch::Tensor& p, const torch::Tensor& b) {
-      return kernels::bias_gelu(p, b, capability);
-    });
+    const BiasGeluResult got = run_bias_gelu(
+        pre, bias, weights,
+        [&](const torch::Tensor& p, const torch::Tensor& b) { return kernels::bias_gelu(p, b, capability); });
     EXPECT_TRUE(std::isnan(got.y[0].item<float>()));
     EXPECT_TRUE(std::isnan(got.grad_pre[0].item<float>()));
     // Far out GELU is 0 on the left (derivative 0) and the identity on the right (derivative 1).
@@ -88,7 +91,7 @@ TEST(CpuBiasGelu, KeepsNaNAndMatchesTheDerivativesShapeFarOut) {
     EXPECT_NEAR(got.y[4].item<float>(), 30.f, 1e-5);
     EXPECT_NEAR(got.grad_pre[1].item<float>(), 0.f, 1e-6);
     EXPECT_NEAR(got.grad_pre[4].item<float>(), 1.f, 1e-6);
-    const Result want = reference(pre.slice(0, 1), bias.slice(0, 1), weights.slice(0, 1));
+    const BiasGeluResult want = bias_gelu_reference(pre.slice(0, 1), bias.slice(0, 1), weights.slice(0, 1));
     EXPECT_LE(max_error(got.y.slice(0, 1), want.y), 1e-5);
     EXPECT_LE(max_error(got.grad_pre.slice(0, 1), want.grad_pre), 1e-5);
   }

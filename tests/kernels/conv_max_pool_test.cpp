@@ -12,12 +12,14 @@
 #include <string>
 
 #include "fasttrain/kernels/cpu.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
 
-constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+using testing::close;
+using testing::kChannelsLast;
 
 struct Case {
   int64_t batch, in_channels, height, width, out_channels;
@@ -30,7 +32,7 @@ std::string describe(const Case& c) {
          std::to_string(c.out_channels) + (c.bias ? " with bias" : "");
 }
 
-struct Inputs {
+struct ConvMaxPoolInputs {
   torch::Tensor images, weight, bias, grad_y;
 };
 
@@ -41,8 +43,8 @@ torch::Tensor integers(c10::IntArrayRef sizes, int64_t range) {
 
 // Images of integers plus -1, 0 or 1 1024ths (which bf16 rounds off); weights up to 8, so the conv's sums
 // reach past 256, where bf16 rounds them; integer gradients.
-Inputs make_inputs(const Case& c, torch::ScalarType images_dtype) {
-  Inputs in;
+ConvMaxPoolInputs make_inputs(const Case& c, torch::ScalarType images_dtype) {
+  ConvMaxPoolInputs in;
   in.images = (integers({c.batch, c.in_channels, c.height, c.width}, 3) +
                integers({c.batch, c.in_channels, c.height, c.width}, 1) / 1024)
                   .to(images_dtype)
@@ -53,12 +55,12 @@ Inputs make_inputs(const Case& c, torch::ScalarType images_dtype) {
   return in;
 }
 
-struct Result {
+struct ConvMaxPoolResult {
   torch::Tensor y, grad_images, grad_weight, grad_bias;
 };
 
-Result run_kernel(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapability capability,
-                  bool input_gradient = true) {
+ConvMaxPoolResult run_kernel(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
+                             kernels::CpuCapability capability, bool input_gradient = true) {
   auto images = in.images.detach().requires_grad_(input_gradient);
   auto weight = in.weight.clone().requires_grad_(true);
   auto bias = in.bias.defined() ? in.bias.clone().requires_grad_(true) : torch::Tensor();
@@ -70,7 +72,7 @@ Result run_kernel(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapabil
 // ATen in double on the values rounded to `dtype` (images, weight, bias), each conv output rounded to
 // `dtype` before max_pool2d (the gradient passes the rounding unchanged, as a bf16 conv's does), and the
 // weight's and bias's gradients rounded to `dtype`, as a conv's backward in it gives them.
-Result run_reference(const Inputs& in, torch::ScalarType dtype) {
+ConvMaxPoolResult run_reference(const ConvMaxPoolInputs& in, torch::ScalarType dtype) {
   auto in_dtype = [&](const torch::Tensor& t) { return t.to(dtype).to(torch::kDouble); };
   auto images = in_dtype(in.images).requires_grad_(true);
   auto weight = in_dtype(in.weight).requires_grad_(true);
@@ -83,19 +85,11 @@ Result run_reference(const Inputs& in, torch::ScalarType dtype) {
           bias.defined() ? in_dtype(bias.grad()) : torch::Tensor()};
 }
 
-// |got - want| <= atol + rtol |want| everywhere, got read as double.
-::testing::AssertionResult close(const char* what, const torch::Tensor& got, const torch::Tensor& want,
-                                 double rtol, double atol) {
-  if (got.sizes() != want.sizes()) return ::testing::AssertionFailure() << what << ": sizes " << got.sizes();
-  const double worst = ((got.to(torch::kDouble) - want).abs() - rtol * want.abs()).max().item<double>();
-  if (worst <= atol) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << what << ": off by " << worst << " beyond rtol " << rtol;
-}
-
-void expect_matches_double(const Inputs& in, torch::ScalarType dtype, kernels::CpuCapability capability) {
+void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
+                           kernels::CpuCapability capability) {
   const torch::ScalarType images_dtype = in.images.scalar_type();
-  const Result got = run_kernel(in, dtype, capability);
-  const Result want = run_reference(in, dtype);
+  const ConvMaxPoolResult got = run_kernel(in, dtype, capability);
+  const ConvMaxPoolResult want = run_reference(in, dtype);
   EXPECT_EQ(got.y.scalar_type(), dtype);
   EXPECT_TRUE(got.y.is_contiguous(kChannelsLast));
   // Every sum below is exact in fp32, so the kernel's values are the reference's.
@@ -109,7 +103,7 @@ void expect_matches_double(const Inputs& in, torch::ScalarType dtype, kernels::C
   const bool rounded = dtype == torch::kBFloat16 || images_dtype == torch::kBFloat16;
   EXPECT_TRUE(close("grad_images", got.grad_images, want.grad_images, rounded ? 1.0 / 128 : 0, 0));
   // Without the input's gradient (the winners' pass then leaves it out) the weight's is the same.
-  const Result weight_only = run_kernel(in, dtype, capability, /*input_gradient=*/false);
+  const ConvMaxPoolResult weight_only = run_kernel(in, dtype, capability, /*input_gradient=*/false);
   EXPECT_TRUE(close("grad_weight without the input's", weight_only.grad_weight, want.grad_weight, 0, 0));
 }
 
@@ -172,7 +166,7 @@ TEST(CpuConvMaxPool, RoundsTheWeightAndBiasAsABf16ConvDoes) {
     for (const Case& c : {Case{2, 1, 6, 6, 8, true}, Case{2, 3, 5, 7, 5, true}, Case{2, 6, 6, 6, 4, true},
                           Case{2, 16, 4, 4, 3, true}}) {
       SCOPED_TRACE(kernels::to_string(capability) + " " + describe(c));
-      Inputs in = make_inputs(c, torch::kFloat);
+      ConvMaxPoolInputs in = make_inputs(c, torch::kFloat);
       in.images = integers({c.batch, c.in_channels, c.height, c.width}, 3).contiguous(kChannelsLast);
       const auto odd = torch::tensor({257.f, -259.f, 515.f});
       in.weight = in.weight + odd.index({torch::randint(3, in.weight.sizes())}) *

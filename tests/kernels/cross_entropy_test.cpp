@@ -8,44 +8,44 @@
 #include <limits>
 
 #include "fasttrain/kernels/cpu.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
 
+using testing::max_error;
+
 namespace F = torch::nn::functional;
 
 constexpr int64_t kIgnored = -100;
 
-struct Result {
+struct CrossEntropyResult {
   torch::Tensor loss, grad;
 };
 
 // The loss times 1.7, so the gradient's scale is checked too.
 template <typename Op>
-Result run(const torch::Tensor& logits_in, Op op) {
+CrossEntropyResult run_cross_entropy(const torch::Tensor& logits_in, Op op) {
   auto logits = logits_in.detach().requires_grad_(true);
   torch::Tensor loss = op(logits);
   (loss * 1.7).backward();
   return {loss.detach(), logits.grad()};
 }
 
-Result reference(const torch::Tensor& logits, const torch::Tensor& targets, double smoothing) {
-  return run(logits.to(torch::kDouble), [&](const torch::Tensor& x) {
+CrossEntropyResult cross_entropy_reference(const torch::Tensor& logits, const torch::Tensor& targets,
+                                           double smoothing) {
+  return run_cross_entropy(logits.to(torch::kDouble), [&](const torch::Tensor& x) {
     return F::cross_entropy(x, targets,
                             F::CrossEntropyFuncOptions().label_smoothing(smoothing).ignore_index(kIgnored));
   });
 }
 
-Result kernel(const torch::Tensor& logits, const torch::Tensor& targets, double smoothing,
-              kernels::CpuCapability capability) {
-  return run(logits, [&](const torch::Tensor& x) {
+CrossEntropyResult kernel(const torch::Tensor& logits, const torch::Tensor& targets, double smoothing,
+                          kernels::CpuCapability capability) {
+  return run_cross_entropy(logits, [&](const torch::Tensor& x) {
     return kernels::cross_entropy(x, targets, smoothing, kIgnored, capability);
   });
-}
-
-double max_error(const torch::Tensor& got, const torch::Tensor& want) {
-  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
 }
 
 TEST(CpuCrossEntropy, MatchesATenInValuesAndGradientsOnEveryCapability) {
@@ -64,8 +64,8 @@ TEST(CpuCrossEntropy, MatchesATenInValuesAndGradientsOnEveryCapability) {
             logits = logits.to(dtype);
             torch::Tensor targets = torch::randint(0, classes, {37}, torch::kLong);
             if (ignored) targets.index_put_({torch::indexing::Slice(0, 37, 4)}, kIgnored);
-            const Result want = reference(logits, targets, smoothing);
-            const Result got = kernel(logits, targets, smoothing, capability);
+            const CrossEntropyResult want = cross_entropy_reference(logits, targets, smoothing);
+            const CrossEntropyResult got = kernel(logits, targets, smoothing, capability);
             ASSERT_EQ(got.loss.scalar_type(), torch::kFloat);
             ASSERT_EQ(got.loss.dim(), 0);
             ASSERT_EQ(got.grad.scalar_type(), dtype);
@@ -91,7 +91,7 @@ TEST(CpuCrossEntropy, EveryTargetIgnoredIsZeroLossAndGradient) {
   const auto targets = torch::full({4}, kIgnored, torch::kLong);
   for (auto capability : kernels::runnable_cpu_capabilities()) {
     SCOPED_TRACE(kernels::to_string(capability));
-    const Result got = kernel(logits, targets, 0.1, capability);
+    const CrossEntropyResult got = kernel(logits, targets, 0.1, capability);
     EXPECT_EQ(got.loss.item<double>(), 0.0);
     EXPECT_EQ(got.grad.abs().max().item<double>(), 0.0);
   }
@@ -103,7 +103,7 @@ TEST(CpuCrossEntropy, ANonFiniteLogitMakesItsRowAndTheLossNaN) {
   const auto targets = torch::tensor({1, 2, 3}, torch::kLong);
   for (auto capability : kernels::runnable_cpu_capabilities()) {
     SCOPED_TRACE(kernels::to_string(capability));
-    const Result got = kernel(logits, targets, 0.1, capability);
+    const CrossEntropyResult got = kernel(logits, targets, 0.1, capability);
     EXPECT_TRUE(std::isnan(got.loss.item<float>()));
     EXPECT_TRUE(torch::isnan(got.grad[1]).all().item<bool>());
     EXPECT_TRUE(torch::isfinite(got.grad[0]).all().item<bool>());

@@ -9,10 +9,13 @@
 
 #include "fasttrain/kernels/gpu.h"
 #include "fasttrain/precision/autocast.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
+
+using testing::expect_close;
 
 // bf16 autocast on `device` for a scope (the header-only guard: the kernels' tests link no precision/).
 AutocastState bf16_autocast(torch::Device device) {
@@ -35,8 +38,8 @@ struct MlpRun {
 
 // loss = sum(y * wy) in fp64 through `mlp` on `device`, under bf16 autocast where `bf16`.
 template <typename Mlp>
-MlpRun run(const torch::Tensor& x_in, const MlpParameters& p, const torch::Tensor& wy, torch::Device device,
-           torch::ScalarType as, bool bf16, Mlp mlp) {
+MlpRun run_mlp(const torch::Tensor& x_in, const MlpParameters& p, const torch::Tensor& wy,
+               torch::Device device, torch::ScalarType as, bool bf16, Mlp mlp) {
   const auto leaf = [&](const torch::Tensor& t, torch::ScalarType dtype) {
     return t.detach().to(device, dtype).requires_grad_(true);
   };
@@ -65,13 +68,6 @@ torch::Tensor aten_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, c
   return torch::linear(torch::gelu(torch::linear(x, fc_weight, fc_bias), "tanh"), proj_weight, proj_bias);
 }
 
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
-                  const std::string& what) {
-  const double error = (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
-  const double scale = want.to(torch::kDouble).abs().max().item<double>();
-  EXPECT_LE(error, tolerance * scale) << what << ": max |error| " << error << " of max |value| " << scale;
-}
-
 void expect_all_close(const MlpRun& got, const MlpRun& want, double tolerance, const std::string& what) {
   expect_close(got.y, want.y, tolerance, what + " y");
   expect_close(got.x, want.x, tolerance, what + " grad x");
@@ -97,10 +93,10 @@ TEST(GpuMlp, MatchesATenInValuesAndGradients_CUDA) {
                             torch::randn({s.width, s.hidden}) / std::sqrt(static_cast<double>(s.hidden)),
                             torch::randn({s.width})};
       const torch::Tensor wy = torch::randn({s.batch, s.length, s.width}, torch::kDouble);
-      const MlpRun want = run(x, p, wy, torch::kCPU, torch::kDouble, false, aten_mlp);
-      const MlpRun aten = run(x, p, wy, torch::kCUDA, torch::kFloat, true, aten_mlp);
-      const MlpRun mine = run(x, p, wy, torch::kCUDA, torch::kFloat, true,
-                              [](auto... args) { return kernels::gpu_mlp(args...); });
+      const MlpRun want = run_mlp(x, p, wy, torch::kCPU, torch::kDouble, false, aten_mlp);
+      const MlpRun aten = run_mlp(x, p, wy, torch::kCUDA, torch::kFloat, true, aten_mlp);
+      const MlpRun mine = run_mlp(x, p, wy, torch::kCUDA, torch::kFloat, true,
+                                  [](auto... args) { return kernels::gpu_mlp(args...); });
       ASSERT_EQ(mine.y.scalar_type(), torch::kBFloat16) << what;  // as autocast's Linear returns
       ASSERT_EQ(mine.x.scalar_type(), x_dtype) << what;
       ASSERT_EQ(mine.fc_weight.scalar_type(), torch::kFloat) << what;

@@ -6,10 +6,13 @@
 #include <torch/torch.h>
 
 #include "fasttrain/kernels/cpu.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
+
+using testing::expect_close;
 
 struct Grads {
   torch::Tensor sum, y, x, branch, weight, bias;
@@ -20,12 +23,12 @@ struct Dtypes {
 };
 
 // Leaves for x, branch, weight, bias; loss = sum(y * wy) + sum(sum * ws) (ws undefined: the sum unused).
-struct Inputs {
+struct LayerNormInputs {
   torch::Tensor x, branch, weight, bias, wy, ws;
 };
 
-Inputs make_inputs(int64_t rows, int64_t width, const Dtypes& dtypes, bool branch, bool sum_used) {
-  Inputs in;
+LayerNormInputs make_inputs(int64_t rows, int64_t width, const Dtypes& dtypes, bool branch, bool sum_used) {
+  LayerNormInputs in;
   in.x = (3 * torch::randn({rows, width}) + 1).to(dtypes.x);
   if (branch) in.branch = torch::randn({rows, width}).to(dtypes.branch);
   in.weight = torch::randn({width});
@@ -37,7 +40,8 @@ Inputs make_inputs(int64_t rows, int64_t width, const Dtypes& dtypes, bool branc
 
 // Runs `norm` on `device` (results back on the CPU).
 template <typename Norm>
-Grads run(const Inputs& in, torch::ScalarType as, Norm norm, torch::Device device = torch::kCPU) {
+Grads run_layer_norm(const LayerNormInputs& in, torch::ScalarType as, Norm norm,
+                     torch::Device device = torch::kCPU) {
   auto leaf = [&](const torch::Tensor& t) {
     return t.defined() ? t.detach()
                              .to(device, as == torch::kDouble ? torch::kDouble : t.scalar_type())
@@ -60,17 +64,6 @@ std::pair<torch::Tensor, torch::Tensor> aten_norm(const torch::Tensor& x, const 
   auto sum = branch.defined() ? x + branch : torch::Tensor();
   auto y = torch::layer_norm(branch.defined() ? sum : x, {x.size(-1)}, weight, bias, 1e-5);
   return {sum, y};
-}
-
-void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
-                  const std::string& what) {
-  ASSERT_EQ(got.defined(), want.defined()) << what;
-  if (!got.defined()) return;
-  const double error = (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
-  // Plus a floor: at width 1 every value is 0 and its gradients are rounding noise.
-  const double scale = want.to(torch::kDouble).abs().max().item<double>();
-  EXPECT_LE(error, tolerance * scale + 1e-9)
-      << what << ": max |error| " << error << " of max |value| " << scale;
 }
 
 // The kernel's outputs in the dtypes asked for, and within rounding of the reference: fp32 the arithmetic's,
@@ -105,13 +98,13 @@ TEST(CpuLayerNorm, MatchesATenInValuesAndGradientsOnEveryCapability) {
           for (bool sum_used : {false, true}) {
             if (!branch && sum_used) continue;
             torch::manual_seed(width);
-            const Inputs in = make_inputs(37, width, dtypes, branch, sum_used);
+            const LayerNormInputs in = make_inputs(37, width, dtypes, branch, sum_used);
             const std::string what = fmt::format(
                 "{} x {} branch {} y {} width {}{}{}", kernels::to_string(capability),
                 c10::toString(dtypes.x), branch ? c10::toString(dtypes.branch) : "none",
                 c10::toString(dtypes.y), width, branch ? " add" : "", sum_used ? " sum used" : "");
-            const Grads want = run(in, torch::kDouble, aten_norm);
-            const Grads got = run(in, torch::kFloat, [&](auto x, auto b, auto w, auto bias) {
+            const Grads want = run_layer_norm(in, torch::kDouble, aten_norm);
+            const Grads got = run_layer_norm(in, torch::kFloat, [&](auto x, auto b, auto w, auto bias) {
               if (!b.defined())
                 return std::make_pair(torch::Tensor(),
                                       kernels::layer_norm(x, w, bias, 1e-5, dtypes.y, capability));
@@ -142,13 +135,13 @@ TEST(GpuLayerNorm, MatchesATenInValuesAndGradients_CUDA) {
           for (bool sum_used : {false, true}) {
             if (!branch && sum_used) continue;
             torch::manual_seed(width + rows);
-            const Inputs in = make_inputs(rows, width, dtypes, branch, sum_used);
+            const LayerNormInputs in = make_inputs(rows, width, dtypes, branch, sum_used);
             const std::string what =
                 fmt::format("cuda x {} branch {} y {} rows {} width {}{}{}", c10::toString(dtypes.x),
                             branch ? c10::toString(dtypes.branch) : "none", c10::toString(dtypes.y), rows,
                             width, branch ? " add" : "", sum_used ? " sum used" : "");
-            const Grads want = run(in, torch::kDouble, aten_norm);
-            const Grads got = run(
+            const Grads want = run_layer_norm(in, torch::kDouble, aten_norm);
+            const Grads got = run_layer_norm(
                 in, torch::kFloat,
                 [&](auto x, auto b, auto w, auto bias) {
                   if (!b.defined())
@@ -169,11 +162,13 @@ TEST(GpuLayerNorm, MatchesATenInValuesAndGradients_CUDA) {
 TEST(GpuLayerNorm, AgreesWithTheCpuKernel_CUDA) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(5);
-  const Inputs in = make_inputs(513, 768, {torch::kFloat, torch::kBFloat16, torch::kBFloat16}, true, true);
+  const LayerNormInputs in =
+      make_inputs(513, 768, {torch::kFloat, torch::kBFloat16, torch::kBFloat16}, true, true);
   const auto norm = [](auto x, auto b, auto w, auto bias) {
     return kernels::add_layer_norm(x, b, w, bias, 1e-5, torch::kBFloat16);
   };
-  const Grads cpu = run(in, torch::kFloat, norm), gpu = run(in, torch::kFloat, norm, torch::kCUDA);
+  const Grads cpu = run_layer_norm(in, torch::kFloat, norm),
+              gpu = run_layer_norm(in, torch::kFloat, norm, torch::kCUDA);
   EXPECT_TRUE(torch::equal(cpu.sum, gpu.sum));  // one rounding of the same two numbers
   expect_close(gpu.y, cpu.y, 1e-2, "y");
   expect_close(gpu.x, cpu.x, 1e-5, "grad x");

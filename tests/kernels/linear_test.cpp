@@ -6,10 +6,13 @@
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/precision/autocast.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
+
+using testing::max_error;
 
 // Whether this LibTorch and CPU give oneDNN fp32 matmuls (LibTorch 2.4+, AVX512 BW/VL/DQ); elsewhere the
 // gpt keeps torch::linear and these tests have nothing to run.
@@ -17,14 +20,15 @@ bool onednn_fp32_here() {
   return kernels::linear_takes(torch::ones({1, 1}), torch::ones({1, 1}), {});
 }
 
-struct Result {
+struct LinearResult {
   torch::Tensor y, grad_x, grad_weight, grad_bias, grad_residual;
 };
 
 // loss = sum(y * weights) in fp64, so every element's gradient differs. Undefined bias or residual: left out.
 template <typename Op>
-Result run(const torch::Tensor& x_in, const torch::Tensor& weight_in, const torch::Tensor& bias_in,
-           const torch::Tensor& residual_in, const torch::Tensor& weights, Op op) {
+LinearResult run_linear(const torch::Tensor& x_in, const torch::Tensor& weight_in,
+                        const torch::Tensor& bias_in, const torch::Tensor& residual_in,
+                        const torch::Tensor& weights, Op op) {
   const auto leaf = [](const torch::Tensor& t) {
     return t.defined() ? t.detach().requires_grad_(true) : torch::Tensor();
   };
@@ -41,10 +45,6 @@ torch::Tensor reference_linear(const torch::Tensor& x, const torch::Tensor& weig
   if (bias.defined()) y = y + bias;
   if (residual.defined()) y = y + residual;
   return y;
-}
-
-double max_error(const torch::Tensor& got, const torch::Tensor& want) {
-  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
 }
 
 TEST(CpuLinear, MatchesTheSumInDoubleInValuesAndGradients) {
@@ -66,9 +66,9 @@ TEST(CpuLinear, MatchesTheSumInDoubleInValuesAndGradients) {
         const auto residual = with_residual ? torch::randn(out_shape) : torch::Tensor();
         const auto weights = torch::randn(out_shape, torch::kDouble);
         const auto to_double = [](const torch::Tensor& t) { return t.defined() ? t.to(torch::kDouble) : t; };
-        const Result want = run(to_double(x), to_double(weight), to_double(bias), to_double(residual),
-                                weights, reference_linear);
-        const Result got = run(x, weight, bias, residual, weights, kernels::linear);
+        const LinearResult want = run_linear(to_double(x), to_double(weight), to_double(bias),
+                                             to_double(residual), weights, reference_linear);
+        const LinearResult got = run_linear(x, weight, bias, residual, weights, kernels::linear);
         ASSERT_EQ(got.y.sizes(), want.y.sizes());
         ASSERT_EQ(got.y.scalar_type(), torch::kFloat);
         // fp32 sums of K products: within K * 2^-24 of the sum of their magnitudes, here bounded by a

@@ -17,8 +17,8 @@
 namespace fasttrain {
 namespace {
 
-const std::vector<std::vector<int64_t>> kShapes = {{16, 9},  {9, 16}, {32, 144}, {10, 256},
-                                                   {64, 64}, {3, 7},  {1, 5},    {40, 33}};
+const std::vector<std::vector<int64_t>> kMatrixShapes = {{16, 9},  {9, 16}, {32, 144}, {10, 256},
+                                                         {64, 64}, {3, 7},  {1, 5},    {40, 33}};
 
 std::string describe(kernels::CpuCapability capability, torch::ScalarType dtype,
                      const std::vector<int64_t>& shape) {
@@ -34,13 +34,13 @@ std::pair<double, double> relative_error(const torch::Tensor& got, const torch::
 }
 
 // body(capability, dtype, shape, update) for each capability this CPU runs, fp32 and bf16 updates, and
-// each of kShapes, a random update each.
+// each of kMatrixShapes, a random update each.
 template <typename Body>
 void for_each_case(const Body& body) {
   torch::manual_seed(0);
   for (auto capability : kernels::runnable_cpu_capabilities()) {
     for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
-      for (const auto& shape : kShapes) {
+      for (const auto& shape : kMatrixShapes) {
         SCOPED_TRACE(describe(capability, dtype, shape));
         body(capability, torch::randn(shape).to(dtype));
       }

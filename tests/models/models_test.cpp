@@ -13,10 +13,10 @@
 namespace fasttrain {
 namespace {
 
+using testing::kFashion;
+
 using testing::contains_all;
 using testing::error_message;
-
-const DataShape kFashion = DataShape::images(1, 28, 28, 10);
 
 // `model`'s one output for `inputs`.
 torch::Tensor forward(const Model& model, const torch::Tensor& inputs) {

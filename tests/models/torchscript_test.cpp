@@ -18,10 +18,10 @@
 namespace fasttrain {
 namespace {
 
+using testing::kFashion;
+
 using testing::contains_all;
 using testing::error_message;
-
-const DataShape kFashion = DataShape::images(1, 28, 28, 10);
 
 // fasttrain's cnn of configs/default.toml: the network scripted_models.py's Cnn writes in Python.
 Model cpp_cnn() {

@@ -51,10 +51,10 @@ struct ScaledRegressorImpl : torch::nn::Module {
 TORCH_MODULE(ScaledRegressor);
 
 // What a run trains: the built-in mlp classifying augmented images, or ScaledRegressor regressing.
-enum class Kind { kImageClassifier, kUserRegressor };
+enum class ResumeCase { kImageClassifier, kUserRegressor };
 
-std::shared_ptr<const BatchSource> source_of(Kind kind) {
-  if (kind == Kind::kImageClassifier) {
+std::shared_ptr<const BatchSource> source_of(ResumeCase kind) {
+  if (kind == ResumeCase::kImageClassifier) {
     static const ImageDataset data = testing::synthetic_images(100, 1, 8, 8, 4, /*seed=*/3);
     TransformPipeline pipeline({0.5f}, {0.25f});
     pipeline.add(std::make_shared<RandomCrop>(1));
@@ -69,13 +69,13 @@ std::shared_ptr<const BatchSource> source_of(Kind kind) {
 }
 
 TrainingRun make_run(uint64_t seed, const std::string& checkpoint_root = "",
-                     Kind kind = Kind::kImageClassifier) {
+                     ResumeCase kind = ResumeCase::kImageClassifier) {
   TrainingRun run;
   run.loader =
       std::make_unique<DataLoader>(source_of(kind), LoaderOptions(8).workers(2).shuffle(true).seed(11));
   torch::manual_seed(seed);
   std::shared_ptr<Task> task;
-  if (kind == Kind::kImageClassifier) {
+  if (kind == ResumeCase::kImageClassifier) {
     run.model = make_mlp(MlpOptions().hidden({32}).dropout(0.3), DataShape::images(1, 8, 8, 4));
     task = std::make_shared<ClassificationTask>();
   } else {
@@ -142,7 +142,7 @@ struct StopPoint {
   const char* name;
   int64_t step;
   int64_t window_done;
-  Kind kind = Kind::kImageClassifier;
+  ResumeCase kind = ResumeCase::kImageClassifier;
 };
 
 class ResumeTest : public ::testing::TestWithParam<StopPoint> {};
@@ -179,14 +179,14 @@ TEST_P(ResumeTest, StoppedAndResumedByNewObjectsEqualsTheStraightRun) {
   expect_same_run_state(resumed, straight, straight_rng);
 }
 
-INSTANTIATE_TEST_SUITE_P(Points, ResumeTest,
-                         ::testing::Values(StopPoint{"MidEpoch", 4, 0}, StopPoint{"EpochEnd", 6, 0},
-                                           StopPoint{"InsideAccumulationWindow", 4, 3},
-                                           StopPoint{"InsideTheShortLastWindow", 5, 1},
-                                           StopPoint{"UserRegressorMidEpoch", 4, 0, Kind::kUserRegressor},
-                                           StopPoint{"UserRegressorInsideWindow", 4, 3,
-                                                     Kind::kUserRegressor}),
-                         [](const auto& info) { return std::string(info.param.name); });
+INSTANTIATE_TEST_SUITE_P(
+    Points, ResumeTest,
+    ::testing::Values(StopPoint{"MidEpoch", 4, 0}, StopPoint{"EpochEnd", 6, 0},
+                      StopPoint{"InsideAccumulationWindow", 4, 3},
+                      StopPoint{"InsideTheShortLastWindow", 5, 1},
+                      StopPoint{"UserRegressorMidEpoch", 4, 0, ResumeCase::kUserRegressor},
+                      StopPoint{"UserRegressorInsideWindow", 4, 3, ResumeCase::kUserRegressor}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Resume, APeriodicCheckpointHoldsTheWholeRunState) {
   testing::TempDir dir;

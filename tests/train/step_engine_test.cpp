@@ -15,9 +15,12 @@
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
 #include "support.h"
+#include "trainer_support.h"
 
 namespace fasttrain {
 namespace {
+
+using testing::plain_pipeline;
 
 CaptureFacts capturable() {
   CaptureFacts facts;
@@ -102,10 +105,6 @@ TEST(StepEngine, LossTrackerSumsAndNamesTheFirstBadStepOnTheDeviceOrTheHost) {
 
 // ---- through the Trainer ----
 
-TransformPipeline plain_pipeline() {
-  return TransformPipeline({0.5f}, {0.25f});
-}
-
 struct TrainerCase {
   Model model;
   std::unique_ptr<Trainer> trainer;
@@ -113,7 +112,7 @@ struct TrainerCase {
 
 // What a captured step trains: the built-in conv net classifying images, or a program's own module
 // with two inputs regressing values.
-enum class Kind { kConvClassifier, kUserRegressor };
+enum class EngineCase { kConvClassifier, kUserRegressor };
 
 struct TwoInputsImpl : torch::nn::Module {
   TwoInputsImpl()
@@ -136,11 +135,11 @@ std::shared_ptr<const BatchSource> regression_data() {
 // A model with AdamW (optim.kernel auto), one-cycle over `steps`, clipping, EMA and accumulation 2:
 // everything a captured step holds. The conv net has BatchNorm.
 TrainerCase make_case(torch::Device device, bool cuda_graphs, torch::ScalarType precision, int64_t steps,
-                      Kind kind = Kind::kConvClassifier) {
+                      EngineCase kind = EngineCase::kConvClassifier) {
   torch::manual_seed(7);
   TrainerCase c;
   std::shared_ptr<Task> task;
-  if (kind == Kind::kConvClassifier) {
+  if (kind == EngineCase::kConvClassifier) {
     c.model =
         make_cnn(CnnOptions().widths({4, 8}).hidden({16}).batchnorm(true), DataShape::images(1, 8, 8, 4));
     task = std::make_shared<ClassificationTask>();
@@ -195,10 +194,11 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
     std::string name;
     torch::ScalarType dtype;
   };
-  for (const Kind kind : {Kind::kConvClassifier, Kind::kUserRegressor}) {
+  for (const EngineCase kind : {EngineCase::kConvClassifier, EngineCase::kUserRegressor}) {
     for (const Precision& precision : {Precision{"fp32", torch::kFloat}, Precision{"bf16", torch::kBFloat16},
                                        Precision{"fp16", torch::kHalf}}) {
-      const std::string what = (kind == Kind::kConvClassifier ? "cnn " : "user regressor ") + precision.name;
+      const std::string what =
+          (kind == EngineCase::kConvClassifier ? "cnn " : "user regressor ") + precision.name;
       const int64_t steps = 14;  // 3 warm-up steps, the capture, 10 replays
       std::vector<FitSummary> summaries;
       std::vector<TrainerCase> runs;
@@ -206,7 +206,7 @@ TEST(StepEngine, CapturedStepsEqualEagerSteps_CUDA) {
       for (const int engine : {0, 1, 2}) {
         // Images resident on the GPU; the regression's tensors copied from pinned memory.
         auto make_loader = [&] {
-          return kind == Kind::kConvClassifier
+          return kind == EngineCase::kConvClassifier
                      ? std::make_unique<DataLoader>(
                            images, plain_pipeline(),
                            LoaderOptions(16).device(cuda).device_resident(true).seed(3))

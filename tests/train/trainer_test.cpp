@@ -15,9 +15,7 @@
 namespace fasttrain {
 namespace {
 
-TransformPipeline plain_pipeline() {
-  return TransformPipeline({0.5f}, {0.25f});
-}
+using testing::plain_pipeline;
 
 using testing::make_trainer;
 using testing::small_mlp;

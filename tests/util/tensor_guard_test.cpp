@@ -38,7 +38,7 @@ TEST(TensorValuesGuard, ATensorThatCannotBePutBackIsAnErrorAfterTheOthersArePutB
 
 TEST(TensorValuesGuard, WhileAnotherErrorUnwindsThatErrorGoesOn) {
   auto resized = torch::zeros({3}), other = torch::ones({2});
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   try {
     TensorValuesGuard keep({resized, other});
     resized.resize_({5});
@@ -47,7 +47,7 @@ TEST(TensorValuesGuard, WhileAnotherErrorUnwindsThatErrorGoesOn) {
   } catch (const std::runtime_error& e) {
     EXPECT_EQ(std::string(e.what()), "the step failed");
   }
-  const std::string printed = testing::internal::GetCapturedStderr();
+  const std::string printed = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(printed.find("could not be put back"), std::string::npos) << printed;
   EXPECT_TRUE(torch::equal(other, torch::ones({2})));
 }

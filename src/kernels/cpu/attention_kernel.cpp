@@ -119,7 +119,7 @@ void copy_col(const T* src, HeadTiles& tiles, std::vector<float>& cols, int64_t 
 }
 
 template <typename T>
-void store_row(const HeadTiles& tiles, const std::vector<float>& from, int64_t t, T* dst) {
+void store_head_row(const HeadTiles& tiles, const std::vector<float>& from, int64_t t, T* dst) {
   const float* src = from.data() + t * tiles.dim_padded;
   for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<T>(src[d]);
 }
@@ -426,9 +426,9 @@ void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end
     for (int64_t t = 0; t < a.length; ++t) {
       T* row = grad + t * 3 * at.embed;
       for (int64_t h = 0; h < run.count; ++h) {
-        store_row(tiles[h], tiles[h].grad_q, t, row + h * at.dim);
-        store_row(tiles[h], tiles[h].grad_k, t, row + at.embed + h * at.dim);
-        store_row(tiles[h], tiles[h].grad_v, t, row + 2 * at.embed + h * at.dim);
+        store_head_row(tiles[h], tiles[h].grad_q, t, row + h * at.dim);
+        store_head_row(tiles[h], tiles[h].grad_k, t, row + at.embed + h * at.dim);
+        store_head_row(tiles[h], tiles[h].grad_v, t, row + 2 * at.embed + h * at.dim);
       }
     }
   });

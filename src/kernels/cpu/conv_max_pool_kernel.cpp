@@ -23,15 +23,8 @@ namespace fasttrain::kernels::CPU_CAPABILITY {
 
 namespace {
 
-constexpr int kTaps = 9;    // 3 x 3
-constexpr int kPatch = 4;   // the rows and columns of input under a 2x2 window of 3x3 convs
-constexpr int kWindow = 4;  // top left, top right, bottom left, bottom right
-
-// All bits set where `v` is NaN (see max_pool_kernel.cpp: not `v != v`).
-inline Vec is_nan(const Vec& v) {
-  const Vec all_set = Vec(0.f) == Vec(0.f);
-  return (v == v) ^ all_set;
-}
+constexpr int kTaps = 9;   // 3 x 3
+constexpr int kPatch = 4;  // the rows and columns of input under a 2x2 window of 3x3 convs
 
 // Input row h of image n (W * Cin values) as fp32 into `values`, rounded to bf16 where the conv runs in bf16.
 void load_input_row(const detail::ConvMaxPoolImages& p, int64_t n, int64_t h, float* values) {

@@ -15,21 +15,12 @@ namespace fasttrain::kernels::CPU_CAPABILITY {
 
 namespace {
 
-constexpr int kWindow = 4;  // top left, top right, bottom left, bottom right
-
 struct RowPosition {
   int64_t image, out_row;
 };
 
 RowPosition position(const detail::MaxPoolImages& p, int64_t row) {
   return {row / p.out_height, row % p.out_height};
-}
-
-// All bits set where `v` is NaN. Not `v != v`: LibTorch 1.13's AVX512 `!=` is an ordered compare, false
-// for NaN.
-inline Vec is_nan(const Vec& v) {
-  const Vec all_set = Vec(0.f) == Vec(0.f);
-  return (v == v) ^ all_set;
 }
 
 // Element offset of input row `h` of `image`.

@@ -83,6 +83,16 @@ inline float row_dot(const float* a, const float* b, int64_t width) {
   return lanes_sum(total);
 }
 
+// All bits set where `v` is NaN. Not `v != v`: LibTorch 1.13's AVX512 `!=` is an ordered compare, false
+// for NaN.
+inline Vec is_nan(const Vec& v) {
+  const Vec all_set = Vec(0.f) == Vec(0.f);
+  return (v == v) ^ all_set;
+}
+
+// The positions of a 2x2 max-pool window: top left, top right, bottom left, bottom right.
+constexpr int kWindow = 4;
+
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
 // A partial vector's missing lanes hold `fill`: loadu(count) fills them with zeros, which would count.

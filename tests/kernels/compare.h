@@ -1,0 +1,39 @@
+#pragma once
+// How the kernel tests compare a kernel's tensors with their reference's.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+
+namespace fasttrain::testing {
+
+constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
+
+// max |got - want|, both read as double.
+inline double max_error(const torch::Tensor& got, const torch::Tensor& want) {
+  return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
+}
+
+// max |got - want| <= tolerance max |want|, plus a floor: where every value is 0 (a LayerNorm of width 1) the
+// gradients are rounding noise. Both undefined passes; one undefined fails, naming `what`.
+inline void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
+                         const std::string& what) {
+  ASSERT_EQ(got.defined(), want.defined()) << what;
+  if (!got.defined()) return;
+  const double error = max_error(got, want);
+  const double scale = want.to(torch::kDouble).abs().max().item<double>();
+  EXPECT_LE(error, tolerance * scale + 1e-9)
+      << what << ": max |error| " << error << " of max |value| " << scale;
+}
+
+// |got - want| <= atol + rtol |want| everywhere, got read as double.
+inline ::testing::AssertionResult close(const char* what, const torch::Tensor& got, const torch::Tensor& want,
+                                        double rtol, double atol) {
+  if (got.sizes() != want.sizes()) return ::testing::AssertionFailure() << what << ": sizes " << got.sizes();
+  const double worst = ((got.to(torch::kDouble) - want).abs() - rtol * want.abs()).max().item<double>();
+  if (worst <= atol) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": off by " << worst << " beyond rtol " << rtol << " (atol " << atol << ")";
+}
+
+}  // namespace fasttrain::testing
