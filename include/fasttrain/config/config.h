@@ -125,15 +125,14 @@ struct TrainConfig {
   FT_KEY(bool, cudnn_benchmark,
          "CUDA: let cuDNN benchmark the conv algorithms per shape and keep the fastest") = true;
   FT_KEY(bool, tf32, "CUDA: TF32 tensor cores for fp32 matmuls and convolutions (Ampere and later)") = true;
-  FT_KEY(
-      std::string, fp32_precision,
-      "CPU: the arithmetic of fp32 convolutions and matmuls run by oneDNN (Linear, Conv, their backward): "
-      "ieee (fp32) or bf16 (inputs rounded to bfloat16, fp32 accumulation; weights, activations and the "
-      "optimizer stay fp32). Needs LibTorch >= 2.9, and AMX-BF16 to compute in bf16 (convolutions; "
-      "a matmul where oneDNN takes it: a small Linear kept fp32 on one AMX Xeon): elsewhere oneDNN runs its "
-      "own fp32 kernels for them instead of the BLAS's (fp32 arithmetic, other rounding); the CPU's "
-      "counterpart of train.tf32",
-      one_of({"ieee", "bf16"})) = "ieee";
+  FT_KEY(std::string, fp32_precision,
+         "CPU: the arithmetic of fp32 convolutions and matmuls run by oneDNN (Linear, Conv, their backward): "
+         "ieee (fp32) or bf16 (inputs rounded to bfloat16, fp32 accumulation; weights, activations and the "
+         "optimizer stay fp32). Needs LibTorch >= 2.9, and AMX-BF16 to compute in bf16 (convolutions, and "
+         "the matmuls oneDNN takes: every gpt matmul on the AMX Xeon measured): elsewhere oneDNN runs its "
+         "own fp32 kernels for them instead of the BLAS's (fp32 arithmetic, other rounding); the CPU's "
+         "counterpart of train.tf32",
+         one_of({"ieee", "bf16"})) = "ieee";
   FT_KEY(bool, deterministic,
          "Deterministic algorithms only (an error for ops without one); disables cudnn_benchmark") = false;
   FT_KEY(std::string, device, "auto, cpu, cuda or cuda:N",
