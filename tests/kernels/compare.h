@@ -14,15 +14,15 @@ inline double max_error(const torch::Tensor& got, const torch::Tensor& want) {
   return (got.to(torch::kDouble) - want.to(torch::kDouble)).abs().max().item<double>();
 }
 
-// max |got - want| <= tolerance max |want|, plus a floor: where every value is 0 (a LayerNorm of width 1) the
-// gradients are rounding noise. Both undefined passes; one undefined fails, naming `what`.
+// max |got - want| <= tolerance max |want| + floor, both read as double. Both undefined passes; one
+// undefined fails, naming `what`.
 inline void expect_close(const torch::Tensor& got, const torch::Tensor& want, double tolerance,
-                         const std::string& what) {
+                         const std::string& what, double floor = 0) {
   ASSERT_EQ(got.defined(), want.defined()) << what;
   if (!got.defined()) return;
   const double error = max_error(got, want);
   const double scale = want.to(torch::kDouble).abs().max().item<double>();
-  EXPECT_LE(error, tolerance * scale + 1e-9)
+  EXPECT_LE(error, tolerance * scale + floor)
       << what << ": max |error| " << error << " of max |value| " << scale;
 }
 
