@@ -5,7 +5,8 @@
 // build has it, else the math path), and its residual add + LayerNorm against ATen's add and
 // layer_norm, in fp32 and bf16; and beside them the main job's 2x2 max-pool (the cnn's), fasttrain's
 // kernel against ATen's max_pool2d, its first conv fused with its max-pool against conv2d and the
-// max-pool, its BatchNorm + ReLU against batch_norm and relu, and muon's Newton-Schulz on its matrices;
+// max-pool, its BatchNorm + ReLU against batch_norm and relu, the flatten of its last channels_last maps
+// against ATen's strided copies, and muon's Newton-Schulz on its matrices;
 // and for both, the cross-entropy kernel against ATen's ops on bf16 logits (the gpt's [4096, 256] without
 // label smoothing, the main job's [128, 10] with 0.1).
 // Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
@@ -349,6 +350,23 @@ void cnn_rows(nlohmann::json& out, int repeats) {
               repeats);
     }
   }
+  // ---- the main job's last maps flattened for the classifier ([128, 32, 7, 7] channels_last -> [128, 1568]
+  // in NCHW order) and their gradient back to channels_last: fasttrain's transpose against ATen's flatten
+  // (forward) and the strided copy the stage before makes of its gradient (backward) ----
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto maps = torch::randn({128, 32, 7, 7}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
+    const auto grad = torch::randn({128, 32 * 7 * 7}).to(dtype);
+    out[std::string("flatten_32x7_") + (dtype == torch::kFloat ? "fp32" : "bf16")] = own_against_aten(
+        "NHWC [128, 32, 7, 7] -> [128, 1568] in NCHW order, forward + backward to channels_last",
+        [&](bool own) {
+          auto x = maps.detach().requires_grad_(true);
+          auto y = own ? fasttrain::kernels::flatten_channels_last(x) : x.flatten(1);
+          y.backward(grad);
+          if (!own)
+            x.grad().contiguous(torch::MemoryFormat::ChannelsLast);  // what BatchNorm + ReLU then does
+        },
+        repeats);
+  }
   // ---- muon's Newton-Schulz (5 steps) on the main job's matrices: the conv kernels [16, 1x3x3] and
   // [32, 16x3x3] and the last layer [10, 256] ----
   for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{16, 9}, {32, 144}, {10, 256}}) {
@@ -361,6 +379,34 @@ void cnn_rows(nlohmann::json& out, int repeats) {
           } else {
             fasttrain::kernels::newton_schulz_aten(update, 5);
           }
+        },
+        repeats);
+  }
+  // ---- muon's whole step of each of those matrices: muon_matrix_step against the dozen ATen ops muon
+  // composes around the same Newton-Schulz kernel (momentum lerp, Nesterov lerp, casts, decay, update) ----
+  fasttrain::kernels::MuonMatrixStep step;
+  step.decay = 1 - 6e-3 * 5e-4;
+  step.scale = 6e-3 * 0.2 * 16;
+  for (const auto& shape : std::vector<std::vector<int64_t>>{{16, 1, 3, 3}, {32, 16, 3, 3}, {10, 256}}) {
+    const auto param = torch::randn(shape), grad = torch::randn(shape), buffer = torch::randn(shape);
+    const auto lr = torch::tensor(6e-3, torch::kFloat);
+    const int64_t rows = shape[0], cols = param.numel() / rows;
+    out["muon_step_" + std::to_string(rows) + "x" + std::to_string(cols)] = own_against_aten(
+        "[" + std::to_string(rows) + ", " + std::to_string(cols) +
+            "], 5 Newton-Schulz steps (fasttrain's) inside",
+        [&](bool own) {
+          if (own) {
+            fasttrain::kernels::muon_matrix_step(param, grad, buffer, step);
+            return;
+          }
+          // src/optim/muon.cpp's composed path
+          const torch::Tensor lr64 = lr.to(torch::kDouble), decay = 1 - lr64 * 5e-4;
+          buffer.lerp_(grad, 1 - step.momentum);
+          const torch::Tensor update = grad.lerp(buffer, step.momentum);
+          const torch::Tensor orthogonal =
+              fasttrain::kernels::newton_schulz(update.reshape({rows, -1}), 5).reshape(update.sizes());
+          param.mul_(decay.to(param.scalar_type()));
+          param.sub_(orthogonal.to(param.scalar_type()) * (lr64 * (0.2 * 16)).to(param.scalar_type()));
         },
         repeats);
   }

@@ -2,6 +2,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
@@ -20,11 +21,33 @@ detail::NewtonSchulzKernels newton_schulz_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(newton_schulz_kernels, capability);
 }
 
+bool takes_matrix_of(int64_t rows, int64_t cols) {
+  return rows > 0 && cols > 0 && std::min(rows, cols) <= kLargestSmallerSide && rows * cols <= kLargestMatrix;
+}
+
+// The memory offset of each element of t in row-major order (what reshape reads), counted like an odometer.
+std::vector<int64_t> memory_offsets(const torch::Tensor& t) {
+  const auto sizes = t.sizes(), strides = t.strides();
+  const int64_t dims = t.dim();
+  std::vector<int64_t> offsets(static_cast<size_t>(t.numel())), index(static_cast<size_t>(dims), 0);
+  int64_t offset = 0;
+  for (auto& out : offsets) {
+    out = offset;
+    for (int64_t d = dims - 1; d >= 0; --d) {  // the next element: carry from the last dimension
+      offset += strides[d];
+      if (++index[d] < sizes[d]) break;
+      offset -= strides[d] * sizes[d];
+      index[d] = 0;
+    }
+  }
+  return offsets;
+}
+
 }  // namespace
 
 bool newton_schulz_takes(const torch::Tensor& update) {
-  return detail::cpu_float_or_bf16(update) && update.dim() == 2 && update.numel() > 0 &&
-         std::min(update.size(0), update.size(1)) <= kLargestSmallerSide && update.numel() <= kLargestMatrix;
+  return detail::cpu_float_or_bf16(update) && update.dim() == 2 &&
+         takes_matrix_of(update.size(0), update.size(1));
 }
 
 torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps,
@@ -54,6 +77,57 @@ torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps,
   newton_schulz_bodies(capability).run(matrix);
   x = x.to(torch::kBFloat16);
   return tall ? x.t() : x;
+}
+
+bool muon_matrix_step_takes(const torch::Tensor& param, const torch::Tensor& grad,
+                            const torch::Tensor& buffer) {
+  auto fp32_laid_out_as_param = [&](const torch::Tensor& t) {
+    return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat &&
+           t.is_non_overlapping_and_dense() && t.sizes() == param.sizes() && t.strides() == param.strides();
+  };
+  return fp32_laid_out_as_param(param) && fp32_laid_out_as_param(grad) && fp32_laid_out_as_param(buffer) &&
+         param.dim() >= 2 && takes_matrix_of(param.size(0), param.numel() / param.size(0));
+}
+
+void muon_matrix_step(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& buffer,
+                      const MuonMatrixStep& step, CpuCapability capability) {
+  FT_CHECK(
+      muon_matrix_step_takes(param, grad, buffer),
+      "muon_matrix_step takes a parameter [A, ...] (A x the rest within newton_schulz's sizes), its gradient "
+      "and momentum buffer, all fp32 and of one shape and one dense layout, on the CPU; got {} {}, {} {}, {} "
+      "{}",
+      param.defined() ? param.sizes() : c10::IntArrayRef{},
+      param.defined() ? c10::toString(param.scalar_type()) : "none",
+      grad.defined() ? grad.sizes() : c10::IntArrayRef{},
+      grad.defined() ? c10::toString(grad.scalar_type()) : "none",
+      buffer.defined() ? buffer.sizes() : c10::IntArrayRef{},
+      buffer.defined() ? c10::toString(buffer.scalar_type()) : "none");
+  FT_CHECK(step.steps >= 0, "muon_matrix_step: steps must be >= 0, got {}", step.steps);
+  detail::check_runnable(capability, "muon_matrix_step");
+  detail::MuonMatrix m;
+  m.rows = param.size(0);
+  m.cols = param.numel() / m.rows;
+  m.momentum = static_cast<float>(step.momentum);
+  m.to_grad = static_cast<float>(1 - step.momentum);
+  m.nesterov = step.nesterov;
+  m.decay = static_cast<float>(step.decay);
+  m.scale = static_cast<float>(step.scale);
+  m.param = param.data_ptr<float>();
+  m.grad = grad.data_ptr<float>();
+  m.buffer = buffer.data_ptr<float>();
+  std::vector<float> scratch(static_cast<size_t>(param.numel()));
+  std::vector<int64_t> offsets;
+  if (!param.is_contiguous()) offsets = memory_offsets(param);
+  m.offsets = offsets.empty() ? nullptr : offsets.data();
+  m.ns.rows = std::min(m.rows, m.cols);
+  m.ns.cols = std::max(m.rows, m.cols);
+  m.ns.steps = step.steps;
+  m.ns.a = static_cast<float>(step.coefficients.a);
+  m.ns.b = static_cast<float>(step.coefficients.b);
+  m.ns.c = static_cast<float>(step.coefficients.c);
+  m.ns.eps = static_cast<float>(step.coefficients.eps);
+  m.ns.x = scratch.data();
+  newton_schulz_bodies(capability).muon_step(m);
 }
 
 torch::Tensor newton_schulz_aten(const torch::Tensor& update, int64_t steps,

@@ -1,8 +1,8 @@
 // cnn: the classic conv net. Each stage is conv3x3(pad 1) [+ BatchNorm] + ReLU + maxpool2 (or, with
 // pool_first, conv3x3 + maxpool2 [+ BatchNorm] + ReLU), then flatten, hidden Linear+ReLU layers and
-// the output layer. On the CPU the max-pools, each BatchNorm + ReLU and, with pool_first, the first conv
-// with its max-pool run fasttrain's kernels (model.kernels). With widths {32, 64} and hidden {128} this is
-// the textbook MNIST network the benchmarks compare against.
+// the output layer. On the CPU the max-pools, each BatchNorm + ReLU, with pool_first the first conv
+// with its max-pool, and the flatten of channels_last maps run fasttrain's kernels (model.kernels). With
+// widths {32, 64} and hidden {128} this is the textbook MNIST network the benchmarks compare against.
 #include <torch/nn.h>
 
 #include <ostream>
@@ -94,12 +94,13 @@ TORCH_MODULE(BatchNormReLU2d);
 
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
 struct CnnKernels {
-  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false;
+  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, flatten = false;
 
   explicit CnnKernels(const CnnOptions& options)
       : max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "max_pool")),
         batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")),
-        conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")) {}
+        conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")),
+        flatten(runs_own_kernel(options.kernels(), options.aten_kernels(), "flatten")) {}
 };
 
 class Cnn : public torch::nn::Module {
@@ -107,6 +108,7 @@ class Cnn : public torch::nn::Module {
   Cnn(const CnnOptions& options, const DataShape& shape) {
     int64_t channels = shape.input[0], height = shape.input[1], width = shape.input[2];
     const CnnKernels own(options);
+    own_flatten_ = own.flatten;
     for (int64_t stage_width : options.widths()) {
       // A bias before BatchNorm is wasted work: BatchNorm subtracts the mean and adds its own shift.
       const auto conv = torch::nn::Conv2dOptions(channels, stage_width, 3)
@@ -142,11 +144,17 @@ class Cnn : public torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor images) {
-    auto maps = features_->forward(images);        // [B, widths.back(), H / 2^S, W / 2^S]
-    return classifier_->forward(maps.flatten(1));  // [B, outputs]
+    auto maps = features_->forward(images);  // [B, widths.back(), H / 2^S, W / 2^S]
+    // [B, C * H' * W'] in NCHW order whatever the maps' layout, so the hidden Linear's columns mean the
+    // same with and without channels_last (checkpoints, the peer).
+    auto flat = own_flatten_ && kernels::flatten_channels_last_takes(maps)
+                    ? kernels::flatten_channels_last(maps)
+                    : maps.flatten(1);
+    return classifier_->forward(flat);  // [B, outputs]
   }
 
  private:
+  bool own_flatten_ = false;
   Stage features_;
   Stage classifier_{nullptr};
 };

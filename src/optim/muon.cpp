@@ -3,8 +3,8 @@
 //   M <- mu M + (1 - mu) G                          (torch.optim.Muon's buffer: an EMA, not a sum)
 //   U <- G + mu (M - G) if Nesterov, else M
 //   O <- NS5(U): U / |U|_F, then 5 quintic Newton-Schulz steps X <- a X + (b X X^T + c (X X^T)^2) X,
-//        in bf16, on the wide orientation (X X^T the smaller Gram matrix); small matrices on the CPU in
-//        one fasttrain kernel (optim.muon_newton_schulz)
+//        in bf16, on the wide orientation (X X^T the smaller Gram matrix); for small fp32 matrices on the
+//        CPU the whole step (M, U, O and W) is one fasttrain kernel call (optim.muon_newton_schulz)
 //   W <- W (1 - lr wd) - lr s O,  s = 0.2 sqrt(max(A, B)) (match_rms_adamw) or sqrt(max(1, A / B))
 // Conv kernels [out, in, kh, kw] are orthogonalised as [out, in kh kw] (Keller's form; torch.optim.Muon
 // takes only 2-d parameters). Everything else (biases, norms, optim.muon_exclude) steps with AdamW at
@@ -138,6 +138,18 @@ class Muon : public Optimizer {
       const torch::Tensor& param = groups()[g].params[i];
       const torch::Tensor grad = param.grad();
       const torch::Tensor& buffer = state(g, kMuonMomentum, i);
+      if (own_kernel && kernels::muon_matrix_step_takes(param, grad, buffer)) {
+        // The lr is a CPU tensor here: reading it is not a synchronisation.
+        const double lr_value = lr64.item<double>();
+        kernels::MuonMatrixStep step;
+        step.momentum = mu;
+        step.nesterov = nesterov;
+        step.steps = ns_steps;
+        step.decay = 1 - lr_value * weight_decay;
+        step.scale = lr_value * lr_adjustment(param, adjust_rule);
+        kernels::muon_matrix_step(param, grad, buffer, step);
+        continue;
+      }
       buffer.lerp_(grad, 1 - mu);
       const torch::Tensor update = nesterov ? grad.lerp(buffer, mu) : buffer;
       const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]

@@ -10,6 +10,23 @@
 
 namespace fasttrain {
 
+namespace {
+
+// Each counter + 1. On the CPU a write to each 0-dim fp32 counter: the foreach op dispatches an add (and
+// a cast of the 1) per counter, 57-69 us a step for the main job's seven in its profile.
+void count_step(std::vector<torch::Tensor>& steps) {
+  const bool host_counters = std::all_of(steps.begin(), steps.end(), [](const torch::Tensor& s) {
+    return s.device().is_cpu() && s.scalar_type() == torch::kFloat && s.numel() == 1;
+  });
+  if (!host_counters) {
+    torch::_foreach_add_(steps, 1);
+    return;
+  }
+  for (auto& s : steps) *s.data_ptr<float>() += 1;
+}
+
+}  // namespace
+
 // Defined with each kind (optim/adam.cpp, optim/sgd.cpp).
 OptimizerRecipe sgd_recipe();
 OptimizerRecipe adam_recipe();
@@ -178,7 +195,7 @@ void Optimizer::step(const torch::Tensor& lr, const torch::Tensor& found_inf) {
     ensure_state(g, with_grad);
     if (counts_steps(g)) {
       auto steps = gather_steps(g, with_grad);
-      torch::_foreach_add_(steps, 1);
+      count_step(steps);
       if (fused_) {
         update_fused(g, with_grad, lr, found_inf);
         // A skipped step is not counted (what torch.optim's fused path does).

@@ -36,4 +36,16 @@ inline ::testing::AssertionResult close(const char* what, const torch::Tensor& g
          << what << ": off by " << worst << " beyond rtol " << rtol << " (atol " << atol << ")";
 }
 
+// op(input) and the input's gradient for grad_y (in the output's dtype and layout).
+struct OutputAndGrad {
+  torch::Tensor y, grad;
+};
+template <typename Op>
+OutputAndGrad output_and_grad(const torch::Tensor& input, const torch::Tensor& grad_y, const Op& op) {
+  auto x = input.detach().requires_grad_(true);
+  auto y = op(x);
+  y.backward(grad_y.to(y.scalar_type()).contiguous(y.suggest_memory_format()));
+  return {y.detach(), x.grad()};
+}
+
 }  // namespace fasttrain::testing

@@ -7,23 +7,12 @@
 
 #include <limits>
 
+#include "compare.h"
 #include "fasttrain/kernels/cpu.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
-
-struct MaxPoolResult {
-  torch::Tensor y, grad;
-};
-
-template <typename Op>
-MaxPoolResult run_max_pool(const torch::Tensor& input, const torch::Tensor& grad_y, Op op) {
-  auto x = input.detach().requires_grad_(true);
-  auto y = op(x);
-  y.backward(grad_y.to(y.scalar_type()).contiguous(torch::MemoryFormat::ChannelsLast));
-  return {y.detach(), x.grad()};
-}
 
 // Equal values with NaN where the other has NaN.
 bool same(const torch::Tensor& got, const torch::Tensor& want) {
@@ -57,9 +46,9 @@ TEST(CpuMaxPool, EqualsATenBitForBitInValuesAndGradientsOnEveryCapability) {
                      std::to_string(s.width));
         const auto input = images(3, s.channels, s.height, s.width, dtype);
         const auto grad_y = torch::randn({3, s.channels, s.height / 2, s.width / 2});
-        const MaxPoolResult want =
-            run_max_pool(input, grad_y, [](const torch::Tensor& x) { return torch::max_pool2d(x, 2); });
-        const MaxPoolResult got = run_max_pool(
+        const testing::OutputAndGrad want = testing::output_and_grad(
+            input, grad_y, [](const torch::Tensor& x) { return torch::max_pool2d(x, 2); });
+        const testing::OutputAndGrad got = testing::output_and_grad(
             input, grad_y, [&](const torch::Tensor& x) { return kernels::max_pool2x2(x, capability); });
         EXPECT_TRUE(got.y.is_contiguous(torch::MemoryFormat::ChannelsLast));
         EXPECT_TRUE(got.grad.is_contiguous(torch::MemoryFormat::ChannelsLast));

@@ -130,5 +130,76 @@ TEST(CpuNewtonSchulz, ZeroUpdateStaysZeroAndRefusalsNameTheMatrix) {
                                     {"newton_schulz takes a matrix", "[65, 65]"}));
 }
 
+// Muon's step of one matrix as muon composes it from ATen ops around newton_schulz (src/optim/muon.cpp's
+// path for what muon_matrix_step does not take): buffer and param updated in place.
+void composed_muon_step(torch::Tensor& param, const torch::Tensor& grad, torch::Tensor& buffer,
+                        const kernels::MuonMatrixStep& s, kernels::CpuCapability capability) {
+  buffer.lerp_(grad, 1 - s.momentum);
+  const torch::Tensor update = s.nesterov ? grad.lerp(buffer, s.momentum) : buffer;
+  const torch::Tensor orthogonal =
+      kernels::newton_schulz(update.reshape({update.size(0), -1}), s.steps, s.coefficients, capability)
+          .reshape(update.sizes());
+  param.mul_(torch::tensor(s.decay, torch::kDouble).to(torch::kFloat));
+  param.sub_(orthogonal.to(torch::kFloat) * torch::tensor(s.scale, torch::kDouble).to(torch::kFloat));
+}
+
+// The whole step in one call gives the composed step's values: the lerps computed as ATen's kernel
+// computes them, the same roundings to bf16 around the iteration, the decay and the update as two ops.
+// On LibTorch 2.x exactly; within fp32's rounding on 1.13, whose lerp kernel adds differently.
+TEST(CpuNewtonSchulz, MuonMatrixStepGivesTheComposedStepOnEveryCapability) {
+  torch::manual_seed(2);
+  const bool exact = FASTTRAIN_TORCH_AT_LEAST(2, 0);
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (const auto& shape :
+         std::vector<std::vector<int64_t>>{{16, 1, 3, 3}, {32, 16, 3, 3}, {10, 256}, {40, 7}}) {
+      for (const bool nesterov : {true, false}) {
+        for (const bool channels_last : {false, true}) {
+          if (channels_last && shape.size() != 4) continue;
+          SCOPED_TRACE(describe(capability, torch::kFloat, {shape[0], torch::ones(shape)[0].numel()}) +
+                       (nesterov ? " nesterov" : "") + (channels_last ? " channels_last" : ""));
+          const auto layout =
+              channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+          kernels::MuonMatrixStep step;
+          step.nesterov = nesterov;
+          step.decay = 1 - 0.006 * 5e-4;
+          step.scale = 0.006 * 0.2 * 16;
+          const auto param = torch::randn(shape).contiguous(layout),
+                     grad = torch::randn(shape).contiguous(layout),
+                     buffer = torch::randn(shape).contiguous(layout);
+          torch::Tensor want_param = param.clone(), want_buffer = buffer.clone();
+          composed_muon_step(want_param, grad, want_buffer, step, capability);
+          const torch::Tensor got_param = param.clone(), got_buffer = buffer.clone();
+          ASSERT_TRUE(kernels::muon_matrix_step_takes(got_param, grad, got_buffer));
+          kernels::muon_matrix_step(got_param, grad, got_buffer, step, capability);
+          if (exact) {
+            EXPECT_TRUE(torch::equal(got_buffer, want_buffer));
+            EXPECT_TRUE(torch::equal(got_param, want_param))
+                << (got_param - want_param).abs().max().item<double>();
+          } else {
+            EXPECT_TRUE(torch::allclose(got_buffer, want_buffer, 1e-6, 1e-6));
+            EXPECT_TRUE(torch::allclose(got_param, want_param, 1e-6, 1e-6));
+          }
+          // A step that moved nothing would equal neither.
+          EXPECT_FALSE(torch::allclose(got_param, param, 1e-5, 1e-5));
+        }
+      }
+    }
+  }
+  const auto matrix = torch::randn({8, 6});
+  EXPECT_FALSE(kernels::muon_matrix_step_takes(matrix, matrix, matrix.to(torch::kBFloat16)));
+  EXPECT_FALSE(kernels::muon_matrix_step_takes(matrix, matrix.t(), matrix));  // not one shape
+  const auto kernel = torch::randn({4, 3, 3, 3});
+  EXPECT_FALSE(kernels::muon_matrix_step_takes(kernel, kernel.contiguous(torch::MemoryFormat::ChannelsLast),
+                                               kernel));  // not one layout
+  EXPECT_FALSE(kernels::muon_matrix_step_takes(torch::randn({8}), torch::randn({8}), torch::randn({8})));
+  EXPECT_FALSE(kernels::muon_matrix_step_takes(torch::randn({65, 65}), torch::randn({65, 65}),
+                                               torch::randn({65, 65})));
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] {
+                                      kernels::muon_matrix_step(matrix, matrix, matrix.to(torch::kDouble),
+                                                                {});
+                                    }),
+                                    {"muon_matrix_step takes", "[8, 6]", "Double"}));
+}
+
 }  // namespace
 }  // namespace fasttrain

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <iostream>
+#include <set>
 
 #include "fasttrain/models/registry.h"
 #include "fasttrain/precision/autocast.h"
@@ -223,6 +224,52 @@ TEST(Models, CnnOwnBatchNormReluKernelMatchesATensStep) {
   EXPECT_EQ(names, aten.module().named_parameters().keys());
   EXPECT_TRUE(contains_all(error_message([] { make_cnn(CnnOptions().aten_kernels({"conv"}), kFashion); }),
                            {"model.aten_kernels", "conv"}));
+}
+
+// Whether the autograd graph that produced `output` has a node whose name contains `name`.
+bool graph_has_node(const torch::Tensor& output, const std::string& name) {
+  std::vector<torch::autograd::Node*> pending{output.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!pending.empty()) {
+    torch::autograd::Node* node = pending.back();
+    pending.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
+  }
+  return false;
+}
+
+TEST(Models, CnnOwnFlattenKernelGivesATensStepBitForBit) {
+  // The last maps (channels_last) reach the classifier through fasttrain's transpose, or with
+  // model.aten_kernels = ["flatten"] through ATen's strided copy: the same values moved, so the same losses,
+  // gradients, buffers and evaluation exactly, in fp32 and under bf16 autocast. The kernel's reference
+  // tests: tests/kernels/flatten_test.cpp.
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  for (const bool bf16 : {false, true}) {
+    for (const bool pool_first : {false, true}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
+      const CnnOptions options = small_batchnorm_cnn(pool_first);
+      const auto own = two_steps_and_an_evaluation(options, shape, bf16);
+      const auto aten =
+          two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"flatten"}), shape, bf16);
+      ASSERT_EQ(own.size(), aten.size());
+      for (size_t i = 0; i < own.size(); ++i) EXPECT_TRUE(torch::equal(own[i], aten[i])) << "tensor " << i;
+    }
+  }
+  // The switch decides which runs (else the comparison above would compare ATen with itself).
+  auto runs_kernel = [&](const std::vector<std::string>& aten_kernels, bool channels_last) {
+    Model model = make_cnn(small_batchnorm_cnn(true).aten_kernels(aten_kernels), shape);
+    auto input = torch::randn({2, 1, 14, 14});
+    if (channels_last) {
+      model.to_channels_last();
+      input = input.contiguous(torch::MemoryFormat::ChannelsLast);
+    }
+    return graph_has_node(forward(model, input), "FlattenChannelsLast");
+  };
+  EXPECT_TRUE(runs_kernel({}, true));
+  EXPECT_FALSE(runs_kernel({"flatten"}, true));
+  EXPECT_FALSE(runs_kernel({}, false));  // NCHW maps: flatten is a view
 }
 
 TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {

@@ -9,8 +9,10 @@
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
 //   torch::Tensor h = fasttrain::kernels::bias_gelu(torch::linear(x, fc->weight), fc->bias);  // [..., 4C]
 //   torch::Tensor pooled = fasttrain::kernels::max_pool2x2(maps);  // NHWC [N, C, H, W] -> [N, C, H/2, W/2]
-//   torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {}, cpu_compute_dtype(x));
-//   torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias, bn->running_mean,
+//   torch::Tensor flat = fasttrain::kernels::flatten_channels_last(maps);  // NHWC -> [N, C * H * W], NCHW
+//   order torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {},
+//   cpu_compute_dtype(x)); torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias,
+//   bn->running_mean,
 //                                                         bn->running_var, true, 0.1, 1e-5);  // NHWC
 //   torch::Tensor loss = fasttrain::kernels::cross_entropy(logits, targets, 0.1);  // [N, C], [N] -> 0-dim
 #include <torch/types.h>
@@ -101,6 +103,17 @@ bool max_pool2x2_takes(const torch::Tensor& input);
 // the whole tensor and scattering into it.
 torch::Tensor max_pool2x2(const torch::Tensor& input, CpuCapability capability = cpu_capability());
 
+// Whether flatten_channels_last takes this: maps [N, C, H, W] laid out channels_last (NHWC) but not
+// also contiguous (C, H and W all above 1), on the CPU in fp32 or bf16. Elsewhere maps.flatten(1) is a
+// view or ATen's copy.
+bool flatten_channels_last_takes(const torch::Tensor& maps);
+
+// maps.flatten(1) of channels_last maps: [N, C * H * W] in NCHW order (the order a Linear after a conv
+// net's last stage reads, whatever the maps' layout), equal bit for bit. ATen's strided copy moves a
+// value at a time; this transposes each sample's [H * W, C] with gathers. Differentiable: backward
+// writes the gradient channels_last, the layout the stage before it takes without another copy.
+torch::Tensor flatten_channels_last(const torch::Tensor& maps, CpuCapability capability = cpu_capability());
+
 // The most input channels conv3x3_max_pool2x2's direct forward takes: an image's few, where a direct conv
 // beats oneDNN's GEMM-shaped kernels. Over more, its forward is oneDNN's conv and then max_pool2x2's kernel.
 constexpr int64_t kConvMaxPoolInChannels = 4;
@@ -178,6 +191,30 @@ bool newton_schulz_takes(const torch::Tensor& update);
 torch::Tensor newton_schulz(const torch::Tensor& update, int64_t steps,
                             const NewtonSchulzCoefficients& coefficients = {},
                             CpuCapability capability = cpu_capability());
+
+// One Muon step of a matrix parameter [A, ...] on the CPU, in one call where muon composes a dozen ATen
+// ops around newton_schulz (for the main job's three small matrices, a quarter of its optimizer's time):
+//   buffer <- buffer.lerp(grad, 1 - momentum); update = nesterov ? grad.lerp(buffer, momentum) : buffer
+//   param  <- param * decay - newton_schulz(update viewed [A, B]) * scale
+// each line rounded as that ATen op rounds it (the lerps as ATen's vectorised kernel computes them), so it
+// gives the composed step's values. decay = 1 - lr * weight_decay, scale = lr times muon's per-matrix lr
+// adjustment.
+struct MuonMatrixStep {
+  double momentum = 0.95;
+  bool nesterov = true;
+  int64_t steps = 5;
+  NewtonSchulzCoefficients coefficients;
+  double decay = 1, scale = 0;
+};
+
+// Whether muon_matrix_step takes these: param, grad and buffer fp32, of one shape [A, ...] and one dense
+// layout (contiguous, or a channels_last conv kernel) on the CPU, whose [A, B] reshape newton_schulz takes.
+bool muon_matrix_step_takes(const torch::Tensor& param, const torch::Tensor& grad,
+                            const torch::Tensor& buffer);
+
+// Updates param and buffer in place (no autograd: an optimizer step).
+void muon_matrix_step(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& buffer,
+                      const MuonMatrixStep& step, CpuCapability capability = cpu_capability());
 
 // The same in ATen's ops, any size, any device: an mm and two addmm an iteration in bf16, as
 // torch.optim.Muon's _zeropower_via_newtonschulz; newton_schulz's reference, and what muon runs for

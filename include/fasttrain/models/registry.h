@@ -87,13 +87,14 @@ struct CnnOptions {
       "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
       "backward, which writes each input gradient once, ATen's values bit for bit; BatchNorm with the "
       "ReLU after it in one kernel, keeping x alone for backward; and with pool_first, a conv over at most "
-      "4 input channels (the first) fused with its max-pool, writing only the pooled maps) or aten "
-      "(conv2d, max_pool2d, batch_norm, relu); NCHW inputs and GPUs run aten",
+      "4 input channels (the first) fused with its max-pool, writing only the pooled maps; the last maps "
+      "flattened for the classifier by a transpose with gathers, not ATen's strided copy) or aten "
+      "(conv2d, max_pool2d, batch_norm, relu, flatten); NCHW inputs and GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
-         "conv_max_pool), to measure one kernel on and off",
-         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool"})) = {};
+         "conv_max_pool, flatten), to measure one kernel on and off",
+         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "flatten"})) = {};
 };
 
 struct ResnetOptions {

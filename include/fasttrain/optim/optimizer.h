@@ -70,7 +70,8 @@ struct OptimizerOptions {
   FT_KEY(std::string, muon_newton_schulz,
          "muon's orthogonalisation of matrices whose smaller side is at most 64 (conv kernels, a classifier) "
          "on the CPU: fasttrain (one kernel a matrix, rounding to bf16 where torch.optim.Muon's bf16 matmuls "
-         "round) or aten (an mm and two addmm per iteration, as torch.optim.Muon); larger matrices and GPUs "
+         "round; for fp32 parameters the whole step, momentum to update, in the same call) or aten (an mm "
+         "and two addmm per iteration, as torch.optim.Muon); larger matrices and GPUs "
          "run aten",
          one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(double, muon_adamw_lr_scale,

@@ -68,10 +68,34 @@ void run(const detail::NewtonSchulzMatrix& m) {
   }
 }
 
+// ATen's lerp as its vectorised CPU kernel computes it: one fused multiply-add from whichever end is nearer.
+inline float lerp_as_aten(float start, float end, float weight) {
+  return std::abs(weight) < 0.5f ? std::fma(weight, end - start, start)
+                                 : std::fma(weight - 1.f, end - start, end);
+}
+
+void muon_step(const detail::MuonMatrix& m) {
+  const int64_t count = m.rows * m.cols;
+  const bool tall = m.rows > m.cols;
+  auto memory = [&](int64_t i) { return m.offsets ? m.offsets[i] : i; };
+  auto wide = [&](int64_t i) { return tall ? (i % m.cols) * m.rows + i / m.cols : i; };  // i's place in X
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t at = memory(i);
+    m.buffer[at] = lerp_as_aten(m.buffer[at], m.grad[at], m.to_grad);
+    const float update = m.nesterov ? lerp_as_aten(m.grad[at], m.buffer[at], m.momentum) : m.buffer[at];
+    m.ns.x[wide(i)] = round_bf16(update);
+  }
+  run(m.ns);
+  // Three passes, as mul_, the product and sub_ are three ops: fused, the update would round once less.
+  for (int64_t i = 0; i < count; ++i) m.param[memory(i)] *= m.decay;
+  for (int64_t i = 0; i < count; ++i) m.ns.x[i] = round_bf16(m.ns.x[i]) * m.scale;
+  for (int64_t i = 0; i < count; ++i) m.param[memory(i)] -= m.ns.x[wide(i)];
+}
+
 }  // namespace
 
 detail::NewtonSchulzKernels newton_schulz_kernels() {
-  return {&run};
+  return {&run, &muon_step};
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY
