@@ -28,8 +28,9 @@ figures below are the defaults of the flags where the config leaves a key out.
             final_div_factor 1e3, cos anneal, no momentum cycling, over max_steps 700; step k (0-based) trains
             at lr(k) (fasttrain's scheduled_lr(step)).
   loss      cross entropy with label smoothing 0.1 on float32 logits (src/task/classification.cpp: the same formula).
-  ema       where the config's ema.enabled (configs/default.toml: decay 0.95, warm-up on): an EMA of the weights
-            updated after every step and evaluated in their place (class Ema below; every = 1, no lookahead).
+  ema       where the config's ema.enabled (configs/default.toml: decay 0.95, warm-up on): an EMA of the
+            weights updated after every step from ema.after_step (default 0) on (starting at the weights, the
+            warm-up counting every step) and evaluated in their place (class Ema below; every = 1, no lookahead).
   precision bf16 autocast where fasttrain's "auto" picks bf16: CUDA sm_80 and later, and CPUs with AVX512-BF16 or
             AMX-BF16 (FASTTRAIN_NATIVE_BF16=0/1 overrides, as for fasttrain); --precision fp32 for fp32, with
             TF32 allowed as fasttrain's train.tf32 = true); cudnn.benchmark on (train.cudnn_benchmark = true).
@@ -142,6 +143,8 @@ def job_from_config(path):
         job["ema_decay"] = key("ema", "decay") if key("ema", "decay") is not None else 0.999
         if key("ema", "warmup") is not None:
             job["ema_warmup"] = key("ema", "warmup")
+        if key("ema", "after_step") is not None:
+            job["ema_after_step"] = key("ema", "after_step")
     return job
 
 
@@ -372,11 +375,17 @@ class Ema:
     graph mode the count is a device tensor and the update is captured with the step, as fasttrain does on
     a GPU."""
 
-    def __init__(self, model, decay, warmup, on_device):
+    def __init__(self, model, decay, warmup, on_device, after_step=0):
+        if on_device and after_step > 0:
+            sys.exit("ema.after_step > 0 updates the EMA on some steps only, which graph mode cannot capture "
+                     "(fasttrain refuses the captured step for it too)")
         self.parameters = list(model.parameters())
         self.averages = [p.detach().clone() for p in self.parameters]
-        self.decay, self.warmup, self.on_device = decay, warmup, on_device
-        self.updates = 0
+        self.decay, self.warmup, self.on_device, self.after_step = decay, warmup, on_device, after_step
+        self.updates = 0  # counted through after_step too: the warm-up's t runs from the first step
+
+    def averaging(self):
+        return self.updates > self.after_step
         self.device_updates = torch.zeros((), dtype=torch.float64, device=self.averages[0].device)
 
     @torch.no_grad()
@@ -390,12 +399,18 @@ class Ema:
             self.device_updates.add_(1)
             return
         t = self.updates
+        self.updates += 1
+        if not self.averaging():
+            return
+        if t == self.after_step and t > 0:  # the first update after the delay starts at the weights
+            torch._foreach_copy_(self.averages, self.parameters)
         decay = min(self.decay, (1 + t) / (10 + t)) if self.warmup else self.decay
         torch._foreach_lerp_(self.averages, self.parameters, 1 - decay)
-        self.updates += 1
 
     @torch.no_grad()
     def swap(self):
+        if not self.averaging():  # before after_step the evaluation sees the weights themselves
+            return
         for parameter, average in zip(self.parameters, self.averages):
             live = parameter.clone()
             parameter.copy_(average)
@@ -487,7 +502,8 @@ class Job:
             # its own cuBLAS workspaces, 65 MiB a stream on an H100, kept for the stream's life)
         else:
             optimizer = self.optimizer(self.lrs[0])
-        ema = Ema(self.model, a.ema_decay, a.ema_warmup, on_device=graph_mode) if a.ema_decay > 0 else None
+        ema = (Ema(self.model, a.ema_decay, a.ema_warmup, on_device=graph_mode, after_step=a.ema_after_step)
+               if a.ema_decay > 0 else None)
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)  # the training loss, kept on the device
@@ -684,6 +700,8 @@ def main():
     p.add_argument("--ema-decay", type=float, default=0.0,
                    help="ema.decay where ema.enabled: evaluate with an EMA of the weights (0: none)")
     p.add_argument("--no-ema-warmup", dest="ema_warmup", action="store_false", help="ema.warmup = false")
+    p.add_argument("--ema-after-step", type=int, default=0,
+                   help="ema.after_step: the EMA averages from the step after this many on (0: from the first)")
     p.add_argument("--eval-from", type=int, default=560, help="train.eval_from_step")
     p.add_argument("--eval-every", type=int, default=45, help="train.eval_every_steps")
     p.add_argument("--target", type=float, default=0.91, help="train.target_accuracy")

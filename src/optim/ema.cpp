@@ -32,8 +32,8 @@ bool Ema::record_update() {
   FT_CHECK(!swapped_, "Ema::update() inside an Ema::SwapGuard would average the EMA weights into themselves");
   ++steps_;
   if (steps_ % options_.every() != 0) return false;
-  ++updates_;
-  return true;
+  ++updates_;  // counted through ema.after_step too: decay_t's t runs from the first step
+  return averaging();
 }
 
 void Ema::apply_update() {
@@ -46,6 +46,11 @@ void Ema::apply_update() {
              live_[i].device().str(), c10::toString(live_[i].scalar_type()), live_[i].sizes());
   }
   torch::NoGradGuard no_grad;
+  if (options_.after_step() > 0 && updates_ == options_.after_step() / options_.every() + 1) {
+    // The first update after ema.after_step: the average starts at the weights, t at the updates skipped.
+    for (size_t i = 0; i < parameter_count_; ++i) shadow_[i].copy_(live_[i]);
+    device_updates_.fill_(static_cast<double>(updates_ - 1));
+  }
   if (on_cpu_) {
     average_on_host();
   } else {
@@ -114,11 +119,13 @@ void Ema::swap() {
 Ema::SwapGuard::SwapGuard(Ema& ema) : ema_(ema) {
   FT_CHECK(!ema_.swapped_,
            "Ema::SwapGuard inside another SwapGuard of the same Ema would swap the weights back");
+  if (!ema_.averaging()) return;
   ema_.swap();
-  ema_.swapped_ = true;
+  ema_.swapped_ = swapped_ = true;
 }
 
 Ema::SwapGuard::~SwapGuard() {
+  if (!swapped_) return;
   ema_.swap();
   ema_.swapped_ = false;
 }

@@ -298,12 +298,11 @@ std::unique_ptr<Trainer> Run::make_trainer(Reporter* reporter) {
                                 planned_steps(config.train.options, train_loader->batches_per_epoch()));
   TrainOptions options = config.train.options;
   options.precision(parse_precision(config.train.precision(), device));
-  const auto ema_every =
-      config.ema.enabled() ? std::optional<int64_t>(config.ema.options.every()) : std::nullopt;
-  const EngineChoice engine =
-      choose_engine(config.train.cuda_graphs(),
-                    capture_facts(device, group != nullptr, *train_loader, options.accumulation(),
-                                  schedule.get(), *optimizer, ema_every, options.detect_anomaly()));
+  const EngineChoice engine = choose_engine(
+      config.train.cuda_graphs(),
+      capture_facts(device, group != nullptr, *train_loader, options.accumulation(), schedule.get(),
+                    *optimizer, config.ema.enabled() ? &config.ema.options : nullptr,
+                    options.detect_anomaly()));
   options.cuda_graphs(engine.capture);
   if (reporter && !engine.reason.empty() && device.is_cuda() && config.train.cuda_graphs() == "auto")
     reporter->note("  auto: train.cuda_graphs = false: " + engine.reason);

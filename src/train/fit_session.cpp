@@ -113,7 +113,7 @@ void FitSession::evaluate() {
   EvalRecord record;
   record.step = trainer_.step_;
   record.epoch = at_.epoch;
-  record.ema = trainer_.ema_ != nullptr;
+  record.ema = trainer_.ema_ != nullptr && trainer_.ema_->averaging();
   record.result = trainer_.evaluate(*test_);
   record.elapsed_s = elapsed();
   for (auto& callback : trainer_.callbacks_) callback->on_evaluate(trainer_, record);

@@ -634,9 +634,9 @@ void Trainer::choose_engine(const DataLoader& loader) {
     engine_ = make_eager_engine(*this);
     return;
   }
-  const auto blocker = capture_blocker(capture_facts(
-      device_, parallel_ != nullptr, loader, options_.accumulation(), schedule_.get(), *optimizer_,
-      ema_ ? std::optional<int64_t>(ema_->options().every()) : std::nullopt, options_.detect_anomaly()));
+  const auto blocker = capture_blocker(
+      capture_facts(device_, parallel_ != nullptr, loader, options_.accumulation(), schedule_.get(),
+                    *optimizer_, ema_ ? &ema_->options() : nullptr, options_.detect_anomaly()));
   FT_CONFIG_CHECK(!blocker, "train.cuda_graphs = true, but the step cannot be captured: {}",
                   blocker.value_or(""));
   engine_ = make_cuda_graph_engine(*this);

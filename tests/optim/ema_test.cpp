@@ -96,6 +96,50 @@ TEST(Ema, LookaheadSetsTheWeightsToTheAverageAtEachUpdateAndOnlyThen) {
   }
 }
 
+TEST(Ema, AfterStepStartsTheAverageAtTheWeightsAndLeavesEvaluationsToThemUntilThen) {
+  Net model;
+  set_parameters(model, 1.0);
+  Ema ema(model, EmaOptions(0.5).warmup(false).every(2).after_step(3));
+  const torch::Tensor weight = model.linear->weight;
+  for (double value : {2.0, 3.0, 4.0}) {  // the first three calls: no averaging, the guard leaves the weights
+    set_parameters(model, value);
+    ema.update();
+    EXPECT_FALSE(ema.averaging());
+    Ema::SwapGuard guard(ema);
+    EXPECT_EQ(weight.max().item<double>(), value);
+  }
+  EXPECT_EQ(ema.updates(), 1);  // call 2's update slot, counted though skipped
+  set_parameters(model, 5.0);
+  ema.update();  // call 4: the first update, at the weights (5), then 0.25 * 5 + 0.75 * 5
+  EXPECT_TRUE(ema.averaging());
+  EXPECT_EQ(ema.updates(), 2);
+  EXPECT_DOUBLE_EQ(ema.shadow()[0].max().item<double>(), 5.0);
+  set_parameters(model, 7.0);
+  ema.update();  // call 5: not an update step
+  set_parameters(model, 10.0);
+  ema.update();  // call 6: 0.25 * 5 + 0.75 * 10
+  EXPECT_DOUBLE_EQ(ema.shadow()[0].max().item<double>(), 0.25 * 5 + 0.75 * 10);
+  {
+    Ema::SwapGuard guard(ema);
+    EXPECT_DOUBLE_EQ(weight.max().item<double>(), 8.75);
+  }
+  EXPECT_EQ(weight.max().item<double>(), 10.0);
+}
+
+TEST(Ema, AfterStepKeepsTheWarmUpsCountOfEveryStep) {
+  // With the warm-up, the first update after 100 skipped steps already uses decay_t of t = 101: the
+  // average a run evaluating late sees, less the updates whose weight had decayed away.
+  Net model;
+  Ema ema(model, EmaOptions(0.99).after_step(100));
+  for (int step = 0; step < 100; ++step) ema.update();
+  set_parameters(model, 2.0);
+  ema.update();
+  set_parameters(model, 4.0);
+  ema.update();
+  const double decay = (1.0 + 101) / (10.0 + 101);
+  EXPECT_NEAR(ema.shadow()[0].max().item<double>(), decay * 2.0 + (1 - decay) * 4.0, 1e-12);
+}
+
 TEST(Ema, BuffersAreCopiedNotAveraged) {
   torch::manual_seed(0);
   Net model;

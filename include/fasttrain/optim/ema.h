@@ -3,13 +3,14 @@
 //   ema = decay_t * ema + (1 - decay_t) * param, decay_t = min(decay, (1 + t) / (10 + t)) with warmup,
 // t = the EMA updates made before this one (0 for the first). With every = N the update runs on
 // every Nth call of update() and uses decay_t^N, so the averaging horizon in optimizer steps does
-// not depend on N. Buffers (BatchNorm running stats) are copied, not averaged. With lookahead, each
-// update also copies the averaged weights back into the model (Zhang et al.'s Lookahead with an EMA as
-// the slow weights, as airbench trains).
-// Create the Ema after moving the model to its device and dtype: the averages live next to the
-// weights. On a GPU the update reads nothing from the host: decay_t comes from a count of updates kept
-// on the device, so the update can be captured in a CUDA graph (record_update then counts each replay
-// on the host). On the CPU, where that count is read for free, decay_t is computed on the host.
+// not depend on N. With after_step = S the first S calls average nothing (t still counts them) and the
+// average starts at the weights of the first update after them. Buffers (BatchNorm running stats) are copied,
+// not averaged. With lookahead, each update also copies the averaged weights back into the model (Zhang et
+// al.'s Lookahead with an EMA as the slow weights, as airbench trains). Create the Ema after moving the model
+// to its device and dtype: the averages live next to the weights. On a GPU the update reads nothing from the
+// host: decay_t comes from a count of updates kept on the device, so the update can be captured in a CUDA
+// graph (record_update then counts each replay on the host). On the CPU, where that count is read for free,
+// decay_t is computed on the host.
 //
 //   fasttrain::Ema ema(*model, fasttrain::EmaOptions(0.999));
 //   ... after each optimizer step: ema.update();
@@ -34,6 +35,12 @@ struct EmaOptions {
          "Use decay min(decay, (1 + t) / (10 + t)) so early averages are not stuck at init") = true;
   FT_KEY(int64_t, every, "Update the average every N optimizer steps (decay applied as decay^N)",
          at_least(1)) = 1;
+  FT_KEY(int64_t, after_step,
+         "Start averaging after this many optimizer steps, at the weights of the next, with the decay the "
+         "average would have had by then (the warm-up counts every step); until then evaluations use the "
+         "weights themselves. A run that evaluates late skips the updates whose weight in its average has "
+         "decayed to nothing (decay^(steps between))",
+         at_least(0)) = 0;
   FT_KEY(bool, lookahead,
          "After each update, the model's weights become the average and training continues from there "
          "(Lookahead: airbench's form of EMA; pair with every > 1)") = false;
@@ -51,6 +58,8 @@ class Ema {
   void apply_update();
   const EmaOptions& options() const { return options_; }
   int64_t updates() const { return updates_; }
+  // Whether the average has started (ema.after_step calls made); before, SwapGuard leaves the weights.
+  bool averaging() const { return steps_ > options_.after_step(); }
   // update() calls so far (with every = N, updates() = calls() / N).
   int64_t calls() const { return steps_; }
   // The averages, in the order of the model's parameters() then buffers().
@@ -60,7 +69,8 @@ class Ema {
   // and counters. An error names the first mismatch and changes nothing.
   void load_state(const std::vector<torch::Tensor>& shadow, int64_t calls, int64_t updates);
 
-  // Swaps the model's tensors with the EMA's for the guard's lifetime; swaps back on exit.
+  // Swaps the model's tensors with the EMA's for the guard's lifetime; swaps back on exit. Before the
+  // average has started (averaging() false) it leaves the model's weights as they are.
   // The values are copied in place, so the model's Parameters keep their identity and storage
   // (optimizer state, DDP buckets and CUDA-graph addresses stay valid). Guards do not nest, and
   // update() inside a guard is an error.
@@ -73,6 +83,7 @@ class Ema {
 
    private:
     Ema& ema_;
+    bool swapped_ = false;
   };
 
  private:

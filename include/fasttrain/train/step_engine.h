@@ -22,6 +22,7 @@
 
 #include "fasttrain/data/batch_source.h"
 #include "fasttrain/data/loader.h"
+#include "fasttrain/optim/ema.h"
 #include "fasttrain/optim/optimizer.h"
 #include "fasttrain/optim/schedule.h"
 
@@ -82,17 +83,17 @@ struct CaptureFacts {
   bool whole_windows = true;     // every epoch's batches split into full accumulation windows
   bool momentum_cycles = false;  // the schedule moves momentum / beta1 each step
   bool fused_optimizer = true;   // the optimizer steps through ATen's fused kernels
-  bool ema_every_step = true;    // EMA is off or updates every step (ema.every = 1)
+  bool ema_every_step = true;    // EMA is off or updates every step (ema.every = 1, ema.after_step = 0)
   bool detect_anomaly = false;   // train.detect_anomaly
 };
 
 // Why the step cannot be captured under `facts` (nullopt: it can).
 std::optional<std::string> capture_blocker(const CaptureFacts& facts);
 
-// The facts of a trainer's pieces: `ema_every` is ema.every (nullopt without EMA).
+// The facts of a trainer's pieces: `ema` is the EMA's options (null without EMA).
 CaptureFacts capture_facts(const torch::Device& device, bool distributed, const DataLoader& train,
                            int64_t accumulation, const Schedule* schedule, const Optimizer& optimizer,
-                           std::optional<int64_t> ema_every, bool detect_anomaly);
+                           const EmaOptions* ema, bool detect_anomaly);
 
 std::unique_ptr<StepEngine> make_eager_engine(StepFunctions& step);
 // The captured engine (CUDA builds only; elsewhere an Error): captures at its first window.
