@@ -383,10 +383,11 @@ class Ema:
         self.averages = [p.detach().clone() for p in self.parameters]
         self.decay, self.warmup, self.on_device, self.after_step = decay, warmup, on_device, after_step
         self.updates = 0  # counted through after_step too: the warm-up's t runs from the first step
+        self.device_updates = torch.zeros((), dtype=torch.float64, device=self.averages[0].device)
 
     def averaging(self):
-        return self.updates > self.after_step
-        self.device_updates = torch.zeros((), dtype=torch.float64, device=self.averages[0].device)
+        # In graph mode (after_step 0) the count lives on the device; the averages start equal to the weights.
+        return self.on_device or self.updates > self.after_step
 
     @torch.no_grad()
     def update(self):

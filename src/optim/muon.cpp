@@ -13,6 +13,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
+#include <vector>
 
 #include "adam_update.h"
 #include "fasttrain/detail/compat.h"
@@ -131,25 +133,33 @@ class Muon : public Optimizer {
     const int64_t ns_steps = options().muon_ns_steps();
     const std::string& adjust_rule = options().muon_adjust_lr();
     const bool own_kernel = options().muon_newton_schulz() == "fasttrain";
+    std::vector<size_t> composed;  // the matrices muon_matrix_step does not take
+    std::optional<double> lr_value;
+    for (size_t i : with_grad) {
+      const torch::Tensor& param = groups()[g].params[i];
+      const torch::Tensor& buffer = state(g, kMuonMomentum, i);
+      if (!own_kernel || !kernels::muon_matrix_step_takes(param, param.grad(), buffer)) {
+        composed.push_back(i);
+        continue;
+      }
+      // The lr is a CPU tensor here: reading it is not a synchronisation.
+      if (!lr_value) lr_value = lr.item<double>();
+      kernels::MuonMatrixStep step;
+      step.momentum = mu;
+      step.nesterov = nesterov;
+      step.steps = ns_steps;
+      step.decay = 1 - *lr_value * weight_decay;
+      step.scale = *lr_value * lr_adjustment(param, adjust_rule);
+      kernels::muon_matrix_step(param, param.grad(), buffer, step);
+    }
+    if (composed.empty()) return;
     const torch::Tensor lr64 = lr.to(torch::kDouble);
     // The group's decay factor once, not per matrix: these small updates are bound by operator dispatch.
     const torch::Tensor decay = weight_decay != 0 ? 1 - lr64 * weight_decay : torch::Tensor();
-    for (size_t i : with_grad) {
+    for (size_t i : composed) {
       const torch::Tensor& param = groups()[g].params[i];
       const torch::Tensor grad = param.grad();
       const torch::Tensor& buffer = state(g, kMuonMomentum, i);
-      if (own_kernel && kernels::muon_matrix_step_takes(param, grad, buffer)) {
-        // The lr is a CPU tensor here: reading it is not a synchronisation.
-        const double lr_value = lr64.item<double>();
-        kernels::MuonMatrixStep step;
-        step.momentum = mu;
-        step.nesterov = nesterov;
-        step.steps = ns_steps;
-        step.decay = 1 - lr_value * weight_decay;
-        step.scale = lr_value * lr_adjustment(param, adjust_rule);
-        kernels::muon_matrix_step(param, grad, buffer, step);
-        continue;
-      }
       buffer.lerp_(grad, 1 - mu);
       const torch::Tensor update = nesterov ? grad.lerp(buffer, mu) : buffer;
       const torch::Tensor matrix = update.reshape({update.size(0), -1});  // [A, B]

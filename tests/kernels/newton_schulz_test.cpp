@@ -155,8 +155,9 @@ TEST(CpuNewtonSchulz, MuonMatrixStepGivesTheComposedStepOnEveryCapability) {
       for (const bool nesterov : {true, false}) {
         for (const bool channels_last : {false, true}) {
           if (channels_last && shape.size() != 4) continue;
-          SCOPED_TRACE(describe(capability, torch::kFloat, {shape[0], torch::ones(shape)[0].numel()}) +
-                       (nesterov ? " nesterov" : "") + (channels_last ? " channels_last" : ""));
+          SCOPED_TRACE(
+              describe(capability, torch::kFloat, {shape[0], c10::multiply_integers(shape) / shape[0]}) +
+              (nesterov ? " nesterov" : "") + (channels_last ? " channels_last" : ""));
           const auto layout =
               channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
           kernels::MuonMatrixStep step;

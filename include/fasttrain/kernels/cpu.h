@@ -9,10 +9,9 @@
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
 //   torch::Tensor h = fasttrain::kernels::bias_gelu(torch::linear(x, fc->weight), fc->bias);  // [..., 4C]
 //   torch::Tensor pooled = fasttrain::kernels::max_pool2x2(maps);  // NHWC [N, C, H, W] -> [N, C, H/2, W/2]
-//   torch::Tensor flat = fasttrain::kernels::flatten_channels_last(maps);  // NHWC -> [N, C * H * W], NCHW
-//   order torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {},
-//   cpu_compute_dtype(x)); torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias,
-//   bn->running_mean,
+//   torch::Tensor flat = fasttrain::kernels::flatten_channels_last(maps);  // NHWC -> [N, CHW] NCHW order
+//   torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {}, cpu_compute_dtype(x));
+//   torch::Tensor a = fasttrain::kernels::batch_norm_relu(maps, bn->weight, bn->bias, bn->running_mean,
 //                                                         bn->running_var, true, 0.1, 1e-5);  // NHWC
 //   torch::Tensor loss = fasttrain::kernels::cross_entropy(logits, targets, 0.1);  // [N, C], [N] -> 0-dim
 #include <torch/types.h>

@@ -4,8 +4,6 @@
 // (AVX512: 16 lanes; in bf16 each 32-bit lane carries two neighbouring values, so one gather fills two
 // output rows) and the contiguous side written with vector stores. The other builds run the plain loop.
 // Compiled once per CPU capability (CMakeLists.txt), as attention_kernel.cpp is.
-#include <cstring>
-
 #include "bodies.h"
 #include "vectors.h"
 
@@ -13,9 +11,10 @@ namespace fasttrain::kernels::CPU_CAPABILITY {
 
 namespace {
 
+// Columns [first_col, cols) a value at a time.
 template <typename T>
-void transpose_plain(const T* src, T* dst, int64_t rows, int64_t cols) {
-  for (int64_t j = 0; j < cols; ++j)
+void transpose_plain(const T* src, T* dst, int64_t rows, int64_t cols, int64_t first_col = 0) {
+  for (int64_t j = first_col; j < cols; ++j)
     for (int64_t i = 0; i < rows; ++i) dst[j * rows + i] = src[i * cols + j];
 }
 
@@ -56,8 +55,7 @@ void transpose_one(const uint16_t* src, uint16_t* dst, int64_t rows, int64_t col
                                _mm512_cvtepi32_epi16(_mm512_srli_epi32(pairs, 16)));
     }
   }
-  for (; j < cols; ++j)
-    for (int64_t i = 0; i < rows; ++i) dst[j * rows + i] = src[i * cols + j];
+  transpose_plain(src, dst, rows, cols, j);  // an odd last column
 }
 #else
 void transpose_one(const float* src, float* dst, int64_t rows, int64_t cols) {
