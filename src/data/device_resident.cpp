@@ -132,11 +132,11 @@ Batch ResidentImageBatches::build(const BatchRequest& request) const {
 }
 
 ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device,
-                                 int64_t dataset_bytes, int64_t device_memory_bytes) {
+                                 const ResidentData& data, const DeviceMemory& memory) {
   FT_CONFIG_CHECK(setting == "auto" || setting == "true" || setting == "false",
                   "data.device_resident '{}' is not allowed; valid: auto, true, false", setting);
   if (setting == "false") return {false, "data.device_resident = false"};
-  if (dataset_bytes == 0) {
+  if (data.bytes == 0) {
     FT_CONFIG_CHECK(setting != "true",
                     "data.device_resident = true, but this data set cannot be built on a device (text, or an "
                     "augmentation without a pixel map); set it to auto or false");
@@ -144,14 +144,19 @@ ResidencyChoice choose_residency(const std::string& setting, const torch::Device
             "this data set is built by the loader's threads (text, or augmentations the device cannot run)"};
   }
   if (setting == "true") return {true, "data.device_resident = true"};
-  if (!device.is_cuda()) return {false, "batches are built where the model trains only on a CUDA device"};
-  if (dataset_bytes * 10 > device_memory_bytes) {
-    return {false, fmt::format("the data set ({}) is more than a tenth of {}'s memory ({})",
-                               format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
+  if (!device.is_cuda() && !data.gathers) {
+    return {false,
+            "its augmentations run in the loader's threads, beside the step, not on the step's thread"};
   }
-  return {true,
-          fmt::format("the data set ({}) fits in a tenth of {}'s memory ({}): batches are gathered there",
-                      format_bytes(dataset_bytes), device.str(), format_bytes(device_memory_bytes))};
+  if (memory.bytes <= 0) return {false, fmt::format("{} is unknown", memory.name)};
+  const std::string limit = fmt::format("{} ({})", memory.name, format_bytes(memory.bytes));
+  if (data.bytes * 10 > memory.bytes) {
+    return {false,
+            fmt::format("the data set ({}) is more than a tenth of {}", format_bytes(data.bytes), limit)};
+  }
+  return {true, fmt::format("the data set ({}) fits in a tenth of {}: batches are gathered there{}",
+                            format_bytes(data.bytes), limit,
+                            device.is_cuda() ? "" : ", normalised once instead of every batch")};
 }
 
 }  // namespace fasttrain

@@ -114,12 +114,19 @@ void make_loaders(Run& run, int local_ranks) {
   const DataConfig& data = config.data;
   // Both splits on the device, or neither.
   const auto& train = *run.data.train;
-  const int64_t test_bytes = run.data.test ? run.data.test->resident_bytes() : 0;
-  const int64_t resident_bytes = train.resident_bytes() > 0 && (!run.data.test || test_bytes > 0)
-                                     ? train.resident_bytes() + test_bytes
-                                     : 0;
-  run.residency =
-      choose_residency(data.device_resident(), run.device, resident_bytes, run.hardware.gpu_memory_bytes);
+  ResidentData resident{train.resident_bytes(), train.resident_batches_are_gathers()};
+  if (run.data.test) {
+    const int64_t test_bytes = run.data.test->resident_bytes();
+    resident.bytes = resident.bytes > 0 && test_bytes > 0 ? resident.bytes + test_bytes : 0;
+    resident.gathers = resident.gathers && run.data.test->resident_batches_are_gathers();
+  }
+  // The ranks on a host share its memory, each with a copy; a memory.budget is the memory the run has.
+  DeviceMemory memory{
+      run.hardware.device_memory_bytes() / (run.device.is_cuda() ? 1 : std::max(1, local_ranks)),
+      run.device.is_cuda() ? run.device.str() + "'s memory" : "the host's memory"};
+  if (config.memory.budget_bytes() > 0 && (memory.bytes <= 0 || config.memory.budget_bytes() < memory.bytes))
+    memory = {config.memory.budget_bytes(), "memory.budget"};
+  run.residency = choose_residency(data.device_resident(), run.device, resident, memory);
   const LoaderOptions common =
       LoaderOptions(data.loader)
           .workers(data.workers() >= 0 ? data.workers() : auto_worker_count(local_ranks))

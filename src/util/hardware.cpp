@@ -1,6 +1,7 @@
 #include "fasttrain/util/hardware.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <fstream>
@@ -94,6 +95,8 @@ Hardware detect_hardware(const torch::Device& device) {
   }
   hardware.physical_cores = physical_cores();
   hardware.openblas_pool = blas_library().name == "OpenBLAS";
+  const long pages = sysconf(_SC_PHYS_PAGES), page_bytes = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page_bytes > 0) hardware.host_memory_bytes = static_cast<int64_t>(pages) * page_bytes;
 #ifdef FASTTRAIN_CUDA
   if (device.is_cuda()) {
     const cudaDeviceProp* gpu = at::cuda::getDeviceProperties(device.has_index() ? device.index() : 0);

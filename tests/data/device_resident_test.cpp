@@ -142,28 +142,54 @@ TEST(DeviceResident, ShardsOfRanksAndTheEvaluationOrderAreTheLoaders) {
   expect_same_batches(built, resident, 0, "evaluation");
 }
 
-TEST(DeviceResident, AutoKeepsSmallImageSetsOnCudaAndSaysWhyNotElsewhere) {
+TEST(DeviceResident, AutoKeepsSmallDataSetsWhereABatchIsCheaperThereAndSaysWhy) {
   const torch::Device cuda(torch::kCUDA, 0), cpu(torch::kCPU);
   const int64_t gib = int64_t{1} << 30, mib = int64_t{1} << 20;
-  const ResidencyChoice small = choose_residency("auto", cuda, 55 * mib, 80 * gib);
+  const ResidentData gathered{55 * mib, true}, augmented{55 * mib, false}, text{0, false};
+  const DeviceMemory gpu{80 * gib, "cuda:0's memory"}, host{24 * gib, "the host's memory"},
+      budget{500 * mib, "memory.budget"};
+  const ResidencyChoice small = choose_residency("auto", cuda, augmented, gpu);
   EXPECT_TRUE(small.resident) << small.reason;
   EXPECT_TRUE(testing::contains_all(small.reason, {"cuda:0", "80.00 GiB"})) << small.reason;
-  const ResidencyChoice large = choose_residency("auto", cuda, 9 * gib, 80 * gib);
+  const ResidencyChoice large = choose_residency("auto", cuda, {9 * gib, true}, gpu);
   EXPECT_FALSE(large.resident);
   EXPECT_TRUE(testing::contains_all(large.reason, {"9.00 GiB", "a tenth"})) << large.reason;
-  const ResidencyChoice on_cpu = choose_residency("auto", cpu, 55 * mib, 0);
-  EXPECT_FALSE(on_cpu.resident);
-  EXPECT_NE(on_cpu.reason.find("CUDA"), std::string::npos) << on_cpu.reason;
-  const ResidencyChoice text = choose_residency("auto", cuda, 0, 80 * gib);
-  EXPECT_FALSE(text.resident);
-  EXPECT_NE(text.reason.find("text"), std::string::npos) << text.reason;
-  EXPECT_TRUE(choose_residency("true", cpu, 55 * mib, 0).resident);  // asked for: CPU tests build this way
-  EXPECT_FALSE(choose_residency("false", cuda, 55 * mib, 80 * gib).resident);
-  const std::string impossible = testing::error_message([&] { choose_residency("true", cuda, 0, 80 * gib); });
+  // On a CPU: a gather instead of the step's thread normalising every batch, where the host has room.
+  const ResidencyChoice on_cpu = choose_residency("auto", cpu, gathered, host);
+  EXPECT_TRUE(on_cpu.resident) << on_cpu.reason;
+  EXPECT_TRUE(testing::contains_all(on_cpu.reason, {"the host", "24.00 GiB", "normalised once"}))
+      << on_cpu.reason;
+  const ResidencyChoice cpu_full = choose_residency("auto", cpu, gathered, budget);
+  EXPECT_FALSE(cpu_full.resident);
+  EXPECT_TRUE(testing::contains_all(cpu_full.reason, {"55.00 MiB", "a tenth", "memory.budget (500.00 MiB)"}))
+      << cpu_full.reason;
+  const ResidencyChoice cpu_augmented = choose_residency("auto", cpu, augmented, host);
+  EXPECT_FALSE(cpu_augmented.resident);
+  EXPECT_NE(cpu_augmented.reason.find("loader's threads"), std::string::npos) << cpu_augmented.reason;
+  const ResidencyChoice unknown_memory = choose_residency("auto", cpu, gathered, {0, "the host's memory"});
+  EXPECT_FALSE(unknown_memory.resident) << unknown_memory.reason;
+  EXPECT_NE(unknown_memory.reason.find("unknown"), std::string::npos) << unknown_memory.reason;
+  const ResidencyChoice on_device = choose_residency("auto", cuda, text, gpu);
+  EXPECT_FALSE(on_device.resident);
+  EXPECT_NE(on_device.reason.find("text"), std::string::npos) << on_device.reason;
+  EXPECT_TRUE(choose_residency("true", cpu, augmented, {}).resident);  // asked for: CPU tests build this way
+  EXPECT_FALSE(choose_residency("false", cuda, gathered, gpu).resident);
+  const std::string impossible = testing::error_message([&] { choose_residency("true", cuda, text, gpu); });
   EXPECT_TRUE(testing::contains_all(impossible, {"data.device_resident = true", "cannot"})) << impossible;
-  EXPECT_THROW(choose_residency("true", cuda, 0, 80 * gib), ConfigError);
-  const std::string wrong = testing::error_message([&] { choose_residency("gpu", cuda, 1, 1); });
+  EXPECT_THROW(choose_residency("true", cuda, text, gpu), ConfigError);
+  const std::string wrong = testing::error_message([&] { choose_residency("gpu", cuda, {1, true}, gpu); });
   EXPECT_TRUE(testing::contains_all(wrong, {"data.device_resident", "'gpu'", "auto, true, false"})) << wrong;
+}
+
+// Which sources a CPU keeps resident under "auto": unaugmented images and a program's tensors, whose batches
+// are gathers; augmented images, whose batches the loader's threads build.
+TEST(DeviceResident, SourcesSayWhetherTheirResidentBatchesAreGathers) {
+  const ImageDataset data = testing::synthetic_images(20, 1, 6, 6);
+  EXPECT_TRUE(ImageBatchSource(data, TransformPipeline({0.5f}, {0.25f})).resident_batches_are_gathers());
+  EXPECT_FALSE(
+      ImageBatchSource(data, TransformPipeline({0.5f}, {0.25f}).add(std::make_shared<HorizontalFlip>()))
+          .resident_batches_are_gathers());
+  EXPECT_TRUE(program_tensors()->resident_batches_are_gathers());
 }
 
 TEST(DeviceResident, PixelMapsComposeAsTheAugmentationsApply) {

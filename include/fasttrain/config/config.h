@@ -90,10 +90,12 @@ struct DataConfig {
   FT_KEY(int64_t, eval_batch_size, "Samples per evaluation batch", at_least(1), KeyTrait::kNeutral) = 1000;
   FT_KEY(int, workers, "Loader threads, or \"auto\": enough to keep the step fed without taking its cores",
          integer_or_auto<int>(-1, 0), KeyTrait::kNeutral) = -1;
-  FT_KEY(std::string, device_resident,
-         "Keep the data set on the training device and gather, augment and normalise each batch there: "
-         "\"auto\" (images on a CUDA device, when they take at most a tenth of its memory), true or false",
-         KeyRule<std::string>(switch_or_auto(), KeyTrait::kNeutral)) = "auto";
+  FT_KEY(
+      std::string, device_resident,
+      "Keep the data set on the training device and gather, augment and normalise each batch there: "
+      "\"auto\" (where the data set takes at most a tenth of the device's memory: on a CUDA device; on a CPU "
+      "where a batch is then a gather, normalised once instead of every batch), true or false",
+      KeyRule<std::string>(switch_or_auto(), KeyTrait::kNeutral)) = "auto";
 
  public:
   Selection<DatasetRecipe> dataset{dataset_registry, "fashion-mnist"};

@@ -138,6 +138,9 @@ class BatchSource {
   // Bytes a copy of the samples on a device would take, or 0 when this source cannot build batches
   // there (then make_resident fails).
   virtual int64_t resident_bytes() const { return 0; }
+  // Whether a resident copy builds each batch by gathering its samples' rows and nothing more (false
+  // where it also augments them a batch at a time): what makes "auto" keep the data resident on a CPU.
+  virtual bool resident_batches_are_gathers() const { return true; }
   // A copy of the samples on `device` that builds the same batches there (data.device_resident).
   virtual std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const;
   // What one sample is (input and target shapes and types, classes, the task it is for): what a model
@@ -163,6 +166,7 @@ class ImageBatchSource : public BatchSource {
   Batch build(const BatchRequest& request) const override;
   DataShape shape() const override;
   int64_t resident_bytes() const override;
+  bool resident_batches_are_gathers() const override { return !pipeline_.has_augmentations(); }
   std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const override;
   std::string describe() const override;
   const ImageDataset& dataset() const { return dataset_; }

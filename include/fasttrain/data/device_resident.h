@@ -84,15 +84,31 @@ class ResidentImageBatches : public ResidentSamples {
   int64_t bytes_ = 0;
 };
 
+// What a resident copy of a run's data would be: its bytes (0: the source cannot build batches on a
+// device), and whether each batch is then a gather of rows and nothing more (BatchSource's
+// resident_batches_are_gathers).
+struct ResidentData {
+  int64_t bytes = 0;
+  bool gathers = false;
+};
+
+// The memory a resident copy would take a share of, and what to call it ("cuda:0's memory", "the host's
+// memory", "memory.budget"); bytes 0 where unknown.
+struct DeviceMemory {
+  int64_t bytes = 0;
+  std::string name;
+};
+
 // data.device_resident ("auto" | "true" | "false") for a run on `device`: whether batches are built
-// there, and why. `dataset_bytes`: what the copy would hold (0: the source cannot be resident);
-// `device_memory_bytes`: the device's memory (0 on CPU). "auto" keeps a dataset resident on a CUDA
-// device when it takes at most 1/10 of the memory; "true" where it cannot be is a ConfigError.
+// there, and why. "auto" keeps a data set resident where it takes at most 1/10 of `memory`: on a CUDA
+// device whatever a batch's work, on a CPU only where a batch is then a gather (normalised once at load
+// instead of on the step's thread every batch; augmentations stay with the loader, whose threads run
+// them beside the step). "true" where it cannot be is a ConfigError.
 struct ResidencyChoice {
   bool resident = false;
   std::string reason;
 };
 ResidencyChoice choose_residency(const std::string& setting, const torch::Device& device,
-                                 int64_t dataset_bytes, int64_t device_memory_bytes);
+                                 const ResidentData& data, const DeviceMemory& memory);
 
 }  // namespace fasttrain

@@ -23,10 +23,14 @@ struct Hardware {
   bool native_bf16_overridden = false;  // FASTTRAIN_NATIVE_BF16 decided cpu_native_bf16
   bool cpu_amx_bf16 = false;  // AMX-BF16: where oneDNN rounds fp32 convs and matmuls to bf16 when allowed
   int physical_cores = 1;
-  bool openblas_pool = false;    // LibTorch's fp32 matmuls run in OpenBLAS's own thread pool
-  std::string gpu_name;          // CUDA devices only
-  int cuda_capability = 0;       // major * 10 + minor, e.g. 90 for an H100; 0 on CPU
-  int64_t gpu_memory_bytes = 0;  // the CUDA device's memory; 0 on CPU
+  bool openblas_pool = false;     // LibTorch's fp32 matmuls run in OpenBLAS's own thread pool
+  std::string gpu_name;           // CUDA devices only
+  int cuda_capability = 0;        // major * 10 + minor, e.g. 90 for an H100; 0 on CPU
+  int64_t gpu_memory_bytes = 0;   // the CUDA device's memory; 0 on CPU
+  int64_t host_memory_bytes = 0;  // the machine's physical memory (0 where the system does not say)
+
+  // The memory of `device`: the GPU's on a CUDA device, else the host's.
+  int64_t device_memory_bytes() const { return device.is_cuda() ? gpu_memory_bytes : host_memory_bytes; }
 
   // bf16 matmuls and convolutions run in hardware on `device`: CUDA compute capability >= 8.0
   // (Ampere and later), or a CPU with AVX512-BF16 / AMX.
