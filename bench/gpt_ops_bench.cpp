@@ -28,7 +28,6 @@
 #include "fasttrain/detail/json.h"
 #include "fasttrain/kernels/attention.h"
 #include "fasttrain/kernels/cpu.h"
-#include "fasttrain/precision/autocast.h"
 #include "fasttrain/task/tasks.h"
 
 namespace {
@@ -365,23 +364,6 @@ void cnn_rows(nlohmann::json& out, int repeats) {
           y.backward(grad);
           if (!own)
             x.grad().contiguous(torch::MemoryFormat::ChannelsLast);  // what BatchNorm + ReLU then does
-        },
-        repeats);
-  }
-  // ---- the main job's hidden Linear + ReLU in bf16 ([128, 1568] -> [128, 256]) on a CPU with AMX-BF16:
-  // fasttrain's AMX kernel against autocast's linear (a cast of the weight, oneDNN's matmul) and relu ----
-  if (fasttrain::kernels::amx_linear_runs_here()) {
-    const auto x = torch::randn({128, 1568}).to(torch::kBFloat16), weight = torch::randn({256, 1568}) * 0.03;
-    const auto bias = torch::randn({256}) * 0.1, grad = torch::randn({128, 256}).to(torch::kBFloat16);
-    out["amx_linear_relu_1568x256"] = own_against_aten(
-        "bf16 autocast, x [128, 1568] -> [128, 256] + ReLU, forward + backward (x, weight, bias)",
-        [&](bool own) {
-          auto input = x.detach().requires_grad_(true);
-          auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
-          fasttrain::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
-          auto y =
-              own ? fasttrain::kernels::amx_linear(input, w, b, true) : torch::linear(input, w, b).relu_();
-          y.backward(grad);
         },
         repeats);
   }
