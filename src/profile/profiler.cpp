@@ -206,6 +206,7 @@ ProfileResult profile_built_run(Run& run, const std::string& out_dir, const Prof
   fs::create_directories(out_dir);
 
   ProfileResult result;
+  result.data_resident = run.residency.resident;
   result.trace_path = out_dir + "/trace.json";
   result.memory_timeline_path = out_dir + "/memory_timeline.csv";
   auto trainer = run.make_trainer();
@@ -251,6 +252,7 @@ nlohmann::json ProfileResult::to_json() const {
           {"samples_per_s", samples_per_s},
           {"host_reads", host_reads},
           {"profiler", profiler},
+          {"data_resident", data_resident},
           {"allocations", allocations},
           {"step_phases_s", phases.to_json()},
           {"operators", ops},

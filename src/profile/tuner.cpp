@@ -39,9 +39,14 @@ class Tuner {
                                   .warmup_steps(options.measure().warmup_steps())
                                   .min_seconds(options.measure().min_seconds()))
                      .record(false)) {
-    best_speed_ = measure(best_, "baseline");
+    const ProfileResult baseline = profile(best_, "baseline");
+    best_speed_ = baseline.samples_per_s;
+    data_resident_ = baseline.data_resident;
     result_.baseline_samples_per_s = best_speed_;
   }
+
+  // The baseline's batches come from a resident copy of the data: data.workers changes nothing then.
+  bool data_resident() const { return data_resident_; }
 
   const Config& best() const { return best_; }
   // train.threads = 0 is the physical cores.
@@ -71,10 +76,12 @@ class Tuner {
   }
 
  private:
-  double measure(Config config, const std::string& name) {
+  ProfileResult profile(Config config, const std::string& name) {
     return profile_run(builder_, with_room_to_profile(std::move(config)), run_dir_ + "/tune/" + name,
-                       profile_)
-        .samples_per_s;
+                       profile_);
+  }
+  double measure(Config config, const std::string& name) {
+    return profile(std::move(config), name).samples_per_s;
   }
 
   TuneTrial measure_trial(const std::string& change, const Config& changed) {
@@ -104,6 +111,7 @@ class Tuner {
   Config best_;
   double best_speed_ = 0;
   bool kept_any_ = false;
+  bool data_resident_ = false;
   TuneResult result_;
   std::string run_dir_;
   double min_gain_;
@@ -207,7 +215,7 @@ TuneResult tune(RunBuilder& builder, const Config& requested, const std::string&
   for (int count : {0, 1, 2})
     workers.push_back(
         {fmt::format("data.workers = {}", count), [count](Config& c) { c.data.workers(count); }});
-  tuner.try_candidates(workers);
+  if (!tuner.data_resident()) tuner.try_candidates(workers);
   if (tuner.best().train.precision() == "fp32" && hardware.native_bf16())
     tuner.try_candidates(bf16_candidates(tuner.threads_in_effect()));
   tuner.try_candidates(kernel_candidates(tuner.best(), device.is_cuda()));

@@ -11,14 +11,21 @@
 namespace fasttrain {
 namespace {
 
+// A small cnn on 300 Fashion-MNIST images at one thread, its data resident or built by the loader.
+Config small_cnn_run(int64_t batch_size, const std::string& device_resident) {
+  Config config;
+  config.data.batch_size(batch_size);
+  config.data.dataset.as<ImageDataOptions>().train_limit(300);
+  config.data.device_resident(device_resident);
+  config.model.select("cnn").as<CnnOptions>().widths({8, 16}).hidden({32});
+  config.train.threads(1);
+  return config;
+}
+
 TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
   FT_REQUIRE_FASHION_MNIST();
   testing::TempDir dir;
-  Config config;
-  config.data.batch_size(128);
-  config.data.dataset.as<ImageDataOptions>().train_limit(300);
-  config.model.select("cnn").as<CnnOptions>().widths({8, 16}).hidden({32});
-  config.train.threads(1);
+  const Config config = small_cnn_run(128, "false");  // the loader's workers are then a switch to try
   RunBuilder builder;
   TuneResult result =
       tune(builder, config, dir.path(),
@@ -74,6 +81,19 @@ TEST(Tune, KeepsWhatIsFasterAndWritesTheTunedConfig) {
        {"| data.workers = 0 |", "| train.channels_last = true |", "| data.batch_size x2"}) {
     EXPECT_NE(result.table().find(tried), std::string::npos) << tried << "\n" << result.table();
   }
+}
+
+TEST(Tune, TriesNoLoaderWorkersWhereTheDataIsResident) {
+  // A resident copy (data.device_resident; "auto" keeps unaugmented images so on a CPU) builds batches on the
+  // step's thread and runs no loader workers: data.workers would change nothing, so it is not tried.
+  FT_REQUIRE_FASHION_MNIST();
+  testing::TempDir dir;
+  RunBuilder builder;
+  const TuneResult result =
+      tune(builder, small_cnn_run(64, "true"), dir.path(),
+           TuneOptions().measure(MeasureOptions().steps(2).warmup_steps(1).min_seconds(0.05)));
+  ASSERT_FALSE(result.trials.empty());
+  EXPECT_EQ(result.table().find("data.workers"), std::string::npos) << result.table();
 }
 
 }  // namespace

@@ -65,6 +65,9 @@ struct ProfileResult {
   int64_t peak_memory_bytes = 0;
   std::string trace_path, memory_timeline_path;
   std::string profiler;  // what recorded trace.json: "kineto (CPU + CUDA)", "kineto (CPU)" or "legacy (CPU)"
+  // Batches gathered from a resident copy of the data (data.device_resident): the loader then runs no
+  // workers.
+  bool data_resident = false;
   // Phases in ms per step and share, then the operators.
   std::string table() const;
   nlohmann::json to_json() const;
