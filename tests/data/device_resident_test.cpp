@@ -182,7 +182,8 @@ TEST(DeviceResident, AutoKeepsSmallDataSetsWhereABatchIsCheaperThereAndSaysWhy) 
 }
 
 // Which sources a CPU keeps resident under "auto": unaugmented images and a program's tensors, whose batches
-// are gathers; augmented images, whose batches the loader's threads build.
+// are gathers; not augmented images, whose batches the loader's threads build, nor a source of its own that
+// does not say so.
 TEST(DeviceResident, SourcesSayWhetherTheirResidentBatchesAreGathers) {
   const ImageDataset data = testing::synthetic_images(20, 1, 6, 6);
   EXPECT_TRUE(ImageBatchSource(data, TransformPipeline({0.5f}, {0.25f})).resident_batches_are_gathers());
@@ -190,6 +191,13 @@ TEST(DeviceResident, SourcesSayWhetherTheirResidentBatchesAreGathers) {
       ImageBatchSource(data, TransformPipeline({0.5f}, {0.25f}).add(std::make_shared<HorizontalFlip>()))
           .resident_batches_are_gathers());
   EXPECT_TRUE(program_tensors()->resident_batches_are_gathers());
+  // A source of its own says nothing by default: its CPU runs stay with the loader's threads.
+  struct OwnSource : BatchSource {
+    int64_t size() const override { return 1; }
+    Batch build(const BatchRequest&) const override { return {}; }
+    std::string describe() const override { return "its own"; }
+  };
+  EXPECT_FALSE(OwnSource().resident_batches_are_gathers());
 }
 
 TEST(DeviceResident, PixelMapsComposeAsTheAugmentationsApply) {

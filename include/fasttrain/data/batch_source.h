@@ -138,9 +138,10 @@ class BatchSource {
   // Bytes a copy of the samples on a device would take, or 0 when this source cannot build batches
   // there (then make_resident fails).
   virtual int64_t resident_bytes() const { return 0; }
-  // Whether a resident copy builds each batch by gathering its samples' rows and nothing more (false
-  // where it also augments them a batch at a time): what makes "auto" keep the data resident on a CPU.
-  virtual bool resident_batches_are_gathers() const { return true; }
+  // Whether a resident copy builds each batch by gathering its samples' rows and nothing more: what makes
+  // "auto" keep the data resident on a CPU. False unless the source says so: a source of its own that
+  // augments on the device keeps its CPU runs with the loader's threads.
+  virtual bool resident_batches_are_gathers() const { return false; }
   // A copy of the samples on `device` that builds the same batches there (data.device_resident).
   virtual std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const;
   // What one sample is (input and target shapes and types, classes, the task it is for): what a model

@@ -35,6 +35,7 @@ class TensorSource : public BatchSource {
   Batch build(const BatchRequest& request) const override;
   // data.device_resident: every tensor copied to the device, a batch one index_select of each there.
   int64_t resident_bytes() const override;
+  bool resident_batches_are_gathers() const override { return true; }
   std::unique_ptr<ResidentBatches> make_resident(torch::Device device) const override;
   DataShape shape() const override;
   std::string describe() const override;
