@@ -6,10 +6,12 @@
 // layer_norm, in fp32 and bf16; and beside them the main job's 2x2 max-pool (the cnn's), fasttrain's
 // kernel against ATen's max_pool2d, its first conv fused with its max-pool against conv2d and the
 // max-pool, its BatchNorm + ReLU against batch_norm and relu, the flatten of its last channels_last maps
-// against ATen's strided copies, and muon's Newton-Schulz on its matrices;
-// and for both, the cross-entropy kernel against ATen's ops on bf16 logits (the gpt's [4096, 256] without
-// label smoothing, the main job's [128, 10] with 0.1).
-// Forward + backward, median of --repeats timed calls after a warm-up; one JSON line.
+// against ATen's strided copies, its hidden Linear + ReLU on AMX's tiles (where the CPU has AMX-BF16)
+// against autocast's linear and relu, and muon's Newton-Schulz on its matrices; and for both, the
+// cross-entropy kernel against ATen's ops on bf16 logits (the gpt's [4096, 256] without label smoothing,
+// the main job's [128, 10] with 0.1).
+// Forward + backward, median of --repeats timed calls after a warm-up, fasttrain's and ATen's called in
+// turn; one JSON line.
 //
 //   gpt_ops_bench [--threads 1] [--repeats 50] [--only gpt|cnn]
 #include <torch/torch.h>
@@ -28,6 +30,7 @@
 #include "fasttrain/detail/json.h"
 #include "fasttrain/kernels/attention.h"
 #include "fasttrain/kernels/cpu.h"
+#include "fasttrain/precision/autocast.h"
 #include "fasttrain/task/tasks.h"
 
 namespace {
@@ -54,12 +57,29 @@ std::function<void()> forward_backward(const torch::Tensor& input,
   };
 }
 
-// {shape, fasttrain_ms, aten_ms, speedup}: `step(true)` runs fasttrain's kernel, `step(false)` ATen's ops.
+// {shape, fasttrain_ms, aten_ms, speedup}: `step(true)` runs fasttrain's kernel, `step(false)` ATen's ops,
+// call by call in turn (which goes first alternating), so that a VM's drift lands on both sides alike.
 nlohmann::json own_against_aten(const std::string& shape, const std::function<void(bool own)>& step,
                                 int repeats) {
+  for (int i = 0; i < 5; ++i) step(true), step(false);
+  std::vector<double> times[2];
+  const auto time = [&](bool own) {
+    const auto start = std::chrono::steady_clock::now();
+    step(own);
+    times[own].push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  };
+  for (int i = 0; i < repeats; ++i) {
+    time(i % 2 == 0);
+    time(i % 2 != 0);
+  }
+  const auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
   nlohmann::json row{{"shape", shape}};
-  row["fasttrain_ms"] = median_ms([&] { step(true); }, repeats);
-  row["aten_ms"] = median_ms([&] { step(false); }, repeats);
+  row["fasttrain_ms"] = median(times[1]);
+  row["aten_ms"] = median(times[0]);
   row["speedup"] = row["aten_ms"].get<double>() / row["fasttrain_ms"].get<double>();
   return row;
 }
@@ -364,6 +384,23 @@ void cnn_rows(nlohmann::json& out, int repeats) {
           y.backward(grad);
           if (!own)
             x.grad().contiguous(torch::MemoryFormat::ChannelsLast);  // what BatchNorm + ReLU then does
+        },
+        repeats);
+  }
+  // ---- the main job's hidden Linear + ReLU in bf16 ([128, 1568] -> [128, 256]) on a CPU with AMX-BF16:
+  // fasttrain's AMX kernel against autocast's linear (a cast of the weight, oneDNN's matmul) and relu ----
+  if (fasttrain::kernels::amx_linear_runs_here()) {
+    const auto x = torch::randn({128, 1568}).to(torch::kBFloat16), weight = torch::randn({256, 1568}) * 0.03;
+    const auto bias = torch::randn({256}) * 0.1, grad = torch::randn({128, 256}).to(torch::kBFloat16);
+    out["amx_linear_relu_1568x256"] = own_against_aten(
+        "bf16 autocast, x [128, 1568] -> [128, 256] + ReLU, forward + backward (x, weight, bias)",
+        [&](bool own) {
+          auto input = x.detach().requires_grad_(true);
+          auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
+          fasttrain::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+          auto y =
+              own ? fasttrain::kernels::amx_linear(input, w, b, true) : torch::linear(input, w, b).relu_();
+          y.backward(grad);
         },
         repeats);
   }

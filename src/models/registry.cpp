@@ -2,6 +2,7 @@
 
 #include <torch/nn.h>
 
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/torchscript.h"
 #include "fasttrain/util/check.h"
 
@@ -58,12 +59,36 @@ int64_t output_count(const DataShape& shape, const std::string& model) {
   return values;
 }
 
-Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs) {
+namespace {
+
+// A Linear and the ReLU after it: kernels::amx_linear where it takes them, else ATen's linear and an
+// in-place relu. It stays a Linear, with its parameters' names, for checkpoints and optimizer groups.
+class LinearReLUImpl : public torch::nn::LinearImpl {
+ public:
+  LinearReLUImpl(int64_t in, int64_t out) : torch::nn::LinearImpl(in, out) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (kernels::amx_linear_takes(x, weight, bias))
+      return kernels::amx_linear(x, weight, bias, /*relu=*/true);
+    return torch::nn::LinearImpl::forward(x).relu_();
+  }
+};
+TORCH_MODULE(LinearReLU);
+
+}  // namespace
+
+Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs,
+                      bool amx_linear) {
   Stage head;
   for (int64_t width : hidden) {
     if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
-    head->push_back(torch::nn::Linear(features, width));
-    head->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+    if (amx_linear) {
+      head->push_back(LinearReLU(features, width));
+      head->push_back(torch::nn::Identity());
+    } else {
+      head->push_back(torch::nn::Linear(features, width));
+      head->push_back(torch::nn::ReLU(torch::nn::ReLUOptions().inplace(true)));
+    }
     features = width;
   }
   if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));

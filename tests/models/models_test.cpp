@@ -5,6 +5,7 @@
 #include <iostream>
 #include <set>
 
+#include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/registry.h"
 #include "fasttrain/precision/autocast.h"
 #include "fasttrain/util/check.h"
@@ -272,6 +273,35 @@ TEST(Models, CnnOwnFlattenKernelGivesATensStepBitForBit) {
   EXPECT_FALSE(runs_kernel({}, false));  // NCHW maps: flatten is a view
 }
 
+TEST(Models, CnnOwnAmxLinearMatchesATensStep) {
+  // In bf16 on a CPU with AMX-BF16 the hidden Linear and its ReLU run kernels::amx_linear (its weight's and
+  // bias's gradients in fp32, where autocast's backward rounds them to bf16); model.aten_kernels =
+  // ["amx_linear"] runs ATen's linear and relu. The same losses, gradients, buffers and evaluation to bf16's
+  // rounding, and the same parameter names. The kernel's reference tests: tests/kernels/amx_linear_test.cpp.
+  if (!kernels::amx_linear_runs_here()) GTEST_SKIP() << "no AMX-BF16 tiles on this CPU";
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  const CnnOptions options =
+      CnnOptions().widths({8, 32}).hidden({64}).batchnorm(true).pool_first(true);  // 288 -> 64
+  expect_close_to_rounding(
+      two_steps_and_an_evaluation(options, shape, true),
+      two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"amx_linear"}), shape, true), true);
+  EXPECT_EQ(
+      make_cnn(options, shape).module().named_parameters().keys(),
+      make_cnn(CnnOptions(options).aten_kernels({"amx_linear"}), shape).module().named_parameters().keys());
+  // The switch decides which runs, and only in bf16.
+  auto runs_kernel = [&](const std::vector<std::string>& aten_kernels, bool bf16) {
+    Model model = make_cnn(CnnOptions(options).aten_kernels(aten_kernels), shape);
+    model.to_channels_last();
+    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    return graph_has_node(
+        forward(model, torch::randn({2, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)),
+        "AmxLinear");
+  };
+  EXPECT_TRUE(runs_kernel({}, true));
+  EXPECT_FALSE(runs_kernel({"amx_linear"}, true));
+  EXPECT_FALSE(runs_kernel({}, false));
+}
+
 TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
   // With pool_first each conv and its max-pool run fasttrain's fused kernel (the second, over 8 channels,
   // in fp32 only: its winners' backward does not pay in bf16); model.aten_kernels = ["conv_max_pool"] runs
@@ -295,16 +325,17 @@ TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
     }
   }
   // Each conv whose max-pool comes straight after it (pool_first) is fused; an Identity holds its max-pool's
-  // place, as one holds the ReLU's after each BatchNorm + ReLU.
+  // place, as one holds the ReLU's after each BatchNorm + ReLU and after the hidden Linear (amx_linear).
   auto identities = [&](bool pool_first, const std::vector<std::string>& aten_kernels) {
     Model model = make_cnn(small_batchnorm_cnn(pool_first).aten_kernels(aten_kernels), shape);
     int64_t count = 0;
     for (const auto& module : model.module().modules()) count += module->as<torch::nn::Identity>() ? 1 : 0;
     return count;
   };
-  EXPECT_EQ(identities(true, {}), 4);
-  EXPECT_EQ(identities(true, {"conv_max_pool"}), 2);
-  EXPECT_EQ(identities(false, {}), 2);
+  EXPECT_EQ(identities(true, {}), 5);
+  EXPECT_EQ(identities(true, {"conv_max_pool"}), 3);
+  EXPECT_EQ(identities(false, {}), 3);
+  EXPECT_EQ(identities(false, {"amx_linear"}), 2);
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {

@@ -91,6 +91,25 @@ bool linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const tor
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const torch::Tensor& residual = {});
 
+// Whether this CPU has AMX-BF16 tiles and the system lends them to this process: where amx_linear runs.
+bool amx_linear_runs_here();
+
+// Whether amx_linear takes these: x [M, K] on the CPU in bf16, or in fp32 under CPU autocast in bf16 (what
+// it computes in either way); weight fp32 [N, K] and bias fp32 [N], N and K multiples of 32; on a CPU where
+// amx_linear_runs_here(). Elsewhere the caller runs torch::linear (and the ReLU).
+bool amx_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// relu(x weight^T + bias) (without the ReLU where `relu` is false) in bf16 on AMX's tiles, returned in bf16:
+// x, weight and bias rounded to bf16 as autocast's linear rounds them, fp32 sums, each output rounded once.
+// Differentiable in all three: x's gradient rounded to bf16 (returned in x's dtype) as a bf16 matmul's; the
+// weight's and bias's summed and returned in fp32 without the bf16 rounding autocast's backward gives them.
+// Where ATen casts the weight and oneDNN then packs it for its tiles on every call, the weight is rounded
+// and packed in one pass (into both the forward's layout and, where x's gradient will be asked for,
+// backward's, from one read of it), and the bias and the ReLU are applied to each block of outputs as it is
+// stored.
+torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                         bool relu);
+
 // Whether max_pool2x2 takes this: images [N, C, H, W] with H and W at least 2, laid out channels_last
 // (NHWC), on the CPU in fp32 or bf16. Elsewhere (NCHW, a GPU) the caller runs ATen's max_pool2d.
 bool max_pool2x2_takes(const torch::Tensor& input);

@@ -88,13 +88,15 @@ struct CnnOptions {
       "backward, which writes each input gradient once, ATen's values bit for bit; BatchNorm with the "
       "ReLU after it in one kernel, keeping x alone for backward; and with pool_first, a conv over at most "
       "4 input channels (the first) fused with its max-pool, writing only the pooled maps; the last maps "
-      "flattened for the classifier by a transpose with gathers, not ATen's strided copy) or aten "
-      "(conv2d, max_pool2d, batch_norm, relu, flatten); NCHW inputs and GPUs run aten",
+      "flattened for the classifier by a transpose with gathers, not ATen's strided copy; in bf16 on a CPU "
+      "with AMX-BF16, each hidden Linear and its ReLU on AMX's tiles, the weight rounded and packed in "
+      "one pass and its gradient summed in fp32) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, "
+      "linear); NCHW inputs and GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
-         "conv_max_pool, flatten), to measure one kernel on and off",
-         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "flatten"})) = {};
+         "conv_max_pool, flatten, amx_linear), to measure one kernel on and off",
+         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "flatten", "amx_linear"})) = {};
 };
 
 struct ResnetOptions {
@@ -150,7 +152,10 @@ Model make_model(const std::string& name, const DataShape& shape, const AnyOptio
 int64_t output_count(const DataShape& shape, const std::string& model);
 
 // The fully connected head the image models end with: for each of `hidden`, [Dropout +] Linear + ReLU,
-// then [Dropout +] the output Linear, from `features` inputs to `outputs`.
-Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs);
+// then [Dropout +] the output Linear, from `features` inputs to `outputs`. `amx_linear`: each hidden
+// Linear and its ReLU run as kernels::amx_linear where it takes them (bf16 on a CPU with AMX-BF16), an
+// Identity in the ReLU's place (the parameters keep their names and the modules their indices).
+Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs,
+                      bool amx_linear = false);
 
 }  // namespace fasttrain
