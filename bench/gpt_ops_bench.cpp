@@ -7,7 +7,8 @@
 // kernel against ATen's max_pool2d, its first conv fused with its max-pool against conv2d and the
 // max-pool, its BatchNorm + ReLU against batch_norm and relu, the flatten of its last channels_last maps
 // against ATen's strided copies, its hidden Linear + ReLU on AMX's tiles (where the CPU has AMX-BF16)
-// against autocast's linear and relu, and muon's Newton-Schulz on its matrices; and for both, the
+// against autocast's linear and relu, its output Linear (256 -> 10) against autocast's linear, and muon's
+// Newton-Schulz on its matrices; and for both, the
 // cross-entropy kernel against ATen's ops on bf16 logits (the gpt's [4096, 256] without label smoothing,
 // the main job's [128, 10] with 0.1).
 // Forward + backward, median of --repeats timed calls after a warm-up, fasttrain's and ATen's called in
@@ -400,6 +401,22 @@ void cnn_rows(nlohmann::json& out, int repeats) {
           fasttrain::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
           auto y =
               own ? fasttrain::kernels::amx_linear(input, w, b, true) : torch::linear(input, w, b).relu_();
+          y.backward(grad);
+        },
+        repeats);
+  }
+  // ---- the main job's output Linear in bf16 ([128, 256] -> [128, 10]): fasttrain's narrow_linear against
+  // autocast's linear (casts, oneDNN's bf16 matmul) ----
+  {
+    const auto x = torch::randn({128, 256}).to(torch::kBFloat16), weight = torch::randn({10, 256}) * 0.06;
+    const auto bias = torch::randn({10}) * 0.1, grad = torch::randn({128, 10}).to(torch::kBFloat16);
+    out["narrow_linear_256x10"] = own_against_aten(
+        "bf16 autocast, x [128, 256] -> [128, 10], forward + backward (x, weight, bias)",
+        [&](bool own) {
+          auto input = x.detach().requires_grad_(true);
+          auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
+          fasttrain::AutocastGuard autocast(torch::kCPU, torch::kBFloat16);
+          auto y = own ? fasttrain::kernels::narrow_linear(input, w, b) : torch::linear(input, w, b);
           y.backward(grad);
         },
         repeats);

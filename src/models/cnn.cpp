@@ -94,14 +94,16 @@ TORCH_MODULE(BatchNormReLU2d);
 
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
 struct CnnKernels {
-  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, flatten = false, amx_linear = false;
+  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, flatten = false;
+  HeadKernels head;
 
   explicit CnnKernels(const CnnOptions& options)
       : max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "max_pool")),
         batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")),
         conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")),
         flatten(runs_own_kernel(options.kernels(), options.aten_kernels(), "flatten")),
-        amx_linear(runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_linear")) {}
+        head{runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_linear"),
+             runs_own_kernel(options.kernels(), options.aten_kernels(), "narrow_linear")} {}
 };
 
 class Cnn : public torch::nn::Module {
@@ -139,8 +141,8 @@ class Cnn : public torch::nn::Module {
     FT_CONFIG_CHECK(height > 0 && width > 0, "model.widths has {} pooling stages, too many for {}x{} inputs",
                     options.widths().size(), shape.input[1], shape.input[2]);
     const int64_t features = channels * height * width;
-    classifier_ = classifier_head(features, options.hidden(), options.dropout(), output_count(shape, "cnn"),
-                                  own.amx_linear);
+    classifier_ =
+        classifier_head(features, options.hidden(), options.dropout(), output_count(shape, "cnn"), own.head);
     register_module("features", features_);
     register_module("classifier", classifier_);
   }

@@ -75,14 +75,27 @@ class LinearReLUImpl : public torch::nn::LinearImpl {
 };
 TORCH_MODULE(LinearReLU);
 
+// The output Linear: kernels::narrow_linear where it takes it (bf16 on the CPU, a few outputs), else ATen's
+// linear. It stays a Linear, as LinearReLU does.
+class NarrowLinearImpl : public torch::nn::LinearImpl {
+ public:
+  NarrowLinearImpl(int64_t in, int64_t out) : torch::nn::LinearImpl(in, out) {}
+
+  torch::Tensor forward(const torch::Tensor& x) {
+    if (kernels::narrow_linear_takes(x, weight, bias)) return kernels::narrow_linear(x, weight, bias);
+    return torch::nn::LinearImpl::forward(x);
+  }
+};
+TORCH_MODULE(NarrowLinear);
+
 }  // namespace
 
 Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs,
-                      bool amx_linear) {
+                      HeadKernels kernels) {
   Stage head;
   for (int64_t width : hidden) {
     if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
-    if (amx_linear) {
+    if (kernels.amx_linear) {
       head->push_back(LinearReLU(features, width));
       head->push_back(torch::nn::Identity());
     } else {
@@ -92,7 +105,11 @@ Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, doub
     features = width;
   }
   if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
-  head->push_back(torch::nn::Linear(features, outputs));
+  if (kernels.narrow_linear) {
+    head->push_back(NarrowLinear(features, outputs));
+  } else {
+    head->push_back(torch::nn::Linear(features, outputs));
+  }
   return head;
 }
 

@@ -7,41 +7,16 @@
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/precision/autocast.h"
+#include "kernels/compare.h"
 #include "support.h"
 
 namespace fasttrain {
 namespace {
 
-struct AmxResult {
-  torch::Tensor y, grad_x, grad_weight, grad_bias;
-};
-
-// loss = sum(y * weights) in fp64, so every element's gradient differs.
-template <typename Op>
-AmxResult run_layer(const torch::Tensor& x_in, const torch::Tensor& weight_in, const torch::Tensor& bias_in,
-                    const torch::Tensor& weights, bool autocast, Op op) {
-  auto x = x_in.detach().requires_grad_(true), weight = weight_in.detach().requires_grad_(true);
-  auto bias = bias_in.detach().requires_grad_(true);
-  torch::Tensor y;
-  {
-    AutocastGuard guard(torch::kCPU, torch::kBFloat16, autocast);
-    y = op(x, weight, bias);
-  }
-  (y.to(torch::kDouble) * weights).sum().backward();
-  return {y.detach(), x.grad(), weight.grad(), bias.grad()};
-}
-
-torch::Tensor bf16_in_double(const torch::Tensor& t) {
-  return t.to(torch::kBFloat16).to(torch::kDouble);
-}
-
-// |got - want| within `relative` of want's largest magnitude.
-void expect_close(const std::string& what, const torch::Tensor& got, const torch::Tensor& want,
-                  double relative) {
-  const double scale = want.abs().max().item<double>(),
-               error = (got.to(torch::kDouble) - want).abs().max().item<double>();
-  EXPECT_LE(error, relative * scale) << what << ": max error " << error << " against a scale of " << scale;
-}
+using testing::bf16_in_double;
+using testing::expect_close;
+using testing::layer_gradients;
+using testing::LayerGradients;
 
 TEST(AmxLinear, MatchesTheSumsInDoubleInValuesAndGradients) {
   if (!kernels::amx_linear_runs_here()) GTEST_SKIP() << "no AMX-BF16 tiles on this CPU";
@@ -55,9 +30,9 @@ TEST(AmxLinear, MatchesTheSumsInDoubleInValuesAndGradients) {
         const auto x = fp32_input ? torch::randn({m, k}) : torch::randn({m, k}).to(torch::kBFloat16);
         const auto weight = torch::randn({n, k}) * 0.2, bias = torch::randn({n});
         const auto weights = torch::randn({m, n}, torch::kDouble);
-        const AmxResult got = run_layer(x, weight, bias, weights, fp32_input, [&](auto& a, auto& w, auto& b) {
-          return kernels::amx_linear(a, w, b, relu);
-        });
+        const LayerGradients got =
+            layer_gradients(x, weight, bias, weights, fp32_input,
+                            [&](auto& a, auto& w, auto& b) { return kernels::amx_linear(a, w, b, relu); });
         EXPECT_EQ(got.y.scalar_type(), torch::kBFloat16);
         EXPECT_EQ(got.grad_x.scalar_type(), x.scalar_type());
         EXPECT_EQ(got.grad_weight.scalar_type(), torch::kFloat);
@@ -65,13 +40,13 @@ TEST(AmxLinear, MatchesTheSumsInDoubleInValuesAndGradients) {
         const auto xb = bf16_in_double(x), wb = bf16_in_double(weight), bb = bf16_in_double(bias);
         auto z = xb.mm(wb.t()) + bb;
         if (relu) z = z.clamp_min(0);
-        expect_close("y", got.y, z, 1.0 / 128);
+        expect_close(got.y, z, 1.0 / 128, "y");
         // The gradient reaching y is the loss's weights in y's dtype; the ReLU's mask is the kernel's own y.
         auto dz = bf16_in_double(weights);
         if (relu) dz = dz * (got.y.to(torch::kDouble) > 0).to(torch::kDouble);
-        expect_close("grad x", got.grad_x, dz.mm(wb), 1.0 / 128);
-        expect_close("grad weight", got.grad_weight, dz.t().mm(xb), 1e-5);  // fp32 sums, not rounded to bf16
-        expect_close("grad bias", got.grad_bias, dz.sum(0), 1e-5);
+        expect_close(got.grad_x, dz.mm(wb), 1.0 / 128, "grad x");
+        expect_close(got.grad_weight, dz.t().mm(xb), 1e-5, "grad weight");  // fp32 sums, not rounded to bf16
+        expect_close(got.grad_bias, dz.sum(0), 1e-5, "grad bias");
       }
     }
   }
@@ -82,16 +57,16 @@ TEST(AmxLinear, AgreesWithAutocastsLinearAndRelu) {
   torch::manual_seed(1);
   const auto x = torch::randn({128, 1568}).to(torch::kBFloat16), weight = torch::randn({256, 1568}) * 0.03;
   const auto bias = torch::randn({256}) * 0.1, weights = torch::randn({128, 256}, torch::kDouble);
-  const AmxResult own = run_layer(x, weight, bias, weights, true, [](auto& a, auto& w, auto& b) {
+  const LayerGradients own = layer_gradients(x, weight, bias, weights, true, [](auto& a, auto& w, auto& b) {
     return kernels::amx_linear(a, w, b, true);
   });
-  const AmxResult aten = run_layer(x, weight, bias, weights, true, [](auto& a, auto& w, auto& b) {
+  const LayerGradients aten = layer_gradients(x, weight, bias, weights, true, [](auto& a, auto& w, auto& b) {
     return torch::relu(torch::linear(a, w, b));
   });
-  expect_close("y", own.y, aten.y.to(torch::kDouble), 1.0 / 64);
-  expect_close("grad x", own.grad_x, aten.grad_x.to(torch::kDouble), 1.0 / 64);
-  expect_close("grad weight", own.grad_weight, aten.grad_weight.to(torch::kDouble), 1.0 / 64);
-  expect_close("grad bias", own.grad_bias, aten.grad_bias.to(torch::kDouble), 1.0 / 64);
+  expect_close(own.y, aten.y.to(torch::kDouble), 1.0 / 64, "y");
+  expect_close(own.grad_x, aten.grad_x.to(torch::kDouble), 1.0 / 64, "grad x");
+  expect_close(own.grad_weight, aten.grad_weight.to(torch::kDouble), 1.0 / 64, "grad weight");
+  expect_close(own.grad_bias, aten.grad_bias.to(torch::kDouble), 1.0 / 64, "grad bias");
 }
 
 TEST(AmxLinear, GivesTheSameWeightGradientsWhereXTakesNone) {

@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "fasttrain/precision/autocast.h"
+
 namespace fasttrain::testing {
 
 constexpr auto kChannelsLast = torch::MemoryFormat::ChannelsLast;
@@ -46,6 +48,31 @@ OutputAndGrad output_and_grad(const torch::Tensor& input, const torch::Tensor& g
   auto y = op(x);
   y.backward(grad_y.to(y.scalar_type()).contiguous(y.suggest_memory_format()));
   return {y.detach(), x.grad()};
+}
+
+// A tensor's values rounded to bf16, read as double: the operands as CPU autocast rounds them.
+inline torch::Tensor bf16_in_double(const torch::Tensor& t) {
+  return t.to(torch::kBFloat16).to(torch::kDouble);
+}
+
+// A layer's output and the gradients of its input, weight and bias for loss = sum(y * weights) in fp64 (so
+// every element's gradient differs), op(x, weight, bias) run under CPU autocast in bf16 where `autocast`.
+struct LayerGradients {
+  torch::Tensor y, grad_x, grad_weight, grad_bias;
+};
+template <typename Op>
+LayerGradients layer_gradients(const torch::Tensor& x_in, const torch::Tensor& weight_in,
+                               const torch::Tensor& bias_in, const torch::Tensor& weights, bool autocast,
+                               Op op) {
+  auto x = x_in.detach().requires_grad_(true), weight = weight_in.detach().requires_grad_(true);
+  auto bias = bias_in.detach().requires_grad_(true);
+  torch::Tensor y;
+  {
+    AutocastGuard guard(torch::kCPU, torch::kBFloat16, autocast);
+    y = op(x, weight, bias);
+  }
+  (y.to(torch::kDouble) * weights).sum().backward();
+  return {y.detach(), x.grad(), weight.grad(), bias.grad()};
 }
 
 }  // namespace fasttrain::testing

@@ -130,12 +130,14 @@ TEST(Models, CnnOwnMaxPoolKernelGivesATensStepBitForBit) {
       SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (pool_first ? " pool_first" : ""));
       auto step = [&](const std::string& kernels) {
         torch::manual_seed(5);
-        // The BatchNorm + ReLU and the conv + max-pool kernels sum in their own order:
-        // CnnOwnBatchNormReluKernelMatchesATensStep, CnnOwnConvMaxPoolKernelMatchesATensStep.
-        Model model = make_cnn(small_batchnorm_cnn(pool_first)
-                                   .kernels(kernels)
-                                   .aten_kernels({"batch_norm_relu", "conv_max_pool"}),
-                               shape);
+        // The BatchNorm + ReLU, the conv + max-pool and the Linear kernels sum in their own order:
+        // CnnOwnBatchNormReluKernelMatchesATensStep, CnnOwnConvMaxPoolKernelMatchesATensStep,
+        // CnnOwnLinearKernelsMatchATensStep.
+        Model model =
+            make_cnn(small_batchnorm_cnn(pool_first)
+                         .kernels(kernels)
+                         .aten_kernels({"batch_norm_relu", "conv_max_pool", "amx_linear", "narrow_linear"}),
+                     shape);
         model.to_channels_last();
         torch::manual_seed(6);
         const auto input = torch::randn({4, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
@@ -273,33 +275,36 @@ TEST(Models, CnnOwnFlattenKernelGivesATensStepBitForBit) {
   EXPECT_FALSE(runs_kernel({}, false));  // NCHW maps: flatten is a view
 }
 
-TEST(Models, CnnOwnAmxLinearMatchesATensStep) {
-  // In bf16 on a CPU with AMX-BF16 the hidden Linear and its ReLU run kernels::amx_linear (its weight's and
-  // bias's gradients in fp32, where autocast's backward rounds them to bf16); model.aten_kernels =
-  // ["amx_linear"] runs ATen's linear and relu. The same losses, gradients, buffers and evaluation to bf16's
-  // rounding, and the same parameter names. The kernel's reference tests: tests/kernels/amx_linear_test.cpp.
-  if (!kernels::amx_linear_runs_here()) GTEST_SKIP() << "no AMX-BF16 tiles on this CPU";
+TEST(Models, CnnOwnLinearKernelsMatchATensStep) {
+  // In bf16 the hidden Linear and its ReLU run kernels::amx_linear (on a CPU with AMX-BF16) and the output
+  // Linear kernels::narrow_linear, each summing its weight's and bias's gradients in fp32 where autocast's
+  // backward rounds them to bf16; model.aten_kernels = [name] runs ATen's linear (and relu) instead. The same
+  // losses, gradients, buffers and evaluation to bf16's rounding, and the same parameter names. The kernels'
+  // reference tests: tests/kernels/amx_linear_test.cpp, narrow_linear_test.cpp.
   const DataShape shape = DataShape::images(1, 14, 14, 10);
   const CnnOptions options =
-      CnnOptions().widths({8, 32}).hidden({64}).batchnorm(true).pool_first(true);  // 288 -> 64
-  expect_close_to_rounding(
-      two_steps_and_an_evaluation(options, shape, true),
-      two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"amx_linear"}), shape, true), true);
-  EXPECT_EQ(
-      make_cnn(options, shape).module().named_parameters().keys(),
-      make_cnn(CnnOptions(options).aten_kernels({"amx_linear"}), shape).module().named_parameters().keys());
-  // The switch decides which runs, and only in bf16.
-  auto runs_kernel = [&](const std::vector<std::string>& aten_kernels, bool bf16) {
-    Model model = make_cnn(CnnOptions(options).aten_kernels(aten_kernels), shape);
-    model.to_channels_last();
-    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-    return graph_has_node(
-        forward(model, torch::randn({2, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)),
-        "AmxLinear");
-  };
-  EXPECT_TRUE(runs_kernel({}, true));
-  EXPECT_FALSE(runs_kernel({"amx_linear"}, true));
-  EXPECT_FALSE(runs_kernel({}, false));
+      CnnOptions().widths({8, 32}).hidden({64}).batchnorm(true).pool_first(true);  // 288 -> 64 -> 10
+  for (const auto& [name, node] :
+       {std::pair<std::string, std::string>{"amx_linear", "AmxLinear"}, {"narrow_linear", "NarrowLinear"}}) {
+    SCOPED_TRACE(name);
+    if (name == "amx_linear" && !kernels::amx_linear_runs_here()) continue;  // no AMX-BF16 tiles here
+    expect_close_to_rounding(
+        two_steps_and_an_evaluation(options, shape, true),
+        two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({name}), shape, true), true);
+    EXPECT_EQ(make_cnn(options, shape).module().named_parameters().keys(),
+              make_cnn(CnnOptions(options).aten_kernels({name}), shape).module().named_parameters().keys());
+    // The switch decides which runs, and only in bf16.
+    auto runs_kernel = [&](const std::vector<std::string>& aten_kernels, bool bf16) {
+      Model model = make_cnn(CnnOptions(options).aten_kernels(aten_kernels), shape);
+      model.to_channels_last();
+      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+      return graph_has_node(
+          forward(model, torch::randn({2, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)), node);
+    };
+    EXPECT_TRUE(runs_kernel({}, true));
+    EXPECT_FALSE(runs_kernel({name}, true));
+    EXPECT_FALSE(runs_kernel({}, false));
+  }
 }
 
 TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {

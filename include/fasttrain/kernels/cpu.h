@@ -110,6 +110,23 @@ bool amx_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          bool relu);
 
+// The most outputs narrow_linear takes: past a few dozen a matmul library's blocking pays for its call.
+constexpr int64_t kNarrowLinearMaxOutputs = 64;
+
+// Whether narrow_linear takes these: x [M, K] on the CPU in bf16, or in fp32 under CPU autocast in bf16;
+// weight fp32 [N, K] with 1 <= N <= kNarrowLinearMaxOutputs, bias fp32 [N]. Elsewhere the caller runs
+// torch::linear.
+bool narrow_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// x weight^T + bias for a Linear with few outputs (a classifier's last layer) in bf16, as autocast's linear
+// rounds it: x, weight and bias rounded to bf16, fp32 sums, each output rounded once; returned in bf16. Each
+// output is a dot product over the row in fp32 vectors, where oneDNN's bf16 matmul pays its call for a few
+// hundred thousand multiply-adds. Differentiable in all three: x's gradient rounded to bf16 (returned in x's
+// dtype), the weight's and bias's summed and returned in fp32 without the bf16 rounding autocast's backward
+// gives them.
+torch::Tensor narrow_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                            CpuCapability capability = cpu_capability());
+
 // Whether max_pool2x2 takes this: images [N, C, H, W] with H and W at least 2, laid out channels_last
 // (NHWC), on the CPU in fp32 or bf16. Elsewhere (NCHW, a GPU) the caller runs ATen's max_pool2d.
 bool max_pool2x2_takes(const torch::Tensor& input);

@@ -90,13 +90,15 @@ struct CnnOptions {
       "4 input channels (the first) fused with its max-pool, writing only the pooled maps; the last maps "
       "flattened for the classifier by a transpose with gathers, not ATen's strided copy; in bf16 on a CPU "
       "with AMX-BF16, each hidden Linear and its ReLU on AMX's tiles, the weight rounded and packed in "
-      "one pass and its gradient summed in fp32) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, "
-      "linear); NCHW inputs and GPUs run aten",
+      "one pass and its gradient summed in fp32; in bf16, the output Linear's few outputs as dot products "
+      "in fp32 vectors) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, linear); NCHW inputs and "
+      "GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
-         "conv_max_pool, flatten, amx_linear), to measure one kernel on and off",
-         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "flatten", "amx_linear"})) = {};
+         "conv_max_pool, flatten, amx_linear, narrow_linear), to measure one kernel on and off",
+         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "flatten", "amx_linear",
+                      "narrow_linear"})) = {};
 };
 
 struct ResnetOptions {
@@ -151,11 +153,16 @@ Model make_model(const std::string& name, const DataShape& shape, const AnyOptio
 // A ConfigError naming `model` when the data says neither.
 int64_t output_count(const DataShape& shape, const std::string& model);
 
+// Which of fasttrain's CPU kernels a classifier_head runs where they take their inputs (else ATen's).
+struct HeadKernels {
+  bool amx_linear = false;     // each hidden Linear and its ReLU: kernels::amx_linear (bf16, AMX-BF16)
+  bool narrow_linear = false;  // the output Linear: kernels::narrow_linear (bf16, a few outputs)
+};
+
 // The fully connected head the image models end with: for each of `hidden`, [Dropout +] Linear + ReLU,
-// then [Dropout +] the output Linear, from `features` inputs to `outputs`. `amx_linear`: each hidden
-// Linear and its ReLU run as kernels::amx_linear where it takes them (bf16 on a CPU with AMX-BF16), an
-// Identity in the ReLU's place (the parameters keep their names and the modules their indices).
+// then [Dropout +] the output Linear, from `features` inputs to `outputs`. With `kernels.amx_linear` an
+// Identity holds each ReLU's place (the parameters keep their names and the modules their indices).
 Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs,
-                      bool amx_linear = false);
+                      HeadKernels kernels = {});
 
 }  // namespace fasttrain

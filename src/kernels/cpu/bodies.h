@@ -1,8 +1,8 @@
 #pragma once
 // Every kernel body's entry point, once per capability: attention_kernel.cpp, batch_norm_relu_kernel.cpp,
 // bias_gelu_kernel.cpp, conv_max_pool_kernel.cpp, cross_entropy_kernel.cpp, layer_norm_kernel.cpp,
-// max_pool_kernel.cpp, newton_schulz_kernel.cpp and transpose_kernel.cpp define them in the namespace of the
-// capability they are compiled for (CMakeLists.txt).
+// max_pool_kernel.cpp, narrow_linear_kernel.cpp, newton_schulz_kernel.cpp and transpose_kernel.cpp define
+// them in the namespace of the capability they are compiled for (CMakeLists.txt).
 #include "attention_kernel.h"
 #include "batch_norm_relu_kernel.h"
 #include "bias_gelu_kernel.h"
@@ -10,6 +10,7 @@
 #include "cross_entropy_kernel.h"
 #include "layer_norm_kernel.h"
 #include "max_pool_kernel.h"
+#include "narrow_linear_kernel.h"
 #include "newton_schulz_kernel.h"
 #include "transpose_kernel.h"
 
@@ -22,6 +23,7 @@
   detail::CrossEntropyKernels cross_entropy_kernels();    \
   detail::LayerNormKernels layer_norm_kernels();          \
   detail::MaxPoolKernels max_pool_kernels();              \
+  detail::NarrowLinearKernels narrow_linear_kernels();    \
   detail::NewtonSchulzKernels newton_schulz_kernels();    \
   detail::TransposeKernels transpose_kernels();           \
   }
