@@ -32,6 +32,7 @@
 #define FASTTRAIN_AVX512_CODE __attribute__((target("avx512f,avx512bw,avx512vl")))
 // GCC 12's AVX512 intrinsics fill unused lanes from _mm512_undefined_epi32() (`__Y = __Y`), which it then
 // reports as uninitialised where they are inlined into a function with a target attribute.
+// For this file alone: CMakeLists.txt keeps it out of the unity build's batches.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #else
@@ -74,15 +75,27 @@ uint16_t* bf16_data(torch::Tensor& t) {
 
 #if FASTTRAIN_AMX_BUILD
 
+// Whether the OS saves the AVX-512 registers across switches (XCR0's opmask, ZMM_Hi256 and Hi16_ZMM bits,
+// with SSE and AVX's): the epilogues are AVX-512 code, which a CPU that has it still faults on otherwise.
+bool os_saves_avx512_state() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & (1u << 27)) == 0) return false;  // OSXSAVE
+  unsigned low = 0, high = 0;
+  __asm__ volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+  constexpr unsigned kAvx512State = 0xE6;  // bits 1, 2, 5, 6, 7
+  return (low & kAvx512State) == kAvx512State;
+}
+
 bool amx_tiles_granted() {
   static const bool granted = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     const bool tiles = (edx & (1u << 24)) != 0, bf16 = (edx & (1u << 22)) != 0;
     const bool avx512bw = (ebx & (1u << 30)) != 0 && (ebx & (1u << 31)) != 0;  // and VL
+    if (!tiles || !bf16 || !avx512bw || !os_saves_avx512_state()) return false;
     // Linux lends a process the tiles' 8 KiB of state only when asked (ARCH_REQ_XCOMP_PERM, XTILEDATA).
     constexpr long kRequestPermission = 0x1023, kTileData = 18;
-    return tiles && bf16 && avx512bw && syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+    return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
   }();
   return granted;
 }
@@ -374,7 +387,8 @@ class AmxLinearFunction : public torch::autograd::Function<AmxLinearFunction> {
     if (input_grad) w_rows.emplace(n, k);
     PackedB b = pack_transposed(weight.contiguous(), w_rows ? &*w_rows : nullptr);
     std::vector<float> bias_bf16(static_cast<size_t>(n));
-    const float* bias_data = bias.contiguous().data_ptr<float>();
+    const torch::Tensor bias_values = bias.contiguous();
+    const float* bias_data = bias_values.data_ptr<float>();
     for (int64_t j = 0; j < n; ++j) bias_bf16[j] = bf16_value(bf16_bits(bias_data[j]));  // autocast casts it
     torch::Tensor y = torch::empty({m, n}, x.options().dtype(torch::kBFloat16));
     uint16_t* out = bf16_data(y);

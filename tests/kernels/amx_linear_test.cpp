@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <limits>
+
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/precision/autocast.h"
 #include "kernels/compare.h"
@@ -28,7 +30,9 @@ TEST(AmxLinear, MatchesTheSumsInDoubleInValuesAndGradients) {
         SCOPED_TRACE(::testing::Message() << "M " << m << (relu ? " relu" : "")
                                           << (fp32_input ? " fp32 x under autocast" : " bf16 x"));
         const auto x = fp32_input ? torch::randn({m, k}) : torch::randn({m, k}).to(torch::kBFloat16);
-        const auto weight = torch::randn({n, k}) * 0.2, bias = torch::randn({n});
+        // A bias read through strides where M does not fill the blocks (its own contiguous copy is read).
+        const auto weight = torch::randn({n, k}) * 0.2,
+                   bias = m % 32 == 0 ? torch::randn({n}) : torch::randn({2 * n}).slice(0, 0, 2 * n, 2);
         const auto weights = torch::randn({m, n}, torch::kDouble);
         const LayerGradients got =
             layer_gradients(x, weight, bias, weights, fp32_input,
@@ -40,11 +44,11 @@ TEST(AmxLinear, MatchesTheSumsInDoubleInValuesAndGradients) {
         const auto xb = bf16_in_double(x), wb = bf16_in_double(weight), bb = bf16_in_double(bias);
         auto z = xb.mm(wb.t()) + bb;
         if (relu) z = z.clamp_min(0);
-        expect_close(got.y, z, 1.0 / 128, "y");
+        testing::expect_rounded_once(got.y, z, "y");
         // The gradient reaching y is the loss's weights in y's dtype; the ReLU's mask is the kernel's own y.
         auto dz = bf16_in_double(weights);
         if (relu) dz = dz * (got.y.to(torch::kDouble) > 0).to(torch::kDouble);
-        expect_close(got.grad_x, dz.mm(wb), 1.0 / 128, "grad x");
+        testing::expect_rounded_once(got.grad_x, dz.mm(wb), "grad x");
         expect_close(got.grad_weight, dz.t().mm(xb), 1e-5, "grad weight");  // fp32 sums, not rounded to bf16
         expect_close(got.grad_bias, dz.sum(0), 1e-5, "grad bias");
       }
@@ -88,6 +92,24 @@ TEST(AmxLinear, GivesTheSameWeightGradientsWhereXTakesNone) {
   EXPECT_TRUE(x_with_grad.grad().defined());
 }
 
+TEST(AmxLinear, LetsANanThroughTheReluAsATensReluDoes) {
+  if (!kernels::amx_linear_runs_here()) GTEST_SKIP() << "no AMX-BF16 tiles on this CPU";
+  torch::manual_seed(3);
+  auto x = torch::randn({32, 64}).to(torch::kBFloat16);
+  x[5][7] = std::numeric_limits<float>::quiet_NaN();
+  const auto weight = torch::randn({32, 64}), bias = torch::randn({32});
+  const auto weights = torch::randn({32, 32}, torch::kDouble);
+  const LayerGradients got = layer_gradients(x, weight, bias, weights, false, [](auto& a, auto& w, auto& b) {
+    return kernels::amx_linear(a, w, b, true);
+  });
+  EXPECT_TRUE(got.y[5].isnan().all().item<bool>()) << "row 5 sums a NaN: NaN through the ReLU";
+  EXPECT_FALSE(got.y.narrow(0, 0, 5).isnan().any().item<bool>());
+  // threshold_backward passes the gradient where y is NaN: row 5's gradient is dy W, every output counted.
+  EXPECT_TRUE(torch::allclose(got.grad_x[5].to(torch::kDouble),
+                              bf16_in_double(weights[5].unsqueeze(0)).mm(bf16_in_double(weight))[0], 1e-2,
+                              1e-2));
+}
+
 TEST(AmxLinear, RefusesASecondDerivativeByName) {
   if (!kernels::amx_linear_runs_here()) GTEST_SKIP() << "no AMX-BF16 tiles on this CPU";
   auto x = torch::randn({32, 32}).to(torch::kBFloat16).requires_grad_(true);
@@ -112,7 +134,7 @@ TEST(AmxLinear, TakesOnlyWhatItComputesAndRefusesByName) {
   EXPECT_FALSE(kernels::amx_linear_takes(x.view({2, 4, 64}), weight, bias));
   EXPECT_EQ(kernels::amx_linear_takes(x, weight, bias), kernels::amx_linear_runs_here());
   {
-    AutocastGuard guard(torch::kCPU, torch::kBFloat16);
+    const AutocastStateGuard guard(testing::cpu_bf16_autocast());
     EXPECT_EQ(kernels::amx_linear_takes(x.to(torch::kFloat), weight, bias), kernels::amx_linear_runs_here());
   }
   const std::string message =

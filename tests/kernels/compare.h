@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 
 #include "fasttrain/precision/autocast.h"
@@ -50,6 +51,14 @@ OutputAndGrad output_and_grad(const torch::Tensor& input, const torch::Tensor& g
   return {y.detach(), x.grad()};
 }
 
+// CPU autocast in bf16, for an AutocastStateGuard: the header-only guard, as the kernels' tests link no
+// precision/ (the sanitizer build leaves it out).
+inline AutocastState cpu_bf16_autocast() {
+  AutocastState state = AutocastState::current();
+  state.cpu_enabled = true, state.cpu_dtype = torch::kBFloat16;
+  return state;
+}
+
 // A tensor's values rounded to bf16, read as double: the operands as CPU autocast rounds them.
 inline torch::Tensor bf16_in_double(const torch::Tensor& t) {
   return t.to(torch::kBFloat16).to(torch::kDouble);
@@ -68,11 +77,27 @@ LayerGradients layer_gradients(const torch::Tensor& x_in, const torch::Tensor& w
   auto bias = bias_in.detach().requires_grad_(true);
   torch::Tensor y;
   {
-    AutocastGuard guard(torch::kCPU, torch::kBFloat16, autocast);
+    std::optional<AutocastStateGuard> guard;
+    if (autocast) guard.emplace(cpu_bf16_autocast());
     y = op(x, weight, bias);
   }
   (y.to(torch::kDouble) * weights).sum().backward();
   return {y.detach(), x.grad(), weight.grad(), bias.grad()};
+}
+
+// got (bf16 values) against want (fp64 sums of bf16 operands) rounded once to bf16: each element within one
+// bf16 ulp of the rounded reference (fp32 sums can land on the other side of a rounding boundary), and at
+// most `max_moved` of them off it at all. A kernel that skipped rounding an operand, or rounded twice,
+// moves a large share of them.
+inline void expect_rounded_once(const torch::Tensor& got, const torch::Tensor& want, const std::string& what,
+                                double max_moved = 0.02) {
+  const torch::Tensor rounded = want.to(torch::kBFloat16).to(torch::kDouble), values = got.to(torch::kDouble);
+  const double scale = rounded.abs().max().item<double>();
+  const double beyond =
+      ((values - rounded).abs() - rounded.abs() * (1.0 / 128) - 1e-6 * scale).max().item<double>();
+  EXPECT_LE(beyond, 0.0) << what << ": an element more than one bf16 ulp from the rounded sum";
+  const double moved = (values != rounded).to(torch::kDouble).mean().item<double>();
+  EXPECT_LE(moved, max_moved) << what << ": " << moved * 100 << "% of the elements off the rounded sum";
 }
 
 }  // namespace fasttrain::testing

@@ -39,9 +39,9 @@ TEST(NarrowLinear, MatchesTheSumsInDoubleInValuesAndGradientsOnEveryCapability) 
         EXPECT_EQ(got.grad_bias.scalar_type(), torch::kFloat);
         // The reference: the operands as autocast rounds them, sums in fp64; y and x's gradient rounded once.
         const auto xb = bf16_in_double(x), wb = bf16_in_double(weight), bb = bf16_in_double(bias);
-        expect_close(got.y, xb.mm(wb.t()) + bb, 1.0 / 128, "y");
+        testing::expect_rounded_once(got.y, xb.mm(wb.t()) + bb, "y");
         const auto dy = bf16_in_double(weights);  // the gradient reaching y, in y's dtype
-        expect_close(got.grad_x, dy.mm(wb), 1.0 / 128, "grad x");
+        testing::expect_rounded_once(got.grad_x, dy.mm(wb), "grad x");
         // Every value of x's gradient is a bf16 value, also where x is fp32 (autocast's cast back).
         EXPECT_TRUE(torch::equal(got.grad_x.to(torch::kBFloat16).to(got.grad_x.scalar_type()), got.grad_x));
         expect_close(got.grad_weight, dy.t().mm(xb), 1e-5, "grad weight");  // fp32 sums, not rounded to bf16
@@ -100,7 +100,7 @@ TEST(NarrowLinear, TakesOnlyWhatItComputesAndRefusesByName) {
   EXPECT_FALSE(kernels::narrow_linear_takes(x.view({2, 4, 64}), weight, bias));
   EXPECT_FALSE(kernels::narrow_linear_takes(x.narrow(1, 0, 32), weight, bias));
   {
-    AutocastGuard guard(torch::kCPU, torch::kBFloat16);
+    const AutocastStateGuard guard(testing::cpu_bf16_autocast());
     EXPECT_TRUE(kernels::narrow_linear_takes(x.to(torch::kFloat), weight, bias));
   }
   const std::string message =

@@ -284,8 +284,9 @@ TEST(Models, CnnOwnLinearKernelsMatchATensStep) {
   const DataShape shape = DataShape::images(1, 14, 14, 10);
   const CnnOptions options =
       CnnOptions().widths({8, 32}).hidden({64}).batchnorm(true).pool_first(true);  // 288 -> 64 -> 10
-  for (const auto& [name, node] :
+  for (const auto& [kernel, graph_node] :
        {std::pair<std::string, std::string>{"amx_linear", "AmxLinear"}, {"narrow_linear", "NarrowLinear"}}) {
+    const std::string name = kernel, node = graph_node;  // copies: a lambda below captures them (C++17)
     SCOPED_TRACE(name);
     if (name == "amx_linear" && !kernels::amx_linear_runs_here()) continue;  // no AMX-BF16 tiles here
     expect_close_to_rounding(

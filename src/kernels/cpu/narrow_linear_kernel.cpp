@@ -57,8 +57,8 @@ void input_gradient(const detail::NarrowLinearMaps& m, int64_t begin, int64_t en
 }
 
 // The weight gradient's accumulators a task keeps in registers: kGroup outputs x kColumnVectors vectors of
-// inputs (16 of the 32 AVX512 registers).
-constexpr int64_t kGroup = 8;
+// inputs (16 of AVX512's 32 registers; 8 of AVX2's 16, which also hold the loaded inputs and a broadcast).
+constexpr int64_t kGroup = kLanes >= 16 ? 8 : 4;
 constexpr int64_t kColumnVectors = 2;
 
 // Inputs [begin, end) of every output's weight gradient, summed over all rows: for each group of outputs
@@ -81,8 +81,9 @@ void weight_gradient(const detail::NarrowLinearMaps& m, int64_t begin, int64_t e
       for (int64_t r = 0; r < m.rows; ++r) {
         const float* x = x_values(m, r, begin + column, count, x_scratch);
         Vec values[kColumnVectors];
-        for (int64_t v = 0; v < kColumnVectors; ++v)
-          values[v] = Vec::loadu(x + v * kLanes, std::max<int64_t>(0, std::min(kLanes, count - v * kLanes)));
+        for (int64_t v = 0; v < kColumnVectors; ++v)  // lanes past the run: 0, adding nothing
+          values[v] = v * kLanes < count ? Vec::loadu(x + v * kLanes, std::min(kLanes, count - v * kLanes))
+                                         : Vec(0.f);
 #pragma GCC unroll 8
         for (int64_t g = 0; g < kGroup; ++g) {
           const Vec scale(dy[r * kGroup + g]);
