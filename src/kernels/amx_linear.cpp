@@ -51,21 +51,6 @@ int64_t round_up(int64_t n, int64_t multiple) {
   return (n + multiple - 1) / multiple * multiple;
 }
 
-// c10's rounding to bf16: to nearest, ties to even; a NaN becomes 0x7FC0.
-uint16_t bf16_bits(float value) {
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
-}
-
-float bf16_value(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
-
 const uint16_t* bf16_data(const torch::Tensor& t) {
   return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
 }
@@ -271,12 +256,13 @@ bool amx_tiles_granted() {
 void store_block_row(const float* sums, const float* add, bool relu, uint16_t* out) {
   for (int64_t c = 0; c < kBlock; ++c) {
     const float value = sums[c] + (add != nullptr ? add[c] : 0.f);
-    out[c] = bf16_bits(relu && !(value > 0.f) && value == value ? 0.f : value);
+    out[c] = c10::BFloat16(relu && !(value > 0.f) && value == value ? 0.f : value).x;
   }
 }
 
 void relu_gradient_row(const uint16_t* y, const uint16_t* dy, int64_t n, uint16_t* dz) {
-  for (int64_t j = 0; j < n; ++j) dz[j] = !(bf16_value(y[j]) <= 0.f) ? dy[j] : 0;
+  for (int64_t j = 0; j < n; ++j)
+    dz[j] = !(static_cast<float>(c10::BFloat16(y[j], c10::BFloat16::from_bits())) <= 0.f) ? dy[j] : 0;
 }
 
 #endif
@@ -386,15 +372,12 @@ class AmxLinearFunction : public torch::autograd::Function<AmxLinearFunction> {
     std::optional<PackedB> w_rows;
     if (input_grad) w_rows.emplace(n, k);
     PackedB b = pack_transposed(weight.contiguous(), w_rows ? &*w_rows : nullptr);
-    std::vector<float> bias_bf16(static_cast<size_t>(n));
-    const torch::Tensor bias_values = bias.contiguous();
-    const float* bias_data = bias_values.data_ptr<float>();
-    for (int64_t j = 0; j < n; ++j) bias_bf16[j] = bf16_value(bf16_bits(bias_data[j]));  // autocast casts it
+    const torch::Tensor bias_bf16 = detail::bf16_rounded(bias);  // autocast casts it
     torch::Tensor y = torch::empty({m, n}, x.options().dtype(torch::kBFloat16));
     uint16_t* out = bf16_data(y);
     multiply(a, b, nullptr, [&](int64_t i, int64_t j, const float* block) {
       for (int64_t r = 0; r < kBlock && i * kBlock + r < m; ++r)
-        store_block_row(block + r * kBlock, bias_bf16.data() + j * kBlock, relu,
+        store_block_row(block + r * kBlock, bias_bf16.data_ptr<float>() + j * kBlock, relu,
                         out + (i * kBlock + r) * n + j * kBlock);
     });
     ctx->save_for_backward({a, weight, y, w_rows ? w_rows->storage : torch::Tensor()});
@@ -459,8 +442,9 @@ class AmxLinearFunction : public torch::autograd::Function<AmxLinearFunction> {
       torch::Tensor db = torch::empty({n}, weight.options());
       float* db_data = db.data_ptr<float>();
       std::fill(db_data, db_data + n, 0.f);
+      const at::BFloat16* dz_values = dz.data_ptr<at::BFloat16>();
       for (int64_t i = 0; i < m; ++i)  // row by row: the sums run along contiguous values
-        for (int64_t j = 0; j < n; ++j) db_data[j] += bf16_value(dz_data[i * n + j]);
+        for (int64_t j = 0; j < n; ++j) db_data[j] += static_cast<float>(dz_values[i * n + j]);
       out[2] = db;
     }
     return out;

@@ -15,17 +15,6 @@ detail::NarrowLinearKernels narrow_linear_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(narrow_linear_kernels, capability);
 }
 
-// An fp32 tensor's values rounded to bf16 and kept in fp32, as autocast's cast rounds them (a weight of a
-// few thousand values: a loop, not two operators).
-torch::Tensor rounded_to_bf16(const torch::Tensor& t) {
-  const torch::Tensor values = t.detach().contiguous();
-  torch::Tensor rounded = torch::empty_like(values);
-  const float* in = values.data_ptr<float>();
-  float* out = rounded.data_ptr<float>();
-  for (int64_t i = 0; i < values.numel(); ++i) out[i] = static_cast<float>(static_cast<c10::BFloat16>(in[i]));
-  return rounded;
-}
-
 detail::NarrowLinearMaps describe(const torch::Tensor& x, const torch::Tensor& weight,
                                   const torch::Tensor& bias) {
   detail::NarrowLinearMaps m;
@@ -45,8 +34,8 @@ class NarrowLinearFunction : public torch::autograd::Function<NarrowLinearFuncti
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
                                const torch::Tensor& weight_in, const torch::Tensor& bias_in,
                                int64_t capability) {
-    const torch::Tensor x = x_in.contiguous(), weight = rounded_to_bf16(weight_in);
-    const torch::Tensor bias = rounded_to_bf16(bias_in);
+    const torch::Tensor x = x_in.contiguous(), weight = detail::bf16_rounded(weight_in);
+    const torch::Tensor bias = detail::bf16_rounded(bias_in);
     detail::NarrowLinearMaps m = describe(x, weight, bias);
     torch::Tensor y = torch::empty({m.rows, m.outputs}, x.options().dtype(torch::kBFloat16));
     m.y = y.data_ptr();

@@ -23,6 +23,17 @@ inline bool cpu_float_or_bf16(const torch::Tensor& t) {
          (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
 }
 
+// An fp32 tensor's values rounded to bf16 (c10's rule) and kept in fp32, as autocast's cast rounds them: for
+// a small operand (a bias, a narrow weight), a loop rather than two operators.
+inline torch::Tensor bf16_rounded(const torch::Tensor& t) {
+  const torch::Tensor values = t.detach().contiguous();
+  torch::Tensor rounded = torch::empty_like(values);
+  const float* in = values.data_ptr<float>();
+  float* out = rounded.data_ptr<float>();
+  for (int64_t i = 0; i < values.numel(); ++i) out[i] = static_cast<float>(static_cast<c10::BFloat16>(in[i]));
+  return rounded;
+}
+
 // Rows of at least ~16k values per parallel task: fewer would cost more in scheduling than they compute.
 inline int64_t rows_per_task(int64_t width) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "fasttrain/precision/autocast.h"
+#include "support.h"
 
 namespace fasttrain::testing {
 
@@ -98,6 +99,15 @@ inline void expect_rounded_once(const torch::Tensor& got, const torch::Tensor& w
   EXPECT_LE(beyond, 0.0) << what << ": an element more than one bf16 ulp from the rounded sum";
   const double moved = (values != rounded).to(torch::kDouble).mean().item<double>();
   EXPECT_LE(moved, max_moved) << what << ": " << moved * 100 << "% of the elements off the rounded sum";
+}
+
+// The error a second derivative through y's graph with respect to `input` raises (backward with
+// create_graph): a kernel whose backward is not itself differentiable must refuse it by name.
+inline std::string second_derivative_error(const torch::Tensor& y, const torch::Tensor& input) {
+  return error_message([&] {
+    torch::autograd::grad({y.to(torch::kFloat).pow(2).sum()}, {input}, {}, /*retain_graph=*/true,
+                          /*create_graph=*/true);
+  });
 }
 
 }  // namespace fasttrain::testing
