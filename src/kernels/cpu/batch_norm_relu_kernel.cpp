@@ -1,6 +1,7 @@
 // BatchNorm over channels_last maps with the ReLU after it, in fp32 arithmetic whatever the dtype, a
-// block of rows at a time (a block's values stay in L1; bf16 blocks are converted once), vectorised over
-// the channels with each channel vector's sums kept in a register down the block's rows:
+// block of rows at a time (a block's values stay in L1), vectorised over the channels with each channel
+// vector's sums kept in a register down the block's rows; bf16 values are converted in registers as they
+// are read and written (converted blocks in scratch rows had cost bf16 maps more than fp32 ones):
 //   statistics      each block's mean and squared deviations (two passes over it in L1), merged per chunk
 //   normalize       y = max(0, (x - mean) * scale + shift): x - mean first, as a far mean would
 //                   otherwise cost the result its low bits
@@ -29,10 +30,6 @@ template <typename Body>
 void for_blocks(const Maps& m, int64_t begin, int64_t end, const Body& body) {
   const int64_t step = block_rows(m.channels);
   for (int64_t r = begin; r < end; r += step) body(r, std::min(step, end - r));
-}
-
-std::vector<float> block_scratch(const Maps& m) {
-  return std::vector<float>(m.bf16 ? block_rows(m.channels) * m.channels : 0);
 }
 
 Vec load(const float* values, int64_t c, int64_t lanes) {
@@ -76,27 +73,29 @@ class ChannelMoments {
 
 // Each block (converted once) twice from L1: its sum less the chunk's first row (values of the spread's
 // size, not the mean's, so a mean far from zero costs no low bits), then squared deviations from its mean.
-void statistics(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
+template <typename Values>
+void statistics_as(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
   const int64_t channels = m.channels;
   if (begin >= end) {  // a chunk past the last row (more threads than rows per chunk): nothing to read
     std::fill(m.partial_first + chunk * channels, m.partial_first + (chunk + 1) * channels, 0.f);
     std::fill(m.partial_second + chunk * channels, m.partial_second + (chunk + 1) * channels, 0.f);
     return;
   }
-  std::vector<float> block = block_scratch(m), origin(channels);
+  std::vector<float> origin(channels);
   load_row(m.x, m.bf16, begin * channels, channels, origin.data());
   ChannelMoments moments(channels);
   for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
-    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, block);
+    const int64_t offset = first * channels;
     const Vec inverse_count(1.f / static_cast<float>(count));
     by_vectors(channels, [&](int64_t c, int64_t lanes) {
       const Vec shift = load(origin.data(), c, lanes);
       Vec sum(0.f);
-      for (int64_t r = 0; r < count; ++r) sum = sum + (load(x + r * channels, c, lanes) - shift);
+      for (int64_t r = 0; r < count; ++r)
+        sum = sum + (Values::load(m.x, offset + r * channels + c, lanes) - shift);
       const Vec centre = at::vec::fmadd(sum, inverse_count, shift);
       Vec squares(0.f);
       for (int64_t r = 0; r < count; ++r) {
-        const Vec deviation = load(x + r * channels, c, lanes) - centre;
+        const Vec deviation = Values::load(m.x, offset + r * channels + c, lanes) - centre;
         squares = at::vec::fmadd(deviation, deviation, squares);
       }
       moments.join(centre, squares, c, lanes, count);
@@ -125,38 +124,37 @@ class ChannelTotals {
   std::vector<double> totals_;
 };
 
-void normalize(const Maps& m, int64_t begin, int64_t end) {
+template <typename Values>
+void normalize_as(const Maps& m, int64_t begin, int64_t end) {
   const int64_t channels = m.channels;
-  std::vector<float> in_block = block_scratch(m), out_block = block_scratch(m);
   for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
-    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, in_block);
-    float* y = row_out(m.y, m.bf16, first * channels, out_block);
+    const int64_t offset = first * channels;
     by_vectors(channels, [&](int64_t c, int64_t lanes) {
       const Vec scale = load(m.scale, c, lanes), shift = load(m.shift, c, lanes),
                 mean = load(m.mean, c, lanes);
       for (int64_t r = 0; r < count; ++r) {
-        const Vec value = pre_activation(load(x + r * channels, c, lanes), mean, scale, shift);
-        at::vec::maximum(value, Vec(0.f)).store(y + r * channels + c, lanes);
+        const int64_t index = offset + r * channels + c;
+        const Vec value = pre_activation(Values::load(m.x, index, lanes), mean, scale, shift);
+        Values::store(at::vec::maximum(value, Vec(0.f)), m.y, index, lanes);
       }
     });
-    finish_row(y, m.y, m.bf16, first * channels, count * channels);
   });
 }
 
-void backward_sums(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
+template <typename Values>
+void backward_sums_as(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
   const int64_t channels = m.channels;
   ChannelTotals grad_sum(channels), grad_dot(channels);
-  std::vector<float> x_block = block_scratch(m), dy_block = block_scratch(m);
   for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
-    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, x_block);
-    const float* dy = row_in(m.grad_y, m.bf16, first * channels, count * channels, dy_block);
+    const int64_t offset = first * channels;
     by_vectors(channels, [&](int64_t c, int64_t lanes) {
       const Vec scale = load(m.scale, c, lanes), shift = load(m.shift, c, lanes),
                 mean = load(m.mean, c, lanes);
       Vec sum(0.f), dot(0.f);
       for (int64_t r = 0; r < count; ++r) {
-        const Vec value = load(x + r * channels, c, lanes);
-        const Vec g = relu_grad(value, mean, scale, shift, load(dy + r * channels, c, lanes));
+        const int64_t index = offset + r * channels + c;
+        const Vec value = Values::load(m.x, index, lanes);
+        const Vec g = relu_grad(value, mean, scale, shift, Values::load(m.grad_y, index, lanes));
         sum = sum + g;
         dot = at::vec::fmadd(g, value - mean, dot);
       }
@@ -170,28 +168,41 @@ void backward_sums(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
   }
 }
 
-void backward_input(const Maps& m, int64_t begin, int64_t end) {
+template <typename Values>
+void backward_input_as(const Maps& m, int64_t begin, int64_t end) {
   const int64_t channels = m.channels;
-  std::vector<float> x_block = block_scratch(m), dy_block = block_scratch(m), dx_block = block_scratch(m);
   for_blocks(m, begin, end, [&](int64_t first, int64_t count) {
-    const float* x = row_in(m.x, m.bf16, first * channels, count * channels, x_block);
-    const float* dy = row_in(m.grad_y, m.bf16, first * channels, count * channels, dy_block);
-    float* dx = row_out(m.grad_x, m.bf16, first * channels, dx_block);
+    const int64_t offset = first * channels;
     by_vectors(channels, [&](int64_t c, int64_t lanes) {
       const Vec scale = load(m.scale, c, lanes), shift = load(m.shift, c, lanes),
                 mean = load(m.mean, c, lanes);
-      const Vec centred = load(m.grad_centered, c, lanes), offset = load(m.grad_offset, c, lanes);
+      const Vec centred = load(m.grad_centered, c, lanes), grad_offset = load(m.grad_offset, c, lanes);
       for (int64_t r = 0; r < count; ++r) {
-        const Vec value = load(x + r * channels, c, lanes);
-        const Vec g = relu_grad(value, mean, scale, shift, load(dy + r * channels, c, lanes));
+        const int64_t index = offset + r * channels + c;
+        const Vec value = Values::load(m.x, index, lanes);
+        const Vec g = relu_grad(value, mean, scale, shift, Values::load(m.grad_y, index, lanes));
         // Evaluation leaves x out: a NaN input then keeps its gradient, as ATen's backward does.
         const Vec through_statistics =
-            m.batch_statistics ? at::vec::fmadd(value - mean, centred, offset) : Vec(0.f);
-        at::vec::fmadd(g, scale, through_statistics).store(dx + r * channels + c, lanes);
+            m.batch_statistics ? at::vec::fmadd(value - mean, centred, grad_offset) : Vec(0.f);
+        Values::store(at::vec::fmadd(g, scale, through_statistics), m.grad_x, index, lanes);
       }
     });
-    finish_row(dx, m.grad_x, m.bf16, first * channels, count * channels);
   });
+}
+
+// Each body for the maps' dtype.
+void statistics(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
+  m.bf16 ? statistics_as<Bf16Values>(m, begin, end, chunk) : statistics_as<Fp32Values>(m, begin, end, chunk);
+}
+void normalize(const Maps& m, int64_t begin, int64_t end) {
+  m.bf16 ? normalize_as<Bf16Values>(m, begin, end) : normalize_as<Fp32Values>(m, begin, end);
+}
+void backward_sums(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
+  m.bf16 ? backward_sums_as<Bf16Values>(m, begin, end, chunk)
+         : backward_sums_as<Fp32Values>(m, begin, end, chunk);
+}
+void backward_input(const Maps& m, int64_t begin, int64_t end) {
+  m.bf16 ? backward_input_as<Bf16Values>(m, begin, end) : backward_input_as<Fp32Values>(m, begin, end);
 }
 
 }  // namespace

@@ -116,6 +116,66 @@ inline float row_max(const float* x, int64_t width) {
   return result;
 }
 
+// `lanes` bf16 values as an fp32 vector (exact: the bits move to the upper halves); missing lanes read 0.
+inline Vec load_bf16(const uint16_t* src, int64_t lanes) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m256i bits = lanes == kLanes ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))
+                                       : _mm256_maskz_loadu_epi16((__mmask16)((1u << lanes) - 1), src);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+#else
+  float values[kLanes] = {};
+  for (int64_t l = 0; l < lanes; ++l)
+    values[l] = static_cast<float>(c10::BFloat16(src[l], c10::BFloat16::from_bits()));
+  return Vec::loadu(values);
+#endif
+}
+
+// The first `lanes` of `v` as bf16 by c10::BFloat16's rule (nearest, ties to even; every NaN 0x7FC0), so
+// that a kernel writing a vector at a time gives what a row rounded by store_row gives.
+inline void store_bf16(const Vec& v, uint16_t* dst, int64_t lanes) {
+#if defined(CPU_CAPABILITY_AVX512)
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)),
+                                        _mm512_set1_epi32(0x7FFF));
+  const __m512i rounded =
+      _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
+                              _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16), _mm512_set1_epi32(0x7FC0));
+  _mm512_mask_cvtepi32_storeu_epi16(dst, (__mmask16)(lanes == kLanes ? 0xFFFF : (1u << lanes) - 1), rounded);
+#else
+  float values[kLanes];
+  v.store(values);
+  for (int64_t l = 0; l < lanes; ++l) dst[l] = c10::BFloat16(values[l]).x;
+#endif
+}
+
+// An operand in memory, fp32 or bf16, read and written a vector at a time as fp32 (`i` counts elements):
+// a kernel templated on it converts bf16 in registers, with no scratch row to convert into.
+struct Fp32Values {
+  using Element = float;
+  static Vec load(const void* base, int64_t i, int64_t lanes) {
+    return Vec::loadu(static_cast<const float*>(base) + i, lanes);
+  }
+  static void store(const Vec& v, void* base, int64_t i, int64_t lanes) {
+    v.store(static_cast<float*>(base) + i, lanes);
+  }
+};
+struct Bf16Values {
+  using Element = uint16_t;
+  static Vec load(const void* base, int64_t i, int64_t lanes) {
+    return load_bf16(static_cast<const uint16_t*>(base) + i, lanes);
+  }
+  static void store(const Vec& v, void* base, int64_t i, int64_t lanes) {
+    store_bf16(v, static_cast<uint16_t*>(base) + i, lanes);
+  }
+};
+
+// Zeros `count` elements of either dtype from element `i`.
+template <typename Values>
+void zero_elements(void* base, int64_t i, int64_t count) {
+  using Element = typename Values::Element;
+  std::memset(static_cast<Element*>(base) + i, 0, static_cast<size_t>(count) * sizeof(Element));
+}
+
 // width values from `base` (fp32, or bf16 where `bf16`) at element `offset` into the fp32 `row`.
 inline void load_row(const void* base, bool bf16, int64_t offset, int64_t width, float* row) {
   if (bf16) {
