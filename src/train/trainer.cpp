@@ -255,8 +255,9 @@ torch::Tensor Trainer::loss_of(const Batch& batch) {
 }
 
 torch::Tensor Trainer::backward_micro_batch(const Batch& batch, int64_t window_size, bool ends_window) {
-  // Each micro-batch loss is divided by the window size, so the summed gradients are those of
-  // the mean loss over the whole window: N micro-batches of B equal one batch of N x B.
+  // Each micro-batch loss is divided by the window size (when it is more than 1), so the summed
+  // gradients are those of the mean loss over the whole window: N micro-batches of B equal one batch of
+  // N x B.
   torch::Tensor loss;
   {
     PhaseScope forward(phases_, Phase::kForward);
@@ -337,7 +338,8 @@ void Trainer::warm_up(const Batch& batch, DataLoader* evaluation, const DataLoad
   }
   RngStateGuard keep_random_streams;                          // dropout draws
   TensorValuesGuard keep_buffers(model_.module().buffers());  // BatchNorm statistics
-  backward_micro_batch(batch, 1, /*ends_window=*/false);      // nothing communicated
+  // The window's size, so that its division (accumulation > 1) has run too; nothing communicated.
+  backward_micro_batch(batch, options_.accumulation(), /*ends_window=*/false);
   window_loss_.zero_();
   // One update too, thrown away: the optimizer's kernels meet their shapes here, not in the first
   // timed step (on an H100, Muon's first Newton-Schulz matmuls took 0.06 s). Single-process runs:

@@ -5,8 +5,9 @@
 //   statistics      each block's mean and squared deviations (two passes over it in L1), merged per chunk
 //   normalize       y = max(0, (x - mean) * scale + shift): x - mean first, as a far mean would
 //                   otherwise cost the result its low bits
-//   backward_sums   g = grad_y masked by ReLU (recomputed from x: nothing of y is kept), sum g, sum g (x -
-//   mean) backward_input  grad_x = g * scale + (x - mean) * grad_centered + grad_offset
+//   backward_sums   g = grad_y masked by ReLU (recomputed from x: nothing of y is kept), sum g,
+//                   sum g (x - mean)
+//   backward_input  grad_x = g * scale + (x - mean) * grad_centered + grad_offset
 // ATen runs the same as native_batch_norm, relu, threshold_backward and native_batch_norm_backward,
 // each its own pass and allocation. Compiled once per CPU capability (CMakeLists.txt).
 #include <vector>
@@ -20,7 +21,7 @@ namespace {
 
 using Maps = detail::BatchNormReluMaps;
 
-// Rows per block: 4096 fp32 values (16 KiB) per operand.
+// Rows per block: 4096 values per operand (16 KiB in fp32, 8 KiB in bf16).
 int64_t block_rows(int64_t channels) {
   return std::max<int64_t>(1, 4096 / channels);
 }
@@ -71,8 +72,9 @@ class ChannelMoments {
   std::vector<double> mean_, squares_;
 };
 
-// Each block (converted once) twice from L1: its sum less the chunk's first row (values of the spread's
-// size, not the mean's, so a mean far from zero costs no low bits), then squared deviations from its mean.
+// Each block twice from L1 (bf16 converted in registers on each pass): its sum less the chunk's first row
+// (values of the spread's size, not the mean's, so a mean far from zero costs no low bits), then squared
+// deviations from its mean.
 template <typename Values>
 void statistics_as(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
   const int64_t channels = m.channels;
