@@ -134,12 +134,10 @@ inline Vec load_bf16(const uint16_t* src, int64_t lanes) {
 // that a kernel writing a vector at a time gives what a row rounded by store_row gives.
 inline void store_bf16(const Vec& v, uint16_t* dst, int64_t lanes) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1)),
-                                        _mm512_set1_epi32(0x7FFF));
-  const __m512i rounded =
-      _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q),
-                              _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16), _mm512_set1_epi32(0x7FC0));
+  // round_to_bf16's bits, whose NaNs keep their payload: c10 writes every NaN as 0x7FC0.
+  const __m512i rounded = _mm512_mask_blend_epi32(
+      _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_srli_epi32(_mm512_castps_si512(round_to_bf16(v)), 16),
+      _mm512_set1_epi32(0x7FC0));
   _mm512_mask_cvtepi32_storeu_epi16(dst, (__mmask16)(lanes == kLanes ? 0xFFFF : (1u << lanes) - 1), rounded);
 #else
   float values[kLanes];
