@@ -19,14 +19,16 @@ constexpr float kCubic = 0.044715f;
 // GELU through z = exp(-2 |s|), which keeps every term accurate in fp32 where tanh(s) is near +-1:
 //   (1 + t) / 2 = 1 / (1 + z) for s >= 0, z / (1 + z) below;   1 - t^2 = 4 z / (1 + z)^2
 // (the derivative's u/2 (1 - t^2) ds/du multiplies 1 - t^2 by a cube, so 1 - t^2 computed from a
-// rounded t would cost ~1e-5 relative far out). exp(-inf) = 0 takes the tails, NaN stays NaN.
+// rounded t would cost ~1e-5 relative far out). Past |s| = 43.5 z is exp_inline's floor, 1.6e-38, where
+// it would be smaller: y there is u 1.6e-38 instead of about 0 (-inf at u = -inf, where ATen's is NaN), the
+// derivative off by as little. NaN stays NaN.
 struct GeluTerms {
   Vec half_one_plus_t, sech2_quarter_z;  // (1 + t) / 2 and z / (1 + z)^2 = (1 - t^2) / 4
 };
 
 inline GeluTerms gelu_terms(const Vec& u, const Vec& u2) {
   const Vec s = u * at::vec::fmadd(u2, Vec(kSqrt2OverPi * kCubic), Vec(kSqrt2OverPi));
-  const Vec z = (s.abs() * Vec(-2.f)).exp();
+  const Vec z = exp_inline(s.abs() * Vec(-2.f));
   const Vec r = Vec(1.f) / (Vec(1.f) + z);
   return {Vec::blendv(z * r, r, s >= Vec(0.f)), z * r * r};
 }

@@ -23,6 +23,51 @@ inline float lanes_sum(const Vec& v) {
   return total;
 }
 
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+// v 2^n for whole numbers n held as floats, |n| <= 252: AVX512's scalef; AVX2 multiplies by 2^(n / 2) and
+// 2^(n - n / 2), each a normal float.
+inline Vec times_power_of_two(const Vec& v, const Vec& n) {
+#if defined(CPU_CAPABILITY_AVX512)
+  return _mm512_scalef_ps(v, n);
+#else
+  const __m256 half = _mm256_floor_ps(_mm256_mul_ps(n, _mm256_set1_ps(0.5f)));
+  const auto power = [](__m256 k) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23));
+  };
+  return Vec(_mm256_mul_ps(_mm256_mul_ps(v, power(half)), power(_mm256_sub_ps(n, half))));
+#endif
+}
+#endif
+
+// e^x, within about 2 ulp of the true value for x in [-87, 88.7] (Cephes' expf: n = round(x log2 e),
+// f = x - n ln 2 by a two-part ln 2, e^f by a degree-5 polynomial, then 2^n), inline: at::vec's exp is
+// Sleef's, an out-of-line call per vector, and the GELU's backward ran 1.6x as long with it (BENCHMARKS.md
+// "fifteenth part"). Below -87 it gives e^-87 (1.6e-38), not less: a subnormal result costs a microcode
+// assist per vector, and zeroing those lanes measured as slow again on this loop, so a caller whose
+// results must reach 0 (the softmax's masked scores) keeps at::vec's exp. Past ~88.7 inf; NaN stays NaN.
+// (The AVX512 and AVX2 builds; the other runs at::vec's.)
+inline Vec exp_inline(const Vec& x) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  const Vec clamped = at::vec::minimum(at::vec::maximum(x, Vec(-87.f)), Vec(89.f));  // NaN passes
+  const Vec scaled = clamped * Vec(1.44269504088896341f);
+#if defined(CPU_CAPABILITY_AVX512)
+  const Vec n = _mm512_roundscale_ps(scaled, _MM_FROUND_TO_NEAREST_INT);
+#else
+  const Vec n = _mm256_round_ps(scaled, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#endif
+  const Vec f = at::vec::fmadd(n, Vec(2.12194440e-4f), at::vec::fmadd(n, Vec(-0.693359375f), clamped));
+  Vec p = at::vec::fmadd(Vec(1.9875691500e-4f), f, Vec(1.3981999507e-3f));
+  p = at::vec::fmadd(p, f, Vec(8.3334519073e-3f));
+  p = at::vec::fmadd(p, f, Vec(4.1665795894e-2f));
+  p = at::vec::fmadd(p, f, Vec(1.6666665459e-1f));
+  p = at::vec::fmadd(p, f, Vec(5.0000001201e-1f));
+  return times_power_of_two(at::vec::fmadd(p, f * f, f) + Vec(1.f), n);
+#else
+  return x.exp();
+#endif
+}
+
 // Applies `op(i, count)` to [0, width) a vector at a time, the last one partial.
 template <typename Op>
 void by_vectors(int64_t width, const Op& op) {
