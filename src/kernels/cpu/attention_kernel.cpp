@@ -235,16 +235,19 @@ void accumulate_rows(Weights w, const float* rows, int64_t count, int64_t dim_pa
   });
 }
 
-// The scores [0, count) of query i -> exp(score - shift), 0 past key i; returns their sum.
+// The scores [0, count) of query i -> exp(score - shift), 0 past key i; returns their sum. exp_inline's
+// floor (1.6e-38) never reaches the sum: the keys past i are written as 0, whatever their scores hold, and
+// a padding row (shift +inf) is 0 throughout.
 float exp_row(float* scores, int64_t i, int64_t count, float shift) {
-  std::fill(scores + std::min(i + 1, count), scores + count, kMinusInfinity);
+  const int64_t keys = std::isinf(shift) && shift > 0 ? 0 : std::min(i + 1, count);
   const Vec shift_v(shift);
   Vec sum(0.f);
-  for (int64_t j = 0; j < count; j += kLanes) {
-    const Vec p = (Vec::loadu(scores + j) - shift_v).exp();
+  for (int64_t j = 0; j < keys; j += kLanes) {
+    const Vec p = Vec::set(Vec(0.f), exp_inline(Vec::loadu(scores + j) - shift_v), keys - j);
     p.store(scores + j);
     sum = sum + p;
   }
+  std::fill(scores + round_up(keys), scores + count, 0.f);
   return lanes_sum(sum);
 }
 

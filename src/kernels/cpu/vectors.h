@@ -42,11 +42,11 @@ inline Vec times_power_of_two(const Vec& v, const Vec& n) {
 
 // e^x, within about 2 ulp of the true value for x in [-87, 88.7] (Cephes' expf: n = round(x log2 e),
 // f = x - n ln 2 by a two-part ln 2, e^f by a degree-5 polynomial, then 2^n), inline: at::vec's exp is
-// Sleef's, an out-of-line call per vector, and the GELU's backward ran 1.6x as long with it (BENCHMARKS.md
-// "fifteenth part"). Below -87 it gives e^-87 (1.6e-38), not less: a subnormal result costs a microcode
-// assist per vector, and zeroing those lanes measured as slow again on this loop, so a caller whose
-// results must reach 0 (the softmax's masked scores) keeps at::vec's exp. Past ~88.7 inf; NaN stays NaN.
-// (The AVX512 and AVX2 builds; the other runs at::vec's.)
+// Sleef's, an out-of-line call per vector (the GELU's backward ran 1.6x as long with it). Below -87 it gives
+// e^-87 (1.6e-38), not less: a subnormal result costs a microcode assist per vector, and zeroing those
+// lanes here measured slower again, so a caller whose results must reach 0 (the softmax's masked scores)
+// writes its zeros itself. Past ~88.7 inf; NaN stays NaN. (The AVX512 and AVX2 builds; the other runs
+// at::vec's.)
 inline Vec exp_inline(const Vec& x) {
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   const Vec clamped = at::vec::minimum(at::vec::maximum(x, Vec(-87.f)), Vec(89.f));  // NaN passes
