@@ -1,12 +1,11 @@
 // kernels/attention.h: the attention and GELU of GPT models through ATen's ops, and the pick between
 // them and fasttrain's attention kernel.
-#include "fasttrain/kernels/attention.h"
-
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "fasttrain/detail/compat.h"
+#include "fasttrain/kernels/attention.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 
@@ -30,15 +29,21 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
   return causal_attention_math(q, k, v);
 }
 
-torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads) {
-  if (kernels::packed_attention_takes(qkv, heads)) return kernels::packed_causal_attention(qkv, heads);
-  return packed_causal_attention_aten(qkv, heads);
+torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& bias) {
+  if (kernels::packed_attention_takes(qkv, heads, bias))
+    return kernels::packed_causal_attention(qkv, heads, kernels::cpu_capability(), bias);
+  return packed_causal_attention_aten(qkv, heads, bias);
 }
 
-torch::Tensor packed_causal_attention_aten(const torch::Tensor& qkv, int64_t heads) {
-  FT_CHECK(qkv.dim() == 3 && qkv.size(2) % (3 * heads) == 0,
-           "packed_causal_attention takes qkv [B, T, 3C] with C a multiple of heads ({}), got {}", heads,
-           qkv.sizes());
+torch::Tensor packed_causal_attention_aten(const torch::Tensor& packed, int64_t heads,
+                                           const torch::Tensor& bias) {
+  FT_CHECK(
+      packed.dim() == 3 && packed.size(2) % (3 * heads) == 0 &&
+          (!bias.defined() || (bias.dim() == 1 && bias.size(0) == packed.size(2))),
+      "packed_causal_attention takes qkv [B, T, 3C] with C a multiple of heads ({}) and a bias [3C] or none, "
+      "got qkv {}, bias {}",
+      heads, packed.sizes(), bias.defined() ? bias.sizes() : c10::IntArrayRef{});
+  const torch::Tensor qkv = bias.defined() ? packed + bias : packed;
   const int64_t batch = qkv.size(0), length = qkv.size(1), embed = qkv.size(2) / 3;
   // unbind, not three selects: backward stacks the three gradients into one [B, T, 3, C] in one pass, where
   // each select's backward fills a zero tensor of qkv's size, copies its third in and the three are added

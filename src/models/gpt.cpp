@@ -58,9 +58,7 @@ class GptBlockImpl : public torch::nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {  // [B, T, C] -> [B, T, C]
     // ---- causal self-attention: heads of C / H ----
-    auto qkv = linear(qkv_, norm(ln1_, x));  // [B, T, 3C]: q, k, v side by side
-    auto attended = own_kernels_.attention ? packed_causal_attention(qkv, heads_)
-                                           : packed_causal_attention_aten(qkv, heads_);
+    auto attended = attend(norm(ln1_, x));  // [B, T, C]: the heads side by side
     auto [residual, normed] = project_add_norm(attn_proj_, attended, x, ln2_);  // [B, T, C] each
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
     return mlp(normed, residual);  // residual + mlp_proj(gelu(fc(normed))): [B, T, C]
@@ -70,6 +68,16 @@ class GptBlockImpl : public torch::nn::Module {
   std::vector<torch::Tensor> residual_projections() { return {attn_proj_->weight, mlp_proj_->weight}; }
 
  private:
+  // Causal attention of qkv(normed) [B, T, 3C]. Where fasttrain's linear and attention both run (fp32 on the
+  // CPU), the qkv Linear runs without its bias and the attention kernel adds it as it reads the rows: no
+  // copy of the bias into the matmul's output, and the bias-less matmul is oneDNN's.
+  torch::Tensor attend(const torch::Tensor& normed) {
+    if (own_kernels_.attention && own_kernels_.linear && kernels::linear_takes(normed, qkv_->weight, {}))
+      return packed_causal_attention(kernels::linear(normed, qkv_->weight, {}), heads_, qkv_->bias);
+    auto qkv = linear(qkv_, normed);  // [B, T, 3C]: q, k, v side by side
+    return own_kernels_.attention ? packed_causal_attention(qkv, heads_)
+                                  : packed_causal_attention_aten(qkv, heads_);
+  }
   torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) const {
     return fasttrain::linear(own_kernels_.linear, x, layer->weight, layer->bias);
   }

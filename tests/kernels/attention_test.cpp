@@ -84,6 +84,57 @@ TEST(CpuAttention, MatchesATenInValuesAndGradientsOnEveryCapability) {
   }
 }
 
+// The qkv Linear's bias given to the kernel, which adds it as it reads the rows: the same values and qkv
+// gradients as attention over qkv + bias, and the bias's gradient (each row's qkv gradient, summed). Heads
+// beyond the first and k's and v's parts of the bias each matter: a bias read at the wrong offset fails.
+TEST(CpuAttention, AddsTheLinearsBiasAsItReadsAndGivesItsGradient) {
+  const Shape shapes[] = {{2, 7, 3, 5}, {3, 20, 4, 32}, {1, 33, 2, 16}};
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      for (const Shape& s : shapes) {
+        torch::manual_seed(s.length + s.head_dim);
+        const int64_t embed = s.heads * s.head_dim;
+        const auto qkv = torch::randn({s.batch, s.length, 3 * embed}).to(dtype);
+        const auto bias = torch::randn({3 * embed});
+        const auto weights = torch::randn({s.batch, s.length, embed}, torch::kDouble);
+        const std::string what = fmt::format("{} {} B{} T{} H{} D{}", kernels::to_string(capability),
+                                             c10::toString(dtype), s.batch, s.length, s.heads, s.head_dim);
+        auto run = [&](const torch::Tensor& x, const torch::Tensor& b, auto attention) {
+          auto input = x.detach().clone().requires_grad_(true),
+               b_input = b.detach().clone().requires_grad_(true);
+          auto out = attention(input, b_input);
+          (out.to(torch::kDouble) * weights).sum().backward();
+          return std::make_tuple(out.detach(), input.grad(), b_input.grad());
+        };
+        auto [want_out, want_grad, want_bias_grad] = run(qkv.to(torch::kDouble), bias.to(torch::kDouble),
+                                                         [&](const torch::Tensor& x, const torch::Tensor& b) {
+                                                           return packed_causal_attention_aten(x, s.heads, b);
+                                                         });
+        auto [out, grad, bias_grad] = run(qkv, bias, [&](const torch::Tensor& x, const torch::Tensor& b) {
+          return kernels::packed_causal_attention(x, s.heads, capability, b);
+        });
+        ASSERT_EQ(bias_grad.scalar_type(), torch::kFloat) << what;
+        // bf16: q, k and v are qkv's bf16 values plus the fp32 bias, not rounded again: out within one
+        // rounding of its own, the bias's gradient a sum of bf16-rounded rows.
+        const double tolerance = dtype == torch::kFloat ? 2e-5 : 1.6e-2;
+        expect_close(out, want_out, tolerance, what + " out", kZeroScaleFloor * tolerance);
+        expect_close(grad, want_grad, tolerance, what + " grad qkv", kZeroScaleFloor * tolerance);
+        expect_close(bias_grad, want_bias_grad, tolerance, what + " grad bias", kZeroScaleFloor * tolerance);
+      }
+    }
+  }
+  try {
+    kernels::packed_causal_attention(torch::zeros({2, 4, 12}), 2, kernels::cpu_capability(),
+                                     torch::zeros({11}));
+    FAIL() << "a bias of 11 for qkv of 12 was taken";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("bias [11]"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(
+      kernels::packed_attention_takes(torch::zeros({2, 4, 12}), 2, torch::zeros({12}, torch::kBFloat16)));
+  EXPECT_TRUE(kernels::packed_attention_takes(torch::zeros({2, 4, 12}), 2, torch::zeros({12})));
+}
+
 TEST(CpuAttention, ThePositionsAfterARowChangeNothingInIt) {
   torch::manual_seed(1);
   auto qkv = torch::randn({1, 9, 3 * 8});

@@ -20,11 +20,15 @@ torch::Tensor causal_attention(const torch::Tensor& q, const torch::Tensor& k, c
 torch::Tensor causal_attention_math(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v);
 
 // Causal self-attention of a Linear(C, 3C)'s output: qkv [B, T, 3C] (q, k, v of `heads` heads side by
-// side) -> [B, T, C]. fasttrain's own kernel where it takes the input (the CPU, fp32 or bf16:
-// fasttrain/kernels/cpu.h), else packed_causal_attention_aten.
-torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads);
-// The same through ATen: q, k, v views of qkv, causal_attention, the heads put back side by side.
-torch::Tensor packed_causal_attention_aten(const torch::Tensor& qkv, int64_t heads);
+// side; plus `bias` [3C] where defined, the Linear's bias left to this call) -> [B, T, C]. fasttrain's own
+// kernel where it takes the input (the CPU, fp32 or bf16: fasttrain/kernels/cpu.h), else
+// packed_causal_attention_aten.
+torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads,
+                                      const torch::Tensor& bias = {});
+// The same through ATen: the bias added, q, k, v views of qkv, causal_attention, the heads put back side by
+// side.
+torch::Tensor packed_causal_attention_aten(const torch::Tensor& qkv, int64_t heads,
+                                           const torch::Tensor& bias = {});
 
 // GELU with the tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as one fused
 // ATen kernel (forward and backward) instead of the seven pointwise ops of the formula.

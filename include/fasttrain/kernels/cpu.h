@@ -38,16 +38,20 @@ torch::ScalarType cpu_compute_dtype(const torch::Tensor& x);
 torch::ScalarType compute_dtype(const torch::Tensor& x);
 
 // Whether packed_causal_attention takes these inputs: qkv [B, T, 3C] on the CPU, fp32 or bf16,
-// C a multiple of `heads`. Elsewhere (a GPU, another dtype) the caller runs ATen's attention.
-bool packed_attention_takes(const torch::Tensor& qkv, int64_t heads);
+// C a multiple of `heads`, and a bias fp32 [3C] or none. Elsewhere (a GPU, another dtype) the caller runs
+// ATen's attention.
+bool packed_attention_takes(const torch::Tensor& qkv, int64_t heads, const torch::Tensor& bias = {});
 
 // Causal self-attention of a Linear(C, 3C)'s output, read in place: q, k and v of `heads` heads of
 // C / heads each, side by side in the last dimension; returns [B, T, C] with the heads side by side.
 // softmax(q k^T / sqrt(D), masked above the diagonal) v, in fp32 arithmetic whatever the dtype, and
 // differentiable (its own backward, which recomputes the scores from the rows' log-sum-exp).
-// `capability`: which build of the kernel runs (tests pick each; it must be runnable here).
+// `capability`: which build of the kernel runs (tests pick each; it must be runnable here). `bias`, where
+// defined: the Linear's bias [3C], added to every token row as the kernel reads it (the Linear then runs
+// without it: no pass of its own, and its gradient, summed over the rows, comes from here).
 torch::Tensor packed_causal_attention(const torch::Tensor& qkv, int64_t heads,
-                                      CpuCapability capability = cpu_capability());
+                                      CpuCapability capability = cpu_capability(),
+                                      const torch::Tensor& bias = {});
 
 // Whether layer_norm and add_layer_norm take these: x (and branch, when defined) [..., C] of one shape on
 // the CPU, or on a CUDA GPU where LibTorch has CUDA (src/kernels/cuda: the same arithmetic and roundings, a

@@ -1,5 +1,6 @@
 // Causal self-attention on the CPU, forward and backward, straight from a packed qkv [B, T, 3, H, D]
-// into out [B, T, H, D]: no q/k/v views made contiguous, no [B, H, T, T] scores in memory, no
+// (and its Linear's bias where given, added as the rows are read) into out [B, T, H, D]: no q/k/v views
+// made contiguous, no bias added in a pass of its own, no [B, H, T, T] scores in memory, no
 // transposed output copied back. A batch element's heads are loaded together, in one pass over its token
 // rows, then computed one (batch, head) pair at a time, in fp32 in the core's cache:
 //   forward   s_ij = scale q_i . k_j (j <= i),  p_ij = exp(s_ij - lse_i),  o_i = sum_j p_ij v_j
@@ -106,16 +107,22 @@ void prefetch_row(const T* row, int64_t dim) {
   __builtin_prefetch(bytes + size - 1);
 }
 
-// Row t of a tile from a head's slice of a token row, and the same slice as column t of a transposed tile.
+// Row t of a tile from a head's slice of a token row, and the same slice as column t of a transposed tile;
+// `bias` (the slice's part of qkv's bias, or null) added as it is read.
 template <typename T>
-void copy_row(const T* src, HeadTiles& tiles, std::vector<float>& into, int64_t t) {
+void copy_row(const T* src, const float* bias, HeadTiles& tiles, std::vector<float>& into, int64_t t) {
   float* dst = tiles.row(into, t);
-  for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<float>(src[d]);
+  if (bias == nullptr) {
+    for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<float>(src[d]);
+  } else {
+    for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<float>(src[d]) + bias[d];
+  }
 }
 
 template <typename T>
-void copy_col(const T* src, HeadTiles& tiles, std::vector<float>& cols, int64_t t) {
-  for (int64_t d = 0; d < tiles.dim; ++d) cols[d * tiles.length_padded + t] = static_cast<float>(src[d]);
+void copy_col(const T* src, const float* bias, HeadTiles& tiles, std::vector<float>& cols, int64_t t) {
+  for (int64_t d = 0; d < tiles.dim; ++d)
+    cols[d * tiles.length_padded + t] = static_cast<float>(src[d]) + (bias == nullptr ? 0.f : bias[d]);
 }
 
 template <typename T>
@@ -341,6 +348,7 @@ struct RunLayout {
   int64_t embed, dim;
   int64_t qkv_offset, out_offset;
   int64_t length, count;
+  int64_t first_dim;  // the run's first head's offset in a row's q (k, v) part
 
   RunLayout(const detail::PackedAttention& a, HeadRun run)
       : embed(a.heads * a.head_dim),
@@ -348,8 +356,13 @@ struct RunLayout {
         qkv_offset(run.batch * a.length * 3 * embed + run.first * dim),
         out_offset(run.batch * a.length * embed + run.first * dim),
         length(a.length),
-        count(run.count) {}
+        count(run.count),
+        first_dim(run.first * dim) {}
 
+  // Head h's slice of qkv's bias for q (part 0), k (1) or v (2); null without a bias.
+  const float* bias(const detail::PackedAttention& a, int64_t h, int part) const {
+    return a.qkv_bias == nullptr ? nullptr : a.qkv_bias + part * embed + first_dim + h * dim;
+  }
   // each(t, h, q) for every token row t of qkv and head h of the run, q head h's q slice in row t (k and
   // v at embed and 2 embed on): the rows read in order.
   template <typename HeadOp>
@@ -397,9 +410,9 @@ void forward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end)
   by_runs(a, begin, end, static_cast<int64_t>(tiles.size()), [&](HeadRun run) {
     const RunLayout<T> at(a, run);
     at.each_qkv_row(a.qkv, [&](int64_t t, int64_t h, const T* q) {
-      copy_row(q, tiles[h], tiles[h].q, t);
-      copy_col(q + at.embed, tiles[h], tiles[h].k_cols, t);
-      copy_row(q + 2 * at.embed, tiles[h], tiles[h].v, t);
+      copy_row(q, at.bias(a, h, 0), tiles[h], tiles[h].q, t);
+      copy_col(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k_cols, t);
+      copy_row(q + 2 * at.embed, at.bias(a, h, 2), tiles[h], tiles[h].v, t);
     });
     for (int64_t h = 0; h < run.count; ++h) {
       T* out = static_cast<T*>(a.out_mut) + at.out_offset + h * at.dim;
@@ -415,14 +428,16 @@ void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end
   by_runs(a, begin, end, static_cast<int64_t>(tiles.size()), [&](HeadRun run) {
     const RunLayout<T> at(a, run);
     at.each_qkv_row(a.qkv, [&](int64_t t, int64_t h, const T* q) {
-      copy_row(q, tiles[h], tiles[h].q, t);
-      copy_row(q + at.embed, tiles[h], tiles[h].k, t);
-      copy_col(q + at.embed, tiles[h], tiles[h].k_cols, t);
-      copy_col(q + 2 * at.embed, tiles[h], tiles[h].v_cols, t);
+      copy_row(q, at.bias(a, h, 0), tiles[h], tiles[h].q, t);
+      copy_row(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k, t);
+      copy_col(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k_cols, t);
+      copy_col(q + 2 * at.embed, at.bias(a, h, 2), tiles[h], tiles[h].v_cols, t);
     });
-    at.each_out_row(a.out, [&](int64_t t, int64_t h, const T* o) { copy_row(o, tiles[h], tiles[h].o, t); });
-    at.each_out_row(a.grad_out,
-                    [&](int64_t t, int64_t h, const T* g) { copy_row(g, tiles[h], tiles[h].grad_o, t); });
+    at.each_out_row(a.out,
+                    [&](int64_t t, int64_t h, const T* o) { copy_row(o, nullptr, tiles[h], tiles[h].o, t); });
+    at.each_out_row(a.grad_out, [&](int64_t t, int64_t h, const T* g) {
+      copy_row(g, nullptr, tiles[h], tiles[h].grad_o, t);
+    });
     for (int64_t h = 0; h < run.count; ++h)
       head_backward(a, tiles[h], block, a.lse + (run.batch * a.heads + run.first + h) * a.length);
     T* grad = static_cast<T*>(a.grad_qkv) + at.qkv_offset;

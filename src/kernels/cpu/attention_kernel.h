@@ -14,8 +14,9 @@ struct PackedAttention {
   float scale = 0;
   bool bf16 = false;
   const void* qkv = nullptr;
-  const void* out = nullptr;  // backward reads the saved output
-  void* out_mut = nullptr;    // forward writes it
+  const float* qkv_bias = nullptr;  // [3C] added to q, k and v as they are read; none where null
+  const void* out = nullptr;        // backward reads the saved output
+  void* out_mut = nullptr;          // forward writes it
   float* lse = nullptr;
   const void* grad_out = nullptr;
   void* grad_qkv = nullptr;
