@@ -95,16 +95,18 @@ void cross_entropy_row(nlohmann::json& out, const std::string& name, int64_t row
 int main(int argc, char** argv) {
   int threads = 1, repeats = 50;
   std::string only;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--threads") {
-      threads = std::atoi(argv[i + 1]);
-    } else if (flag == "--repeats") {
-      repeats = std::atoi(argv[i + 1]);
-    } else if (flag == "--only" && (std::string(argv[i + 1]) == "gpt" || std::string(argv[i + 1]) == "cnn")) {
-      only = argv[i + 1];
-    } else {
-      std::cerr << "usage: gpt_ops_bench [--threads N] [--repeats N] [--only gpt|cnn]\n";
+  for (int i = 1; i < argc; i += 2) {
+    const std::string flag = argv[i], value = i + 1 < argc ? argv[i + 1] : "";
+    if (flag == "--threads" && std::atoi(value.c_str()) > 0) {
+      threads = std::atoi(value.c_str());
+    } else if (flag == "--repeats" && std::atoi(value.c_str()) > 0) {
+      repeats = std::atoi(value.c_str());
+    } else if (flag == "--only" && (value == "gpt" || value == "cnn")) {
+      only = value;
+    } else {  // a lone flag (--help), a missing or bad value, or an unknown flag
+      std::cerr << "gpt_ops_bench: '" << flag << (value.empty() ? "" : " " + value)
+                << "' is not an option with a valid value\n"
+                << "usage: gpt_ops_bench [--threads N>0] [--repeats N>0] [--only gpt|cnn]\n";
       return 2;
     }
   }
