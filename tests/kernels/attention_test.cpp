@@ -99,27 +99,25 @@ TEST(CpuAttention, AddsTheLinearsBiasAsItReadsAndGivesItsGradient) {
         const auto weights = torch::randn({s.batch, s.length, embed}, torch::kDouble);
         const std::string what = fmt::format("{} {} B{} T{} H{} D{}", kernels::to_string(capability),
                                              c10::toString(dtype), s.batch, s.length, s.heads, s.head_dim);
-        auto run = [&](const torch::Tensor& x, const torch::Tensor& b, auto attention) {
-          auto input = x.detach().clone().requires_grad_(true),
-               b_input = b.detach().clone().requires_grad_(true);
-          auto out = attention(input, b_input);
-          (out.to(torch::kDouble) * weights).sum().backward();
-          return std::make_tuple(out.detach(), input.grad(), b_input.grad());
-        };
-        auto [want_out, want_grad, want_bias_grad] = run(qkv.to(torch::kDouble), bias.to(torch::kDouble),
-                                                         [&](const torch::Tensor& x, const torch::Tensor& b) {
-                                                           return packed_causal_attention_aten(x, s.heads, b);
-                                                         });
-        auto [out, grad, bias_grad] = run(qkv, bias, [&](const torch::Tensor& x, const torch::Tensor& b) {
-          return kernels::packed_causal_attention(x, s.heads, capability, b);
+        // The bias is a leaf of its own, its gradient read after run_attention's backward.
+        auto want_bias = bias.to(torch::kDouble).requires_grad_(true);
+        auto want = run_attention(qkv.to(torch::kDouble), weights, [&](const torch::Tensor& x) {
+          return packed_causal_attention_aten(x, s.heads, want_bias);
         });
+        auto got_bias = bias.clone().requires_grad_(true);
+        auto got = run_attention(qkv, weights, [&](const torch::Tensor& x) {
+          return kernels::packed_causal_attention(x, s.heads, capability, got_bias);
+        });
+        const torch::Tensor bias_grad = got_bias.grad();
+        ASSERT_TRUE(bias_grad.defined()) << what;
         ASSERT_EQ(bias_grad.scalar_type(), torch::kFloat) << what;
         // bf16: q, k and v are qkv's bf16 values plus the fp32 bias, not rounded again: out within one
         // rounding of its own, the bias's gradient a sum of bf16-rounded rows.
         const double tolerance = dtype == torch::kFloat ? 2e-5 : 1.6e-2;
-        expect_close(out, want_out, tolerance, what + " out", kZeroScaleFloor * tolerance);
-        expect_close(grad, want_grad, tolerance, what + " grad qkv", kZeroScaleFloor * tolerance);
-        expect_close(bias_grad, want_bias_grad, tolerance, what + " grad bias", kZeroScaleFloor * tolerance);
+        expect_close(got.out, want.out, tolerance, what + " out", kZeroScaleFloor * tolerance);
+        expect_close(got.grad, want.grad, tolerance, what + " grad qkv", kZeroScaleFloor * tolerance);
+        expect_close(bias_grad, want_bias.grad(), tolerance, what + " grad bias",
+                     kZeroScaleFloor * tolerance);
       }
     }
   }
