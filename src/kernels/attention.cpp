@@ -76,13 +76,18 @@ class PackedAttentionFunction : public torch::autograd::Function<PackedAttention
     attention.lse = lse.data_ptr<float>();
     attention.grad_out = grad_out.data_ptr();
     attention.grad_qkv = grad_qkv.data_ptr();
+    const bool bias_grad = bias.defined() && ctx->needs_input_grad(1);
+    torch::Tensor grad_bias_pairs;  // [B, H, 3, D]
+    if (bias_grad) {
+      grad_bias_pairs = torch::empty({attention.batch, attention.heads, 3, attention.head_dim},
+                                     qkv.options().dtype(torch::kFloat));
+      attention.grad_bias_pairs = grad_bias_pairs.data_ptr<float>();
+    }
     run_pairs(attention_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt())).backward,
               attention);
     torch::autograd::variable_list result{grad_qkv};
-    if (bias.defined()) {  // [3C]: the bias is added to every token row
-      result.push_back(ctx->needs_input_grad(1)
-                           ? grad_qkv.sum(std::vector<int64_t>{0, 1}, false, torch::kFloat)
-                           : torch::Tensor());
+    if (bias.defined()) {  // [3C] = [3, H, D]: the bias is added to every token row
+      result.push_back(bias_grad ? grad_bias_pairs.sum(0).transpose(0, 1).reshape({-1}) : torch::Tensor());
     }
     result.resize(result.size() + 2);  // heads, capability
     return result;

@@ -30,7 +30,7 @@ bool bf16(const torch::Tensor& t) {
 }
 
 struct NormGrads {
-  torch::Tensor x, branch, weight, bias;
+  torch::Tensor x, branch, weight, bias, branch_bias;
 };
 
 detail::LayerNormRows describe(const torch::Tensor& x, const torch::Tensor& branch, const torch::Tensor& w,
@@ -88,14 +88,21 @@ void run_backward(const detail::LayerNormRows& n, [[maybe_unused]] int64_t parti
       [&](int64_t begin, int64_t end, int64_t chunk) { kernel(n, begin, end, chunk); });
 }
 
-// The forward of both functions below: {y} without a branch, {x + branch, y} with one. Saves what
-// norm_backward reads.
+// What a norm reads besides x, weight and bias: a branch added to x, and the bias of the Linear that made
+// the branch (added with it; CPU only). Either may be undefined.
+struct NormBranch {
+  torch::Tensor branch, bias;
+};
+
+// The forward of the functions below: {y} without a branch, {x + branch (+ its bias), y} with one. Saves
+// what norm_backward reads.
 torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x_in,
-                                            const torch::Tensor& branch_in, const torch::Tensor& weight,
+                                            const NormBranch& branch_in, const torch::Tensor& weight,
                                             const torch::Tensor& bias, double eps, int64_t y_dtype,
                                             int64_t capability) {
   const torch::Tensor x = x_in.contiguous();
-  const torch::Tensor branch = branch_in.defined() ? branch_in.contiguous() : branch_in;
+  const torch::Tensor branch = branch_in.branch.defined() ? branch_in.branch.contiguous() : torch::Tensor();
+  const torch::Tensor branch_bias = branch_in.bias.defined() ? branch_in.bias.contiguous() : torch::Tensor();
   const int64_t width = x.size(-1), rows = x.numel() / std::max<int64_t>(width, 1);
   torch::Tensor sum = branch.defined() ? torch::empty_like(x) : torch::Tensor();
   torch::Tensor y = torch::empty(x.sizes(), x.options().dtype(static_cast<torch::ScalarType>(y_dtype)));
@@ -107,6 +114,7 @@ torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ct
   n.y = y.data_ptr();
   n.mean = mean.data_ptr<float>();
   n.rstd = rstd.data_ptr<float>();
+  n.branch_bias = branch_bias.defined() ? branch_bias.data_ptr<float>() : nullptr;
   run_forward(n, x.device(), static_cast<CpuCapability>(capability));
   // What backward normalises again: the sum where there is one, else x.
   ctx->save_for_backward({branch.defined() ? sum : x, w, b, mean, rstd});
@@ -120,8 +128,10 @@ torch::autograd::variable_list norm_forward(torch::autograd::AutogradContext* ct
   return {y};
 }
 
+// The gradients of x, the branch (grad_x itself where their dtypes agree), weight, bias and, where
+// `has_branch_bias`, the branch's bias. grad_sum_in: the gradient of the sum, or of x passed on.
 NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tensor& grad_sum_in,
-                        const torch::Tensor& grad_y_in, bool has_branch) {
+                        const torch::Tensor& grad_y_in, bool has_branch, bool has_branch_bias = false) {
   detail::check_first_order("layer_norm");
   const auto saved = ctx->get_saved_variables();
   const torch::Tensor &normalised = saved[0], &w = saved[1], &b = saved[2];
@@ -137,9 +147,15 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   const int64_t partials = backward_partials(normalised.device(), rows, width);
   NormGrads grads;
   grads.x = torch::empty_like(normalised);
-  if (has_branch) grads.branch = torch::empty(normalised.sizes(), normalised.options().dtype(branch_dtype));
-  torch::Tensor weight_partial = torch::zeros({partials, width}, normalised.options().dtype(torch::kFloat));
-  torch::Tensor bias_partial = torch::zeros({partials, width}, normalised.options().dtype(torch::kFloat));
+  // One gradient for both where the dtypes agree: the branch's is the sum's, as grad_x is.
+  const bool own_branch_grad = has_branch && branch_dtype != x_dtype;
+  if (own_branch_grad)
+    grads.branch = torch::empty(normalised.sizes(), normalised.options().dtype(branch_dtype));
+  const auto partial = [&] {
+    return torch::zeros({partials, width}, normalised.options().dtype(torch::kFloat));
+  };
+  torch::Tensor weight_partial = partial(), bias_partial = partial();
+  torch::Tensor branch_bias_partial = has_branch_bias ? partial() : torch::Tensor();
   detail::LayerNormRows n =
       describe(normalised, grads.branch, w, b, grad_y, ctx->saved_data["eps"].toDouble());
   n.mean = saved[3].data_ptr<float>();
@@ -147,13 +163,16 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   n.grad_y = grad_y.data_ptr();
   n.grad_sum = grad_sum.defined() ? grad_sum.data_ptr() : nullptr;
   n.grad_x = grads.x.data_ptr();
-  n.grad_branch = has_branch ? grads.branch.data_ptr() : nullptr;
+  n.grad_branch = own_branch_grad ? grads.branch.data_ptr() : nullptr;
   n.grad_weight_partial = weight_partial.data_ptr<float>();
   n.grad_bias_partial = bias_partial.data_ptr<float>();
+  n.grad_branch_bias_partial = has_branch_bias ? branch_bias_partial.data_ptr<float>() : nullptr;
   run_backward(n, partials, normalised.device(),
                static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
+  if (has_branch && !own_branch_grad) grads.branch = grads.x;
   grads.weight = weight_partial.sum(0);
   grads.bias = bias_partial.sum(0);
+  if (has_branch_bias) grads.branch_bias = branch_bias_partial.sum(0);
   return grads;
 }
 
@@ -163,7 +182,7 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const torch::Tensor& bias, double eps,
                                int64_t y_dtype, int64_t capability) {
-    return norm_forward(ctx, x, torch::Tensor(), weight, bias, eps, y_dtype, capability)[0];
+    return norm_forward(ctx, x, {}, weight, bias, eps, y_dtype, capability)[0];
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
@@ -172,18 +191,41 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
   }
 };
 
-class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
+// x passed on as it is, and its norm: {x, y}. Backward adds the gradient x gets from its later use to the
+// norm's, in the same pass (autograd would add the two in a pass of its own).
+class PassLayerNormFunction : public torch::autograd::Function<PassLayerNormFunction> {
  public:
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                                                const torch::Tensor& branch, const torch::Tensor& weight,
-                                                const torch::Tensor& bias, double eps, int64_t y_dtype,
-                                                int64_t capability) {
-    return norm_forward(ctx, x, branch, weight, bias, eps, y_dtype, capability);
+                                                const torch::Tensor& weight, const torch::Tensor& bias,
+                                                double eps, int64_t y_dtype, int64_t capability) {
+    return {x, norm_forward(ctx, x, {}, weight, bias, eps, y_dtype, capability)[0]};
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
-    NormGrads g = norm_backward(ctx, grads[0], grads[1], /*has_branch=*/true);
-    return {g.x, g.branch, g.weight, g.bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    NormGrads g = norm_backward(ctx, grads[0], grads[1], /*has_branch=*/false);
+    return {g.x, g.weight, g.bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+// Inputs {x, branch, weight, bias} or {x, branch, weight, bias, branch_bias}: a custom Function's tensor
+// inputs must be defined, so the branch's bias is there only where given.
+class AddLayerNormFunction : public torch::autograd::Function<AddLayerNormFunction> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList in,
+                                                double eps, int64_t y_dtype, int64_t capability) {
+    const bool has_branch_bias = in.size() > 4;
+    ctx->saved_data["has_branch_bias"] = has_branch_bias;
+    return norm_forward(ctx, in[0], {in[1], has_branch_bias ? in[4] : torch::Tensor()}, in[2], in[3], eps,
+                        y_dtype, capability);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const bool has_branch_bias = ctx->saved_data["has_branch_bias"].toBool();
+    NormGrads g = norm_backward(ctx, grads[0], grads[1], /*has_branch=*/true, has_branch_bias);
+    torch::autograd::variable_list out{g.x, g.branch, g.weight, g.bias};
+    if (has_branch_bias) out.push_back(g.branch_bias);
+    out.resize(out.size() + 3);  // eps, y_dtype, capability
+    return out;
   }
 };
 
@@ -227,14 +269,35 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
                                   static_cast<int64_t>(capability));
 }
 
+std::pair<torch::Tensor, torch::Tensor> pass_layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                                                        const torch::Tensor& bias, double eps,
+                                                        torch::ScalarType y_dtype, CpuCapability capability) {
+  check_takes(x, torch::Tensor(), weight, bias, y_dtype);
+  detail::check_runnable(capability, "pass_layer_norm");
+  auto outputs = PassLayerNormFunction::apply(x, weight, bias, eps, static_cast<int64_t>(y_dtype),
+                                              static_cast<int64_t>(capability));
+  return {outputs[0], outputs[1]};
+}
+
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& branch,
                                                        const torch::Tensor& weight, const torch::Tensor& bias,
                                                        double eps, torch::ScalarType y_dtype,
-                                                       CpuCapability capability) {
+                                                       CpuCapability capability,
+                                                       const torch::Tensor& branch_bias) {
   FT_CHECK(branch.defined(), "add_layer_norm needs a branch to add (layer_norm normalises x alone)");
   check_takes(x, branch, weight, bias, y_dtype);
+  FT_CHECK(
+      !branch_bias.defined() || (branch_bias.device().is_cpu() && x.device().is_cpu() &&
+                                 branch_bias.scalar_type() == torch::kFloat && branch_bias.dim() == 1 &&
+                                 branch_bias.size(0) == x.size(-1)),
+      "add_layer_norm's branch_bias is fp32 [C] = [{}] with x on the CPU (the CUDA kernel adds none); got "
+      "{} {} on {} with x on {}",
+      x.size(-1), branch_bias.sizes(), c10::toString(branch_bias.scalar_type()), branch_bias.device().str(),
+      x.device().str());
   detail::check_runnable(capability, "add_layer_norm");
-  auto outputs = AddLayerNormFunction::apply(x, branch, weight, bias, eps, static_cast<int64_t>(y_dtype),
+  std::vector<torch::Tensor> inputs{x, branch, weight, bias};
+  if (branch_bias.defined()) inputs.push_back(branch_bias);
+  auto outputs = AddLayerNormFunction::apply(at::TensorList(inputs), eps, static_cast<int64_t>(y_dtype),
                                              static_cast<int64_t>(capability));
   return {outputs[0], outputs[1]};
 }

@@ -42,6 +42,25 @@ torch::Tensor linear(bool own, const torch::Tensor& x, const torch::Tensor& weig
   return torch::linear(x, weight, bias);
 }
 
+// Whether fasttrain's LayerNorm runs on x (and a branch of `branch_like`'s shape, where defined): on the
+// CPU for an fp32 stream (whether it writes fp32 or autocast's bf16, saving the cast), measured faster than
+// ATen's add + layer_norm (+ cast) with the residual gradient's add inside it (BENCHMARKS.md "Own CPU
+// kernels"); on a GPU wherever it writes fp32 or bf16 (not fp16 autocast's).
+bool own_norm(const GptKernels& own, const torch::Tensor& x, const torch::Tensor& branch_like,
+              torch::nn::LayerNorm& ln) {
+  const torch::ScalarType y_dtype = kernels::compute_dtype(x);
+  const bool wanted = x.is_cuda()
+                          ? own.gpu_layer_norm && (y_dtype == torch::kFloat || y_dtype == torch::kBFloat16)
+                          : own.layer_norm && x.scalar_type() == torch::kFloat;
+  return wanted && kernels::layer_norm_takes(x, branch_like, ln->weight, ln->bias);
+}
+
+// ln(x) written in the dtype of the matmul it feeds, by fasttrain's kernel where own_norm says.
+torch::Tensor norm(const GptKernels& own, torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  if (!own_norm(own, x, {}, ln)) return ln->forward(x);
+  return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::compute_dtype(x));
+}
+
 // x + attention(ln1(x)), then x + mlp(ln2(x)).
 class GptBlockImpl : public torch::nn::Module {
  public:
@@ -58,8 +77,9 @@ class GptBlockImpl : public torch::nn::Module {
 
   torch::Tensor forward(torch::Tensor x) {  // [B, T, C] -> [B, T, C]
     // ---- causal self-attention: heads of C / H ----
-    auto attended = attend(norm(ln1_, x));  // [B, T, C]: the heads side by side
-    auto [residual, normed] = project_add_norm(attn_proj_, attended, x, ln2_);  // [B, T, C] each
+    auto [stream, normed1] = pass_norm(ln1_, x);  // x passed on, and ln1(x): [B, T, C] each
+    auto attended = attend(normed1);              // [B, T, C]: the heads side by side
+    auto [residual, normed] = project_add_norm(attn_proj_, attended, stream, ln2_);  // [B, T, C] each
     // ---- MLP: C -> 4C -> C with the fused tanh GELU ----
     return mlp(normed, residual);  // residual + mlp_proj(gelu(fc(normed))): [B, T, C]
   }
@@ -111,40 +131,41 @@ class GptBlockImpl : public torch::nn::Module {
     if (!kernels::bias_gelu_takes(pre, fc_->bias)) return gelu_tanh(pre + fc_->bias);
     return kernels::bias_gelu(pre, fc_->bias);
   }
-  // ln(x), written in the dtype of the matmul it feeds (bf16 under autocast) by fasttrain's kernel where
-  // own_norm says, else ATen's.
-  torch::Tensor norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
-    if (!own_norm(x, {}, ln)) return ln->forward(x);
-    return kernels::layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::compute_dtype(x));
+  // {x, ln(x)}, ln(x) written in the dtype of the matmul it feeds (bf16 under autocast) by fasttrain's
+  // kernel where own_norm says, else ATen's. On the CPU x is passed on through the kernel, whose backward
+  // adds x's gradient from the residual stream to the norm's in its own pass.
+  std::pair<torch::Tensor, torch::Tensor> pass_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+    if (!own_norm(own_kernels_, x, {}, ln) || x.is_cuda()) return {x, norm(own_kernels_, ln, x)};
+    return kernels::pass_layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::compute_dtype(x));
   }
-  // {x + dropout(layer(input)), ln of it}: the residual add inside the projection's matmul where
-  // projects_into says (fp32 on the CPU), or in fasttrain's LayerNorm kernel where own_norm does (bf16
-  // autocast; a GPU).
+  // {x + dropout(layer(input)), ln of it}: in fasttrain's LayerNorm kernel where own_norm says, which in
+  // fp32 on the CPU also adds the projection's bias (the matmul runs without it); else the residual add
+  // inside the projection's matmul where projects_into says (fp32 on the CPU), or ATen's add.
   std::pair<torch::Tensor, torch::Tensor> project_add_norm(torch::nn::Linear& layer,
                                                            const torch::Tensor& input, const torch::Tensor& x,
                                                            torch::nn::LayerNorm& ln) {
+    const double eps = ln->options.eps();
+    if (own_norm(own_kernels_, x, x, ln)) {
+      if (bias_joins_norm(layer, input, x)) {
+        return kernels::add_layer_norm(x, kernels::linear(input, layer->weight, {}), ln->weight, ln->bias,
+                                       eps, torch::kFloat, kernels::cpu_capability(), layer->bias);
+      }
+      return kernels::add_layer_norm(x, dropout_->forward(linear(layer, input)), ln->weight, ln->bias, eps,
+                                     kernels::compute_dtype(x));
+    }
     if (projects_into(layer, input, x)) {
       auto sum = kernels::linear(input, layer->weight, layer->bias, x);
       return {sum, ln->forward(sum)};
     }
-    const torch::Tensor branch = dropout_->forward(linear(layer, input));
-    if (!own_norm(x, branch, ln)) {
-      auto sum = x + branch;
-      return {sum, ln->forward(sum)};
-    }
-    return kernels::add_layer_norm(x, branch, ln->weight, ln->bias, ln->options.eps(),
-                                   kernels::compute_dtype(x));
+    auto sum = x + dropout_->forward(linear(layer, input));
+    return {sum, ln->forward(sum)};
   }
-  // On the CPU where it writes bf16 for an fp32 stream (autocast): it saves the cast, and measured faster
-  // than ATen's add + layer_norm + cast; in fp32 ATen's is faster (BENCHMARKS.md "Own CPU kernels"). On a
-  // GPU wherever it writes fp32 or bf16 (not fp16 autocast's).
-  bool own_norm(const torch::Tensor& x, const torch::Tensor& branch, torch::nn::LayerNorm& ln) const {
-    const torch::ScalarType y_dtype = kernels::compute_dtype(x);
-    const bool wanted =
-        x.is_cuda()
-            ? own_kernels_.gpu_layer_norm && (y_dtype == torch::kFloat || y_dtype == torch::kBFloat16)
-            : own_kernels_.layer_norm && y_dtype == torch::kBFloat16 && x.scalar_type() == torch::kFloat;
-    return wanted && kernels::layer_norm_takes(x, branch, ln->weight, ln->bias);
+  // Whether the projection into the norm runs as fasttrain's bias-less linear with its bias added by the
+  // norm's kernel: fp32 on the CPU, where dropout does nothing.
+  bool bias_joins_norm(torch::nn::Linear& layer, const torch::Tensor& input, const torch::Tensor& x) const {
+    const bool dropout_off = dropout_->options.p() == 0.0 || !is_training();
+    return dropout_off && own_kernels_.linear && x.device().is_cpu() &&
+           kernels::compute_dtype(x) == torch::kFloat && kernels::linear_takes(input, layer->weight, {});
   }
 
   int64_t heads_;
@@ -160,7 +181,7 @@ TORCH_MODULE(GptBlock);
 class Gpt : public torch::nn::Module {
  public:
   Gpt(const GptOptions& options, int64_t vocabulary)
-      : context_(options.context()), vocab_(vocabulary), own_linear_(GptKernels(options).linear) {
+      : context_(options.context()), vocab_(vocabulary), own_kernels_(options) {
     const int64_t embed = options.embed();
     token_embedding_ = register_module("token_embedding", torch::nn::Embedding(vocab_, embed));
     position_embedding_ = register_module("position_embedding", torch::nn::Embedding(context_, embed));
@@ -198,15 +219,15 @@ class Gpt : public torch::nn::Module {
     const int64_t length = tokens.size(1);
     auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
     auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
-    x = final_norm_->forward(blocks_->forward(x));                       // [B, T, C]
-    auto logits = linear(own_linear_, x, token_embedding_->weight, {});  // [B, T, vocab], tied
+    x = norm(own_kernels_, final_norm_, blocks_->forward(x));                    // [B, T, C]
+    auto logits = linear(own_kernels_.linear, x, token_embedding_->weight, {});  // [B, T, vocab], tied
     return logits.reshape({-1, vocab_});
   }
 
  private:
   int64_t context_;
   int64_t vocab_;
-  bool own_linear_;
+  GptKernels own_kernels_;
   torch::nn::Embedding token_embedding_{nullptr}, position_embedding_{nullptr};
   torch::nn::Dropout dropout_{nullptr};
   Stage blocks_{nullptr};

@@ -180,6 +180,64 @@ TEST(GpuLayerNorm, AgreesWithTheCpuKernel_CUDA) {
   expect_close(gpu.bias, cpu.bias, 1e-4, "grad bias", kLayerNormFloor);
 }
 
+// The Linear's bias the norm adds with the branch (the Linear run without it), and x passed on by
+// pass_layer_norm with its later gradient added inside the norm's backward: values and every gradient
+// against ATen's ops in double, on every capability, fp32 and autocast's dtypes, odd widths.
+TEST(CpuLayerNorm, AddsTheBranchsBiasAndPassesXOnWithTheirGradients) {
+  const Dtypes kDtypes[] = {{torch::kFloat, torch::kFloat, torch::kFloat},
+                            {torch::kFloat, torch::kBFloat16, torch::kBFloat16}};
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (const Dtypes& dtypes : kDtypes) {
+      for (int64_t width : {7, 33, 128}) {
+        torch::manual_seed(width);
+        const LayerNormInputs in = make_inputs(37, width, dtypes, /*branch=*/true, /*sum_used=*/true);
+        const torch::Tensor branch_bias = torch::randn({width});
+        const auto what = [&](const char* which) {
+          return fmt::format("{} {} x {} branch {} y {} width {}", which, kernels::to_string(capability),
+                             c10::toString(dtypes.x), c10::toString(dtypes.branch), c10::toString(dtypes.y),
+                             width);
+        };
+        // The branch's bias: a leaf beside the others, whose gradient the reference's autograd sums too.
+        torch::Tensor bias_want = branch_bias.to(torch::kDouble).requires_grad_(true);
+        const Grads want = run_layer_norm(in, torch::kDouble, [&](auto x, auto b, auto w, auto bias) {
+          return aten_norm(x, b + bias_want, w, bias);
+        });
+        torch::Tensor bias_got = branch_bias.clone().requires_grad_(true);
+        const Grads got = run_layer_norm(in, torch::kFloat, [&](auto x, auto b, auto w, auto bias) {
+          return kernels::add_layer_norm(x, b, w, bias, 1e-5, dtypes.y, capability, bias_got);
+        });
+        expect_matches(got, want, dtypes, /*branch=*/true, what("branch bias"));
+        const double tolerance = dtypes.branch == torch::kBFloat16 ? 2e-2 : 5e-5;
+        expect_close(bias_got.grad(), bias_want.grad(), tolerance, what("branch bias grad"), kLayerNormFloor);
+
+        // x passed on: loss = sum(y wy) + sum(x' ws), so x's gradient is ws plus the norm's.
+        const Grads pass_want = run_layer_norm(in, torch::kDouble, [&](auto x, auto, auto w, auto bias) {
+          return std::make_pair(x, aten_norm(x, torch::Tensor(), w, bias).second);
+        });
+        const Grads pass_got = run_layer_norm(in, torch::kFloat, [&](auto x, auto, auto w, auto bias) {
+          return kernels::pass_layer_norm(x, w, bias, 1e-5, dtypes.y, capability);
+        });
+        EXPECT_TRUE(torch::equal(pass_got.sum, in.x.to(torch::kFloat))) << what("passed on");
+        expect_close(pass_got.y, pass_want.y, tolerance, what("pass y"), kLayerNormFloor);
+        expect_close(pass_got.x, pass_want.x, tolerance, what("pass grad x"), kLayerNormFloor);
+        expect_close(pass_got.weight, pass_want.weight, tolerance, what("pass grad weight"), kLayerNormFloor);
+        expect_close(pass_got.bias, pass_want.bias, tolerance, what("pass grad bias"), kLayerNormFloor);
+      }
+    }
+  }
+}
+
+TEST(CpuLayerNorm, RefusesABranchBiasItCannotAdd) {
+  const auto x = torch::zeros({4, 8}), branch = torch::zeros({4, 8}), w = torch::ones({8}),
+             b = torch::zeros({8});
+  for (const torch::Tensor& wrong : {torch::zeros({7}), torch::zeros({8}, torch::kDouble)}) {
+    const std::string message = testing::error_message([&] {
+      kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kFloat, kernels::cpu_capability(), wrong);
+    });
+    EXPECT_TRUE(testing::contains_all(message, {"branch_bias", "fp32 [C] = [8]"})) << message;
+  }
+}
+
 TEST(CpuLayerNorm, TakesOnlyWhatItComputes) {
   const auto x = torch::zeros({4, 8}), w = torch::ones({8}), b = torch::zeros({8});
   EXPECT_TRUE(kernels::layer_norm_takes(x, torch::Tensor(), w, b));

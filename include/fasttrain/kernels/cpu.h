@@ -65,12 +65,23 @@ bool layer_norm_takes(const torch::Tensor& x, const torch::Tensor& branch, const
 torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          double eps, torch::ScalarType y_dtype, CpuCapability capability = cpu_capability());
 
+// {x, layer_norm(x)}: x passed on (the residual stream a pre-norm block adds to), whose gradient from
+// its later use backward adds to the norm's in the same pass instead of autograd's add after it.
+// Differentiable in x, weight and bias.
+std::pair<torch::Tensor, torch::Tensor> pass_layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
+                                                        const torch::Tensor& bias, double eps,
+                                                        torch::ScalarType y_dtype,
+                                                        CpuCapability capability = cpu_capability());
+
 // The residual add and the LayerNorm after it, in one pass: {x + branch (x's dtype), layer_norm(x +
-// branch) in y_dtype}. Differentiable in x, branch, weight and bias.
+// branch) in y_dtype}. Differentiable in x, branch, weight, bias and branch_bias. branch_bias (fp32 [C],
+// on the CPU), where defined, is the bias of the Linear that made the branch, run without it: added with
+// the branch, its gradient summed in backward's pass.
 std::pair<torch::Tensor, torch::Tensor> add_layer_norm(const torch::Tensor& x, const torch::Tensor& branch,
                                                        const torch::Tensor& weight, const torch::Tensor& bias,
                                                        double eps, torch::ScalarType y_dtype,
-                                                       CpuCapability capability = cpu_capability());
+                                                       CpuCapability capability = cpu_capability(),
+                                                       const torch::Tensor& branch_bias = {});
 
 // Whether bias_gelu takes these: pre [..., N] on the CPU in fp32 or bf16, bias fp32 [N].
 bool bias_gelu_takes(const torch::Tensor& pre, const torch::Tensor& bias);

@@ -131,6 +131,18 @@ void store_head_row(const HeadTiles& tiles, const std::vector<float>& from, int6
   for (int64_t d = 0; d < tiles.dim; ++d) dst[d] = static_cast<T>(src[d]);
 }
 
+// The sum of a tile's first `length` rows, [D] into `sums`: the bias's gradient for the head's slice
+// (the padding columns are 0, so whole vectors are summed and D values kept).
+void column_sums(const HeadTiles& tiles, const std::vector<float>& from, float* sums) {
+  std::vector<float> total(static_cast<size_t>(tiles.dim_padded), 0.f);
+  for (int64_t t = 0; t < tiles.length; ++t) {
+    const float* row = from.data() + t * tiles.dim_padded;
+    for (int64_t d = 0; d < tiles.dim_padded; d += kLanes)
+      (Vec::loadu(total.data() + d) + Vec::loadu(row + d)).store(total.data() + d);
+  }
+  std::copy(total.begin(), total.begin() + tiles.dim, sums);
+}
+
 // The heads [first, first + count) of one batch element, loaded together: each token's row is read in one
 // pass over the heads' slices (prefetched kRowsAhead rows on). One head at a time would read a 128-byte
 // slice of each 1.5-KB row, and wait on each. A run's tiles stay within kRunBytes, a core's L2 on the CPUs
@@ -438,8 +450,15 @@ void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end
     at.each_out_row(a.grad_out, [&](int64_t t, int64_t h, const T* g) {
       copy_row(g, nullptr, tiles[h], tiles[h].grad_o, t);
     });
-    for (int64_t h = 0; h < run.count; ++h)
-      head_backward(a, tiles[h], block, a.lse + (run.batch * a.heads + run.first + h) * a.length);
+    for (int64_t h = 0; h < run.count; ++h) {
+      const int64_t pair = run.batch * a.heads + run.first + h;
+      head_backward(a, tiles[h], block, a.lse + pair * a.length);
+      if (a.grad_bias_pairs == nullptr) continue;
+      float* sums = a.grad_bias_pairs + pair * 3 * a.head_dim;
+      column_sums(tiles[h], tiles[h].grad_q, sums);
+      column_sums(tiles[h], tiles[h].grad_k, sums + a.head_dim);
+      column_sums(tiles[h], tiles[h].grad_v, sums + 2 * a.head_dim);
+    }
     T* grad = static_cast<T*>(a.grad_qkv) + at.qkv_offset;
     for (int64_t t = 0; t < a.length; ++t) {
       T* row = grad + t * 3 * at.embed;

@@ -20,6 +20,9 @@ struct PackedAttention {
   float* lse = nullptr;
   const void* grad_out = nullptr;
   void* grad_qkv = nullptr;
+  // Backward with a bias: pair p's sums over its token rows of its head's slices of grad_qkv (before
+  // any rounding to bf16), [B * H][3][D] in q, k, v order; their sum over the batch is the bias's gradient.
+  float* grad_bias_pairs = nullptr;
 };
 
 // Runs the (b, h) pairs [begin, end) of `attention` (pair p is b = p / H, h = p % H).
