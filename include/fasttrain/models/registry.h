@@ -122,8 +122,10 @@ struct GptOptions {
   FT_KEY(
       std::string, kernels,
       "CPU kernels: fasttrain (its own causal attention, reading the packed qkv in place; the MLP's bias + "
-      "tanh-GELU in one pass; under bf16 autocast its residual add + LayerNorm, writing bf16 for the "
-      "matmul; and in fp32 its linear, whose input gradient and bias-less or residual-adding forward are "
+      "tanh-GELU in one pass; its residual add + LayerNorm for an fp32 stream (writing bf16 for the matmul "
+      "under bf16 autocast; in fp32 adding the attention projection's bias too; the residual gradient's add "
+      "inside its backward); and in fp32 its linear, whose input gradient and bias-less or residual-adding "
+      "forward are "
       "oneDNN matmuls, where LibTorch 2.4+ and AVX512 BW/VL/DQ allow) or aten (scaled_dot_product_attention, "
       "or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
