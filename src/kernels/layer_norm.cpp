@@ -176,7 +176,8 @@ NormGrads norm_backward(torch::autograd::AutogradContext* ctx, const torch::Tens
   return grads;
 }
 
-// autograd takes no undefined inputs: the add and the plain norm are two functions over one body.
+// autograd takes no undefined inputs: the plain norm, the passed-on norm and the add are three functions
+// over one body.
 class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,

@@ -17,8 +17,8 @@ namespace fasttrain {
 
 namespace {
 
-// Which of fasttrain's kernels a block runs: on the CPU by model.kernels, on a GPU by model.gpu_kernels,
-// and model.aten_kernels on both.
+// Which of fasttrain's kernels the model runs (its blocks, and on the CPU its final norm): on the CPU by
+// model.kernels, on a GPU by model.gpu_kernels, and model.aten_kernels on both.
 struct GptKernels {
   bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gpu_layer_norm = false,
        gpu_mlp = false;
@@ -51,7 +51,8 @@ bool own_norm(const GptKernels& own, const torch::Tensor& x, const torch::Tensor
   const torch::ScalarType y_dtype = kernels::compute_dtype(x);
   const bool wanted = x.is_cuda()
                           ? own.gpu_layer_norm && (y_dtype == torch::kFloat || y_dtype == torch::kBFloat16)
-                          : own.layer_norm && x.scalar_type() == torch::kFloat;
+                          : own.layer_norm && x.scalar_type() == torch::kFloat &&
+                                (y_dtype == torch::kFloat || y_dtype == torch::kBFloat16);
   return wanted && kernels::layer_norm_takes(x, branch_like, ln->weight, ln->bias);
 }
 
@@ -109,8 +110,7 @@ class GptBlockImpl : public torch::nn::Module {
   // Whether residual + dropout(layer(x)) is one of fasttrain's linears, a matmul adding into residual + bias:
   // on the CPU in fp32, where dropout does nothing.
   bool projects_into(torch::nn::Linear& layer, const torch::Tensor& x, const torch::Tensor& residual) const {
-    const bool dropout_off = dropout_->options.p() == 0.0 || !is_training();
-    return dropout_off && own_kernels_.linear &&
+    return dropout_does_nothing() && own_kernels_.linear &&
            kernels::linear_takes(x, layer->weight, layer->bias, residual);
   }
   // residual + mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where
@@ -163,10 +163,12 @@ class GptBlockImpl : public torch::nn::Module {
   // Whether the projection into the norm runs as fasttrain's bias-less linear with its bias added by the
   // norm's kernel: fp32 on the CPU, where dropout does nothing.
   bool bias_joins_norm(torch::nn::Linear& layer, const torch::Tensor& input, const torch::Tensor& x) const {
-    const bool dropout_off = dropout_->options.p() == 0.0 || !is_training();
-    return dropout_off && own_kernels_.linear && x.device().is_cpu() &&
+    return dropout_does_nothing() && own_kernels_.linear && x.device().is_cpu() &&
            kernels::compute_dtype(x) == torch::kFloat && kernels::linear_takes(input, layer->weight, {});
   }
+
+  // Where a bias may move past dropout into the next kernel: p = 0, or evaluation.
+  bool dropout_does_nothing() const { return dropout_->options.p() == 0.0 || !dropout_->is_training(); }
 
   int64_t heads_;
   GptKernels own_kernels_;
@@ -219,8 +221,10 @@ class Gpt : public torch::nn::Module {
     const int64_t length = tokens.size(1);
     auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
     auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
-    x = norm(own_kernels_, final_norm_, blocks_->forward(x));                    // [B, T, C]
-    auto logits = linear(own_kernels_.linear, x, token_embedding_->weight, {});  // [B, T, vocab], tied
+    x = blocks_->forward(x);
+    // The blocks' rule on the CPU; on a GPU the final norm stays ATen's (not measured there).
+    x = x.is_cuda() ? final_norm_->forward(x) : norm(own_kernels_, final_norm_, x);  // [B, T, C]
+    auto logits = linear(own_kernels_.linear, x, token_embedding_->weight, {});      // [B, T, vocab], tied
     return logits.reshape({-1, vocab_});
   }
 

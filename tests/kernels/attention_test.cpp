@@ -112,7 +112,7 @@ TEST(CpuAttention, AddsTheLinearsBiasAsItReadsAndGivesItsGradient) {
         ASSERT_TRUE(bias_grad.defined()) << what;
         ASSERT_EQ(bias_grad.scalar_type(), torch::kFloat) << what;
         // bf16: q, k and v are qkv's bf16 values plus the fp32 bias, not rounded again: out within one
-        // rounding of its own, the bias's gradient a sum of bf16-rounded rows.
+        // rounding of its own; the bias's gradient is summed in fp32 before grad_qkv's rows are rounded.
         const double tolerance = dtype == torch::kFloat ? 2e-5 : 1.6e-2;
         expect_close(got.out, want.out, tolerance, what + " out", kZeroScaleFloor * tolerance);
         expect_close(got.grad, want.grad, tolerance, what + " grad qkv", kZeroScaleFloor * tolerance);

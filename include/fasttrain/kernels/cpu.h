@@ -67,7 +67,8 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& weight, co
 
 // {x, layer_norm(x)}: x passed on (the residual stream a pre-norm block adds to), whose gradient from
 // its later use backward adds to the norm's in the same pass instead of autograd's add after it.
-// Differentiable in x, weight and bias.
+// Differentiable in x, weight and bias. The x returned is autograd's view of the input: not to be
+// modified in place (autograd refuses it).
 std::pair<torch::Tensor, torch::Tensor> pass_layer_norm(const torch::Tensor& x, const torch::Tensor& weight,
                                                         const torch::Tensor& bias, double eps,
                                                         torch::ScalarType y_dtype,
