@@ -12,8 +12,10 @@
 #include <chrono>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "fasttrain/util/check.h"
@@ -65,20 +67,47 @@ std::string describe_status(int status) {
 
 }  // namespace
 
-int free_tcp_port() {
+namespace {
+
+// Whether `port` on 127.0.0.1 can be bound now; with port 0, the port the kernel chose (else 0).
+int bindable_port(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   FT_CHECK(fd >= 0, "cannot open a socket to find a free port: {}", std::strerror(errno));
   sockaddr_in address{};
   address.sin_family = AF_INET;
   address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
+  address.sin_port = htons(static_cast<uint16_t>(port));
   socklen_t length = sizeof(address);
   const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
                   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
-  const int error = errno;
   close(fd);
-  FT_CHECK(ok, "cannot bind a socket on 127.0.0.1 to find a free port: {}", std::strerror(error));
-  return ntohs(address.sin_port);
+  return ok ? ntohs(address.sin_port) : 0;
+}
+
+// The lowest port the kernel hands out to outgoing connections (net.ipv4.ip_local_port_range; Linux's
+// default 32768).
+int first_ephemeral_port() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  return range >> low >> high && low > 1024 ? low : 32768;
+}
+
+}  // namespace
+
+// A port the kernel chose (bind to port 0) lies in the ephemeral range, where any process's next outgoing
+// connection (another run's store clients) may take it before rank 0 listens on it: seen as EADDRINUSE.
+// So a random port below that range that binds now, and the kernel's choice only where none does.
+int free_tcp_port() {
+  const int below = first_ephemeral_port();
+  std::mt19937 random(std::random_device{}());
+  std::uniform_int_distribution<int> pick(std::max(1025, below - 16384), below - 1);
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const int port = pick(random);
+    if (bindable_port(port) == port) return port;
+  }
+  const int chosen = bindable_port(0);
+  FT_CHECK(chosen > 0, "cannot bind a socket on 127.0.0.1 to find a free port: {}", std::strerror(errno));
+  return chosen;
 }
 
 namespace {

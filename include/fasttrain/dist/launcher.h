@@ -34,7 +34,7 @@ struct LaunchOptions {
 
 int launch(const LaunchOptions& options, const std::vector<std::string>& command);
 
-// A TCP port on 127.0.0.1 that nothing listens on now.
+// A TCP port on 127.0.0.1 that nothing listens on now, below the ephemeral range where one binds.
 int free_tcp_port();
 
 }  // namespace fasttrain
