@@ -80,7 +80,9 @@ int bindable_port(int port) {
   socklen_t length = sizeof(address);
   const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
                   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0;
+  const int error = errno;  // bind's, for the caller's message: close may set its own
   close(fd);
+  errno = error;
   return ok ? ntohs(address.sin_port) : 0;
 }
 
