@@ -138,7 +138,7 @@ void column_sums(const HeadTiles& tiles, const std::vector<float>& from, float* 
   for (int64_t t = 0; t < tiles.length; ++t) {
     const float* row = from.data() + t * tiles.dim_padded;
     for (int64_t d = 0; d < tiles.dim_padded; d += kLanes)
-      (Vec::loadu(total.data() + d) + Vec::loadu(row + d)).store(total.data() + d);
+      accumulate(total.data(), d, kLanes, Vec::loadu(row + d));
   }
   std::copy(total.begin(), total.begin() + tiles.dim, sums);
 }

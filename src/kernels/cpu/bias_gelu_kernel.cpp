@@ -72,7 +72,7 @@ void backward(const detail::BiasGeluRows& g, int64_t begin, int64_t end, int64_t
       const Vec u = Vec::loadu(pre + i, count) + Vec::loadu(g.bias + i, count);
       const Vec d = Vec::loadu(dy + i, count) * gelu_derivative(u);
       d.store(dpre + i, count);
-      (d + Vec::loadu(grad_bias + i, count)).store(grad_bias + i, count);
+      accumulate(grad_bias, i, count, d);
     });
     finish_row(dpre, g.grad_pre, g.bf16, offset, width);
   }

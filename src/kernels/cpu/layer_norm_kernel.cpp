@@ -62,11 +62,6 @@ void forward(const detail::LayerNormRows& n, int64_t begin, int64_t end) {
   }
 }
 
-// A partial sum row += v over lanes [i, i + count).
-void accumulate(float* partial, int64_t i, int64_t count, const Vec& v) {
-  (Vec::loadu(partial + i, count) + v).store(partial + i, count);
-}
-
 void backward(const detail::LayerNormRows& n, int64_t begin, int64_t end, int64_t chunk) {
   const int64_t width = n.width;
   const auto scratch = [&] { return std::vector<float>(static_cast<size_t>(width)); };

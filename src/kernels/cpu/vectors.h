@@ -102,6 +102,11 @@ void by_vectors(int64_t width, const Op& op) {
   for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
 }
 
+// A row of partial sums += v over its lanes [i, i + count) (a kernel's per-chunk parameter gradients).
+inline void accumulate(float* partial, int64_t i, int64_t count, const Vec& v) {
+  (Vec::loadu(partial + i, count) + v).store(partial + i, count);
+}
+
 // Each lane rounded to the nearest bf16 (ties to even), kept as fp32: what a bf16 op's output holds, for
 // comparisons that must see the values it would see. A NaN stays a NaN, made quiet, so that its upper
 // half (store_bf16_row) is a NaN too and not an infinity.
