@@ -200,6 +200,51 @@ void gpt_rows(nlohmann::json& out, int repeats) {
     }
   }
 
+  // ---- the whole MLP with its residual add, fp32, as the gpt's blocks run it: fasttrain's gelu_mlp (bias +
+  // GELU in the fc matmul's epilogue, GELU's derivative in the projection's input gradient's) against ATen's
+  // ops, and against fasttrain's unfused kernels (linear without bias, bias_gelu, linear into the residual),
+  // which the gpt ran before it; on this CPU's widest capability and on its AVX2 build ----
+  {
+    const auto x = torch::randn({32 * 128, 128}), residual = torch::randn({32 * 128, 128});
+    const auto fc_weight = 0.1 * torch::randn({512, 128}), fc_bias = 0.1 * torch::randn({512});
+    const auto proj_weight = 0.05 * torch::randn({128, 512}), proj_bias = 0.1 * torch::randn({128});
+    const auto mlp_row =
+        [&](const std::string& shape,
+            const std::function<torch::Tensor(const std::vector<torch::Tensor>& in)>& baseline,
+            fasttrain::kernels::CpuCapability capability) {
+          return own_against_aten(
+              shape + ", forward + backward",
+              [&](bool own) {
+                std::vector<torch::Tensor> in;
+                for (const auto& t : {x, fc_weight, fc_bias, proj_weight, proj_bias, residual})
+                  in.push_back(t.detach().requires_grad_(true));
+                auto y =
+                    own ? fasttrain::kernels::gelu_mlp(in[0], in[1], in[2], in[3], in[4], in[5], capability)
+                        : baseline(in);
+                y.sum().backward();
+              },
+              repeats);
+        };
+    const auto aten_mlp = [](const std::vector<torch::Tensor>& in) {
+      return in[5] + torch::linear(torch::gelu(torch::linear(in[0], in[1], in[2]), "tanh"), in[3], in[4]);
+    };
+    const std::string shape = "residual + x [4096, 128] -> [4096, 512] -> [4096, 128]";
+    const auto best = fasttrain::kernels::cpu_capability();
+    out["gelu_mlp_fp32"] = mlp_row(shape, aten_mlp, best);
+    if (fasttrain::kernels::linear_takes(x, fc_weight, {})) {
+      out["gelu_mlp_over_unfused_fp32"] = mlp_row(
+          shape + " (the baseline: fasttrain's linear, bias_gelu, linear)",
+          [](const std::vector<torch::Tensor>& in) {
+            const auto h = fasttrain::kernels::bias_gelu(fasttrain::kernels::linear(in[0], in[1], {}), in[2]);
+            return fasttrain::kernels::linear(h, in[3], in[4], in[5]);
+          },
+          best);
+    }
+    if (best == fasttrain::kernels::CpuCapability::avx512)
+      out["gelu_mlp_avx2_build_fp32"] =
+          mlp_row(shape + " (fasttrain's AVX2 build)", aten_mlp, fasttrain::kernels::CpuCapability::avx2);
+  }
+
   // ---- causal attention of the packed qkv [B, T, 3C], as the gpt's blocks call it ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     const auto qkv = torch::randn({32, 128, 3 * 128}).to(dtype);

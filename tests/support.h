@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -105,6 +106,20 @@ inline ::testing::AssertionResult contains_all(const std::string& message,
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// Whether the autograd graph that produced `output` has a node whose name contains `name` (which kernel ran).
+inline bool graph_has_node(const torch::Tensor& output, const std::string& name) {
+  std::vector<torch::autograd::Node*> pending{output.grad_fn().get()};
+  std::set<torch::autograd::Node*> seen;
+  while (!pending.empty()) {
+    torch::autograd::Node* node = pending.back();
+    pending.pop_back();
+    if (!node || !seen.insert(node).second) continue;
+    if (node->name().find(name) != std::string::npos) return true;
+    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
+  }
+  return false;
 }
 
 inline const char* kFashionMnist = "/usr/share/datasets/fashion-mnist";

@@ -6,6 +6,7 @@
 #include "fasttrain/detail/compat.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
+#include "matmul.h"
 #include "runnable.h"
 
 // oneDNN's fp32 matmul through ATen's entry (aten/src/ATen/native/mkldnn/Matmul.cpp, exported from
@@ -27,7 +28,7 @@ TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, con
 
 namespace fasttrain::kernels {
 
-namespace {
+namespace detail {
 
 bool onednn_runs_fp32_matmul() {
 #if FASTTRAIN_HAS_ONEDNN_FP32_MATMUL
@@ -39,15 +40,24 @@ bool onednn_runs_fp32_matmul() {
 #endif
 }
 
-// c [M, N] (+)= a [M, K] @ b [K, N]: `accumulate` adds to what c holds.
-void onednn_mm(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, bool accumulate) {
+void matmul_into(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, bool accumulate) {
 #if FASTTRAIN_HAS_ONEDNN_FP32_MATMUL
-  at::native::mkldnn_matmul(a, b, c, accumulate ? 1.f : 0.f, 1.f);
-#else
-  (void)a, (void)b, (void)c, (void)accumulate;
-  FT_FAIL("kernels::linear: oneDNN's fp32 matmul is not reachable in LibTorch {}", TORCH_VERSION);
+  if (onednn_runs_fp32_matmul()) {
+    at::native::mkldnn_matmul(a, b, c, accumulate ? 1.f : 0.f, 1.f);
+    return;
+  }
 #endif
+  torch::Tensor out = c;  // a view of the caller's tensor: written in place, never resized
+  if (accumulate) {
+    out.addmm_(a, b);
+  } else {
+    at::mm_out(out, a, b);
+  }
 }
+
+}  // namespace detail
+
+namespace {
 
 std::vector<int64_t> output_sizes(const torch::Tensor& x, const torch::Tensor& weight) {
   std::vector<int64_t> sizes = x.sizes().vec();
@@ -87,7 +97,7 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     } else {
       y = torch::empty(output_sizes(in.x, in.weight), in.x.options());
     }
-    onednn_mm(rows, in.weight.t(), y.view({rows.size(0), in.weight.size(0)}), has_residual);
+    detail::matmul_into(rows, in.weight.t(), y.view({rows.size(0), in.weight.size(0)}), has_residual);
     return y;
   }
 
@@ -102,7 +112,8 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::autograd::variable_list out;
     if (ctx->needs_input_grad(0)) {
       torch::Tensor grad_x = torch::empty(x.sizes(), x.options());
-      onednn_mm(grad_y, weight, grad_x.view({grad_y.size(0), weight.size(1)}), false);  // [M, N] @ [N, K]
+      detail::matmul_into(grad_y, weight, grad_x.view({grad_y.size(0), weight.size(1)}),
+                          false);  // [M, N] @ [N, K]
       out.push_back(grad_x);
     } else {
       out.emplace_back();
@@ -116,19 +127,15 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
   }
 };
 
-bool fp32_cpu(const torch::Tensor& t) {
-  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat;
-}
-
 }  // namespace
 
 bool linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                   const torch::Tensor& residual) {
-  return onednn_runs_fp32_matmul() && fp32_cpu(x) && cpu_compute_dtype(x) == torch::kFloat && x.dim() >= 1 &&
-         x.numel() > 0 && fp32_cpu(weight) && weight.dim() == 2 && weight.size(0) > 0 &&
-         weight.size(1) == x.size(-1) &&
-         (!bias.defined() || (fp32_cpu(bias) && bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
-         (!residual.defined() || (fp32_cpu(residual) && residual.sizes() == output_sizes(x, weight)));
+  return detail::onednn_runs_fp32_matmul() && detail::fp32_cpu(x) && cpu_compute_dtype(x) == torch::kFloat &&
+         x.dim() >= 1 && x.numel() > 0 && detail::fp32_cpu(weight) && weight.dim() == 2 &&
+         weight.size(0) > 0 && weight.size(1) == x.size(-1) &&
+         (!bias.defined() || (detail::fp32_cpu(bias) && bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
+         (!residual.defined() || (detail::fp32_cpu(residual) && residual.sizes() == output_sizes(x, weight)));
 }
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,

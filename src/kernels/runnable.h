@@ -23,6 +23,11 @@ inline bool cpu_float_or_bf16(const torch::Tensor& t) {
          (t.scalar_type() == torch::kFloat || t.scalar_type() == torch::kBFloat16);
 }
 
+// A defined fp32 tensor on the CPU: what the fp32-only kernels (linear, gelu_mlp) read.
+inline bool fp32_cpu(const torch::Tensor& t) {
+  return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat;
+}
+
 // An fp32 tensor's values rounded to bf16 (c10's rule) and kept in fp32, as autocast's cast rounds them: for
 // a small operand (a bias, a narrow weight), a loop rather than two operators.
 inline torch::Tensor bf16_rounded(const torch::Tensor& t) {

@@ -20,14 +20,15 @@ namespace {
 // Which of fasttrain's kernels the model runs (its blocks, and on the CPU its final norm): on the CPU by
 // model.kernels, on a GPU by model.gpu_kernels, and model.aten_kernels on both.
 struct GptKernels {
-  bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gpu_layer_norm = false,
-       gpu_mlp = false;
+  bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gelu_mlp = false,
+       gpu_layer_norm = false, gpu_mlp = false;
 
   explicit GptKernels(const GptOptions& options)
       : attention(runs_own_kernel(options.kernels(), options.aten_kernels(), "attention")),
         layer_norm(runs_own_kernel(options.kernels(), options.aten_kernels(), "layer_norm")),
         bias_gelu(runs_own_kernel(options.kernels(), options.aten_kernels(), "bias_gelu")),
         linear(runs_own_kernel(options.kernels(), options.aten_kernels(), "linear")),
+        gelu_mlp(runs_own_kernel(options.kernels(), options.aten_kernels(), "gelu_mlp")),
         gpu_layer_norm(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "layer_norm")),
         gpu_mlp(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "bias_gelu")) {}
 };
@@ -114,13 +115,25 @@ class GptBlockImpl : public torch::nn::Module {
            kernels::linear_takes(x, layer->weight, layer->bias, residual);
   }
   // residual + mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where
-  // model.gpu_kernels says.
+  // model.gpu_kernels says; on the CPU in fp32 fasttrain's GELU matmuls where fuses_mlp says.
   torch::Tensor mlp(const torch::Tensor& normed, const torch::Tensor& residual) {
     if (own_kernels_.gpu_mlp &&
         kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias))
       return residual + dropout_->forward(kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight,
                                                            mlp_proj_->bias));
+    if (fuses_mlp(normed, residual))
+      return kernels::gelu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, residual);
     return project_add(mlp_proj_, mlp_hidden(normed), residual);  // [B, T, 4C] -> [B, T, C]
+  }
+  // Whether the MLP runs as fasttrain's gelu_mlp, bias + GELU in the fc matmul's epilogue and GELU's
+  // derivative in the projection's input gradient: where it and both of the kernels it fuses run (bias_gelu
+  // and linear), in fp32 on a CPU with AVX2 or AVX512 (its matmul in scalar code would lose to BLAS), where
+  // dropout does nothing.
+  bool fuses_mlp(const torch::Tensor& normed, const torch::Tensor& residual) const {
+    return dropout_does_nothing() && own_kernels_.gelu_mlp && own_kernels_.bias_gelu && own_kernels_.linear &&
+           kernels::cpu_capability() != kernels::CpuCapability::scalar &&
+           kernels::gelu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias,
+                                   residual);
   }
   // gelu_tanh(fc(x)). On the CPU with fasttrain's kernels the Linear runs without its bias, which the
   // bias + GELU kernel adds: one pass over [B, T, 4C] each way, and a tanh cheaper than ATen's.

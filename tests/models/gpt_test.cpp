@@ -198,6 +198,38 @@ TEST(Gpt, OwnKernelsMatchATensInLossAndGradients) {
   EXPECT_TRUE(testing::contains_all(message, {"model.aten_kernels", "'softmax'", "bias_gelu"})) << message;
 }
 
+// The MLP as fasttrain's gelu_mlp (fc's matmul with the bias + GELU in its epilogue, GELU's derivative in the
+// projection's input gradient's) and unfused (model.aten_kernels = ["gelu_mlp"]: linear, bias_gelu, linear):
+// the same loss and gradients to fp32 sums' rounding. It runs in fp32 on a CPU with AVX2 or AVX512, not under
+// bf16 autocast (the matmuls are autocast's), not when named in aten_kernels or with either kernel it fuses
+// off.
+TEST(Gpt, FusedMlpMatchesTheUnfusedKernelsAndRunsWhereItTakesTheBlock) {
+  const auto runs_fused = [](const GptOptions& options, bool bf16) {
+    torch::manual_seed(6);
+    auto model = make_gpt(options);
+    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    return testing::graph_has_node(logits_of(model, torch::randint(0, 256, {3, 12}, torch::kLong)),
+                                   "GeluMlp");
+  };
+  const bool vector_cpu = kernels::cpu_capability() != kernels::CpuCapability::scalar;
+  EXPECT_EQ(runs_fused(small_gpt(), false), vector_cpu);
+  EXPECT_FALSE(runs_fused(small_gpt(), true));
+  EXPECT_FALSE(runs_fused(small_gpt().aten_kernels({"gelu_mlp"}), false));
+  EXPECT_FALSE(runs_fused(small_gpt().aten_kernels({"bias_gelu"}), false));
+  EXPECT_FALSE(runs_fused(small_gpt().aten_kernels({"linear"}), false));
+  EXPECT_FALSE(runs_fused(small_gpt().dropout(0.1), false));
+
+  const StepOutcome fused = gpt_train_step(small_gpt(), false);
+  const StepOutcome unfused = gpt_train_step(small_gpt().aten_kernels({"gelu_mlp"}), false);
+  EXPECT_NEAR(fused.loss, unfused.loss, 1e-6 * std::abs(unfused.loss));
+  ASSERT_EQ(fused.grads.size(), unfused.grads.size());
+  for (size_t i = 0; i < fused.grads.size(); ++i) {
+    const double error = (fused.grads[i] - unfused.grads[i]).abs().max().item<double>();
+    const double scale = unfused.grads[i].abs().max().item<double>();
+    EXPECT_LE(error, 1e-5 * scale + 1e-7) << "parameter " << i;
+  }
+}
+
 // model.gpu_kernels on and off: fasttrain's residual add + LayerNorm and MLP on the GPU give ATen's loss and
 // gradients, in fp32 and under bf16 autocast (the cuBLASLt MLP runs only there), and aten_kernels naming both
 // turns them off.

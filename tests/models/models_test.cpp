@@ -229,20 +229,6 @@ TEST(Models, CnnOwnBatchNormReluKernelMatchesATensStep) {
                            {"model.aten_kernels", "conv"}));
 }
 
-// Whether the autograd graph that produced `output` has a node whose name contains `name`.
-bool graph_has_node(const torch::Tensor& output, const std::string& name) {
-  std::vector<torch::autograd::Node*> pending{output.grad_fn().get()};
-  std::set<torch::autograd::Node*> seen;
-  while (!pending.empty()) {
-    torch::autograd::Node* node = pending.back();
-    pending.pop_back();
-    if (!node || !seen.insert(node).second) continue;
-    if (node->name().find(name) != std::string::npos) return true;
-    for (const auto& edge : node->next_edges()) pending.push_back(edge.function.get());
-  }
-  return false;
-}
-
 TEST(Models, CnnOwnFlattenKernelGivesATensStepBitForBit) {
   // The last maps (channels_last) reach the classifier through fasttrain's transpose, or with
   // model.aten_kernels = ["flatten"] through ATen's strided copy: the same values moved, so the same losses,
@@ -268,7 +254,7 @@ TEST(Models, CnnOwnFlattenKernelGivesATensStepBitForBit) {
       model.to_channels_last();
       input = input.contiguous(torch::MemoryFormat::ChannelsLast);
     }
-    return graph_has_node(forward(model, input), "FlattenChannelsLast");
+    return testing::graph_has_node(forward(model, input), "FlattenChannelsLast");
   };
   EXPECT_TRUE(runs_kernel({}, true));
   EXPECT_FALSE(runs_kernel({"flatten"}, true));
@@ -299,7 +285,7 @@ TEST(Models, CnnOwnLinearKernelsMatchATensStep) {
       Model model = make_cnn(CnnOptions(options).aten_kernels(aten_kernels), shape);
       model.to_channels_last();
       AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-      return graph_has_node(
+      return testing::graph_has_node(
           forward(model, torch::randn({2, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)), node);
     };
     EXPECT_TRUE(runs_kernel({}, true));

@@ -8,6 +8,7 @@
 //   torch::Tensor y = fasttrain::kernels::packed_causal_attention(qkv, heads);   // [B, T, 3C] -> [B, T, C]
 //   auto [sum, normed] = fasttrain::kernels::add_layer_norm(x, branch, w, b, 1e-5, torch::kBFloat16);
 //   torch::Tensor h = fasttrain::kernels::bias_gelu(torch::linear(x, fc->weight), fc->bias);  // [..., 4C]
+//   torch::Tensor y = fasttrain::kernels::gelu_mlp(x, fc->weight, fc->bias, proj->weight, proj->bias, x);
 //   torch::Tensor pooled = fasttrain::kernels::max_pool2x2(maps);  // NHWC [N, C, H, W] -> [N, C, H/2, W/2]
 //   torch::Tensor flat = fasttrain::kernels::flatten_channels_last(maps);  // NHWC -> [N, CHW] NCHW order
 //   torch::Tensor p = fasttrain::kernels::conv3x3_max_pool2x2(x, conv->weight, {}, cpu_compute_dtype(x));
@@ -106,6 +107,23 @@ bool linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const tor
 // with a bias alone it is torch::linear's. The weight's and bias's gradients are ATen's. fp32 arithmetic.
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const torch::Tensor& residual = {});
+
+// Whether gelu_mlp takes these: x [..., C], fc_weight [H, C], fc_bias [H], proj_weight [C, H], proj_bias [C]
+// and residual of x's shape, all fp32 on the CPU with CPU autocast off.
+bool gelu_mlp_takes(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                    const torch::Tensor& proj_weight, const torch::Tensor& proj_bias,
+                    const torch::Tensor& residual);
+
+// residual + proj(gelu_tanh(fc(x))), a transformer block's MLP and its residual add, differentiable in all
+// six. fc's matmul is fasttrain's, with the bias + GELU in its epilogue: it writes fc's output (kept for
+// backward) and the GELU of it from the same register tile. The projection's input gradient is the same
+// matmul with GELU's derivative and fc's bias gradient in its epilogue. So the [..., H] activation is never
+// read back in a pass of its own, as it is after ATen's addmm or after linear + bias_gelu. The projection's
+// forward adds into residual + proj_bias (oneDNN's matmul where it runs fp32, else ATen's), x's gradient is
+// the same matmul, the weights' gradients ATen's. fp32 arithmetic.
+torch::Tensor gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
+                       const torch::Tensor& proj_weight, const torch::Tensor& proj_bias,
+                       const torch::Tensor& residual, CpuCapability capability = cpu_capability());
 
 // Whether this CPU has AMX-BF16 tiles and the system lends them to this process: where amx_linear runs.
 bool amx_linear_runs_here();

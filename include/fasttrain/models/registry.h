@@ -124,15 +124,18 @@ struct GptOptions {
       "CPU kernels: fasttrain (its own causal attention, reading the packed qkv in place; the MLP's bias + "
       "tanh-GELU in one pass; its residual add + LayerNorm for an fp32 stream (writing bf16 for the matmul "
       "under bf16 autocast; in fp32 adding the attention projection's bias too; the residual gradient's add "
-      "inside its backward); and in fp32 its linear, whose input gradient and bias-less or residual-adding "
-      "forward are "
-      "oneDNN matmuls, where LibTorch 2.4+ and AVX512 BW/VL/DQ allow) or aten (scaled_dot_product_attention, "
+      "inside its backward); in fp32 its linear, whose input gradient and bias-less or residual-adding "
+      "forward are oneDNN matmuls, where LibTorch 2.4+ and AVX512 BW/VL/DQ allow; and in fp32 on AVX2 or "
+      "AVX512 the MLP as its own matmuls with the bias + GELU in the fc's epilogue and GELU's derivative in "
+      "the "
+      "projection's input gradient) or aten (scaled_dot_product_attention, "
       "or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (attention, layer_norm, "
-         "bias_gelu, linear), to measure one kernel on and off",
-         each_one_of({"attention", "layer_norm", "bias_gelu", "linear"})) = {};
+         "bias_gelu, linear), or gelu_mlp to run the MLP unfused (fc, bias_gelu, projection), to measure one "
+         "kernel on and off",
+         each_one_of({"attention", "layer_norm", "bias_gelu", "linear", "gelu_mlp"})) = {};
   FT_KEY(std::string, gpu_kernels,
          "GPU kernels, on GPUs of compute capability 8.0 and later: fasttrain (its residual add + LayerNorm "
          "in one CUDA kernel each way, writing the dtype of the matmul it feeds; under bf16 the MLP as four "
