@@ -4,7 +4,6 @@
 
 #include <string>
 
-#include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 #include "matmul.h"
@@ -14,25 +13,9 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::GeluMatmulKernels gelu_matmul_bodies(CpuCapability capability) {
-  return FASTTRAIN_BODIES_FOR(gelu_matmul_kernels, capability);
-}
-
-// b [depth, width] (or, `transposed`, a weight [width, depth]) in the bodies' panels.
-torch::Tensor packed(const detail::GeluMatmulKernels& bodies, const torch::Tensor& b, bool transposed) {
-  const int64_t depth = b.size(transposed ? 1 : 0), width = b.size(transposed ? 0 : 1);
-  const int64_t panels = (width + bodies.panel_width - 1) / bodies.panel_width;
-  torch::Tensor out = torch::empty({panels, depth, bodies.panel_width}, b.options());
-  const torch::Tensor source = b.contiguous();
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    bodies.pack(source.data_ptr<float>(), depth, width, transposed, out.data_ptr<float>(), begin, end);
-  });
-  return out;
-}
-
-detail::GeluMatmul describe(const torch::Tensor& a, const torch::Tensor& panels, int64_t width,
-                            const torch::Tensor& bias, const torch::Tensor& pre) {
-  detail::GeluMatmul m;
+detail::TiledMatmul describe(const torch::Tensor& a, const torch::Tensor& panels, int64_t width,
+                             const torch::Tensor& bias, const torch::Tensor& pre) {
+  detail::TiledMatmul m;
   m.rows = a.size(0), m.depth = a.size(1), m.width = width;
   m.a = a.data_ptr<float>();
   m.b_panels = panels.data_ptr<float>();
@@ -53,15 +36,15 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
                                const torch::Tensor& fc_weight, const torch::Tensor& fc_bias_in,
                                const torch::Tensor& proj_weight, const torch::Tensor& proj_bias,
                                const torch::Tensor& residual, int64_t capability) {
-    const detail::GeluMatmulKernels bodies = gelu_matmul_bodies(static_cast<CpuCapability>(capability));
+    const detail::MatmulKernels bodies = detail::matmul_bodies(static_cast<CpuCapability>(capability));
     const int64_t channels = x.size(-1), hidden = fc_weight.size(0);
     const torch::Tensor rows = x.reshape({-1, channels}).contiguous(), fc_bias = fc_bias_in.contiguous();
-    const torch::Tensor panels = packed(bodies, fc_weight, /*transposed=*/true);
+    const torch::Tensor panels = detail::packed_panels(bodies, fc_weight, /*transposed=*/true);
     torch::Tensor pre = torch::empty({rows.size(0), hidden}, x.options()), h = torch::empty_like(pre);
-    detail::GeluMatmul m = describe(rows, panels, hidden, fc_bias, pre);
+    detail::TiledMatmul m = describe(rows, panels, hidden, fc_bias, pre);
     m.y = h.data_ptr<float>();
     at::parallel_for(0, m.rows, detail::rows_per_task(hidden),
-                     [&](int64_t begin, int64_t end) { bodies.forward(m, begin, end); });
+                     [&](int64_t begin, int64_t end) { bodies.gelu_forward(m, begin, end); });
     torch::Tensor y = residual + proj_bias;  // [..., C]
     detail::matmul_into(h, proj_weight.t(), y.view({m.rows, channels}), /*accumulate=*/true);
     ctx->save_for_backward({rows, fc_weight, fc_bias, proj_weight, pre, h});
@@ -78,17 +61,17 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const torch::Tensor grad_y = grads[0].reshape({-1, rows.size(1)}).contiguous();  // [M, C]
     torch::autograd::variable_list out(7);
     if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1) || ctx->needs_input_grad(2)) {
-      const detail::GeluMatmulKernels bodies =
-          gelu_matmul_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
-      const torch::Tensor panels = packed(bodies, proj_weight, /*transposed=*/false);
+      const detail::MatmulKernels bodies =
+          detail::matmul_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
+      const torch::Tensor panels = detail::packed_panels(bodies, proj_weight, /*transposed=*/false);
       torch::Tensor grad_pre = torch::empty_like(pre);
       const detail::RowChunks chunks = detail::row_chunks(grad_y.size(0));
       torch::Tensor bias_partial = torch::zeros({chunks.count, pre.size(1)}, pre.options());
-      detail::GeluMatmul m = describe(grad_y, panels, pre.size(1), fc_bias, pre);
+      detail::TiledMatmul m = describe(grad_y, panels, pre.size(1), fc_bias, pre);
       m.grad_pre = grad_pre.data_ptr<float>();
       m.grad_bias_partial = bias_partial.data_ptr<float>();
       detail::for_each_row_chunk(m.rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
-        bodies.backward(m, begin, end, chunk);
+        bodies.gelu_backward(m, begin, end, chunk);
       });
       if (ctx->needs_input_grad(0)) {
         torch::Tensor grad_x = torch::empty(grads[0].sizes(), rows.options());

@@ -3,59 +3,12 @@
 
 #include <vector>
 
-#include "fasttrain/detail/compat.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 #include "matmul.h"
 #include "runnable.h"
 
-// oneDNN's fp32 matmul through ATen's entry (aten/src/ATen/native/mkldnn/Matmul.cpp, exported from
-// libtorch_cpu, its header not shipped): result = alpha mat1 @ mat2 + beta result, mat1 and mat2 contiguous
-// or transposed, beta != 0 as oneDNN's sum post-op. Checked against LibTorch 2.11's source, where it takes
-// fp32 on CPUs with AVX512 BW, VL and DQ (mkldnn_bf16_device_check) and computes in fp32 unless the fp32
-// matmul precision allows bf16; 1.13's took bf16 only.
-#if defined(__x86_64__) && FASTTRAIN_TORCH_AT_LEAST(2, 4)
-#define FASTTRAIN_HAS_ONEDNN_FP32_MATMUL 1
-#else
-#define FASTTRAIN_HAS_ONEDNN_FP32_MATMUL 0
-#endif
-#if FASTTRAIN_HAS_ONEDNN_FP32_MATMUL
-namespace at::native {
-TORCH_API void mkldnn_matmul(const at::Tensor& mat1, const at::Tensor& mat2, const at::Tensor& result,
-                             float beta, float alpha);
-}  // namespace at::native
-#endif
-
 namespace fasttrain::kernels {
-
-namespace detail {
-
-bool onednn_runs_fp32_matmul() {
-#if FASTTRAIN_HAS_ONEDNN_FP32_MATMUL
-  static const bool runs = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                           __builtin_cpu_supports("avx512dq");
-  return runs;
-#else
-  return false;
-#endif
-}
-
-void matmul_into(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, bool accumulate) {
-#if FASTTRAIN_HAS_ONEDNN_FP32_MATMUL
-  if (onednn_runs_fp32_matmul()) {
-    at::native::mkldnn_matmul(a, b, c, accumulate ? 1.f : 0.f, 1.f);
-    return;
-  }
-#endif
-  torch::Tensor out = c;  // a view of the caller's tensor: written in place, never resized
-  if (accumulate) {
-    out.addmm_(a, b);
-  } else {
-    at::mm_out(out, a, b);
-  }
-}
-
-}  // namespace detail
 
 namespace {
 
@@ -78,9 +31,10 @@ struct LinearInputs {
 };
 
 // y = residual + x weight^T + bias. Without a residual and with a bias, ATen's linear (MKL's sgemm after a
-// copy of the bias: faster here than oneDNN's); otherwise oneDNN's matmul, adding into residual + bias.
-// Backward: the input's gradient grad_y weight by oneDNN (measured 10-25% faster than MKL on the gpt's
-// shapes), the weight's and the bias's by ATen, the residual's grad_y itself.
+// copy of the bias: faster here than oneDNN's); with a residual oneDNN's matmul, adding into residual + bias;
+// with neither, fasttrain's tiled matmul where it wins (depth <= 128, matmul.h), else oneDNN's.
+// Backward: the input's gradient grad_y weight by the same rule on its depth (oneDNN measured 10-25% faster
+// than MKL on the gpt's shapes), the weight's and the bias's by ATen, the residual's grad_y itself.
 class LinearFunction : public torch::autograd::Function<LinearFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList list, bool has_bias,
@@ -97,7 +51,12 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     } else {
       y = torch::empty(output_sizes(in.x, in.weight), in.x.options());
     }
-    detail::matmul_into(rows, in.weight.t(), y.view({rows.size(0), in.weight.size(0)}), has_residual);
+    const torch::Tensor y_rows = y.view({rows.size(0), in.weight.size(0)});
+    if (!has_residual && detail::tiled_matmul_wins(rows.size(1))) {
+      detail::tiled_matmul(rows.contiguous(), in.weight, /*transposed=*/true, y_rows);
+    } else {
+      detail::matmul_into(rows, in.weight.t(), y_rows, has_residual);
+    }
     return y;
   }
 
@@ -112,8 +71,12 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     torch::autograd::variable_list out;
     if (ctx->needs_input_grad(0)) {
       torch::Tensor grad_x = torch::empty(x.sizes(), x.options());
-      detail::matmul_into(grad_y, weight, grad_x.view({grad_y.size(0), weight.size(1)}),
-                          false);  // [M, N] @ [N, K]
+      const torch::Tensor grad_x_rows = grad_x.view({grad_y.size(0), weight.size(1)});  // [M, N] @ [N, K]
+      if (detail::tiled_matmul_wins(weight.size(0))) {
+        detail::tiled_matmul(grad_y, weight, /*transposed=*/false, grad_x_rows);
+      } else {
+        detail::matmul_into(grad_y, weight, grad_x_rows, false);
+      }
       out.push_back(grad_x);
     } else {
       out.emplace_back();

@@ -1,7 +1,11 @@
 #pragma once
-// The fp32 matmul fasttrain's CPU kernels run around their own: oneDNN's where this LibTorch and CPU run it
-// in fp32, else ATen's (MKL's sgemm). Defined in linear.cpp.
+// The fp32 matmuls fasttrain's CPU kernels run: oneDNN's where this LibTorch and CPU run it in fp32, else
+// ATen's (MKL's sgemm); and fasttrain's own (cpu/matmul_kernel.cpp), where it wins, and with the epilogues
+// gelu_mlp fuses into it. Defined in matmul.cpp.
 #include <torch/types.h>
+
+#include "cpu/bodies.h"
+#include "fasttrain/kernels/cpu.h"
 
 namespace fasttrain::kernels::detail {
 
@@ -11,5 +15,19 @@ bool onednn_runs_fp32_matmul();
 // c [M, N] (+)= a [M, K] @ b [K, N]: `accumulate` adds to what c holds. a and b contiguous or transposed,
 // c contiguous.
 void matmul_into(const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& c, bool accumulate);
+
+// fasttrain's own matmul's bodies for `capability`.
+MatmulKernels matmul_bodies(CpuCapability capability);
+
+// b [depth, width], or with `transposed` a weight [width, depth] (b = weight^T), in the bodies' panels.
+torch::Tensor packed_panels(const MatmulKernels& bodies, const torch::Tensor& b, bool transposed);
+
+// Whether a product of this depth runs as tiled_matmul rather than matmul_into: depths of at most 128 on a
+// CPU with AVX2 or AVX512 (x [4096, 128] @ w^T 8-28% faster than oneDNN's for w of 128-512 rows on an AMX
+// Xeon, packing w included; about even at depths of 256 and more).
+bool tiled_matmul_wins(int64_t depth);
+
+// out [M, N] = a [M, K] @ b, b [K, N] or with `transposed` a weight [N, K]; a and out contiguous fp32.
+void tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transposed, const torch::Tensor& out);
 
 }  // namespace fasttrain::kernels::detail

@@ -125,8 +125,9 @@ struct GptOptions {
       "tanh-GELU in one pass; its residual add + LayerNorm for an fp32 stream (writing bf16 for the matmul "
       "under bf16 autocast; in fp32 adding the attention projection's bias too; the residual gradient's add "
       "inside its backward); in fp32 its linear, whose input gradient and bias-less or residual-adding "
-      "forward are oneDNN matmuls, where LibTorch 2.4+ and AVX512 BW/VL/DQ allow; and in fp32 on AVX2 or "
-      "AVX512 the MLP as its own matmuls with the bias + GELU in the fc's epilogue and GELU's derivative in "
+      "forward are oneDNN matmuls or, at depths up to 128, its own tiled matmul, where LibTorch 2.4+ and "
+      "AVX512 BW/VL/DQ allow; and in fp32 on AVX2 or AVX512 the MLP as its own matmuls with the bias + GELU "
+      "in the fc's epilogue and GELU's derivative in "
       "the "
       "projection's input gradient) or aten (scaled_dot_product_attention, "
       "or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",

@@ -75,7 +75,7 @@ void product_tile(const float* a, int64_t lda, const float* panel, int64_t depth
 // the rows left one at a time. The product reaches the epilogue through a tile in L1 (`c`), so the
 // accumulators' loop keeps all its registers.
 template <typename Epilogue>
-void products(const detail::GeluMatmul& m, int64_t begin, int64_t end, const Epilogue& epilogue) {
+void products(const detail::TiledMatmul& m, int64_t begin, int64_t end, const Epilogue& epilogue) {
   const int64_t panels = (m.width + kPanelWidth - 1) / kPanelWidth;
   alignas(64) float c[kTileRows * kPanelWidth];
   for (int64_t block = begin; block < end; block += kBlockRows) {
@@ -103,7 +103,13 @@ void products(const detail::GeluMatmul& m, int64_t begin, int64_t end, const Epi
   }
 }
 
-void forward(const detail::GeluMatmul& m, int64_t begin, int64_t end) {
+void product(const detail::TiledMatmul& m, int64_t begin, int64_t end) {
+  products(m, begin, end, [&](int64_t row, int64_t column, int64_t count, const Vec& product) {
+    product.store(m.out + row * m.width + column, count);
+  });
+}
+
+void gelu_forward(const detail::TiledMatmul& m, int64_t begin, int64_t end) {
   products(m, begin, end, [&](int64_t row, int64_t column, int64_t count, const Vec& product) {
     const int64_t at = row * m.width + column;
     product.store(m.pre + at, count);
@@ -111,7 +117,7 @@ void forward(const detail::GeluMatmul& m, int64_t begin, int64_t end) {
   });
 }
 
-void backward(const detail::GeluMatmul& m, int64_t begin, int64_t end, int64_t chunk) {
+void gelu_backward(const detail::TiledMatmul& m, int64_t begin, int64_t end, int64_t chunk) {
   float* grad_bias = m.grad_bias_partial + chunk * m.width;
   products(m, begin, end, [&](int64_t row, int64_t column, int64_t count, const Vec& product) {
     const int64_t at = row * m.width + column;
@@ -124,8 +130,8 @@ void backward(const detail::GeluMatmul& m, int64_t begin, int64_t end, int64_t c
 
 }  // namespace
 
-detail::GeluMatmulKernels gelu_matmul_kernels() {
-  return {kPanelWidth, &pack, &forward, &backward};
+detail::MatmulKernels matmul_kernels() {
+  return {kPanelWidth, &pack, &product, &gelu_forward, &gelu_backward};
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY
