@@ -45,7 +45,9 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     m.y = h.data_ptr<float>();
     at::parallel_for(0, m.rows, detail::rows_per_task(hidden),
                      [&](int64_t begin, int64_t end) { bodies.gelu_forward(m, begin, end); });
-    torch::Tensor y = residual + proj_bias;  // [..., C]
+    torch::Tensor y =
+        torch::empty(x.sizes(), x.options());  // [..., C], contiguous whatever residual's strides
+    at::add_out(y, residual, proj_bias);
     detail::matmul_into(h, proj_weight.t(), y.view({m.rows, channels}), /*accumulate=*/true);
     ctx->save_for_backward({rows, fc_weight, fc_bias, proj_weight, pre, h});
     ctx->saved_data["capability"] = capability;
@@ -92,10 +94,6 @@ bool vector_of(const torch::Tensor& t, int64_t size) {
   return detail::fp32_cpu(t) && t.dim() == 1 && t.size(0) == size;
 }
 
-std::string describe_tensor(const torch::Tensor& t) {
-  return t.defined() ? fmt::format("{} {}", t.sizes(), c10::toString(t.scalar_type())) : std::string("none");
-}
-
 }  // namespace
 
 bool gelu_mlp_takes(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
@@ -120,8 +118,9 @@ torch::Tensor gelu_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, c
            "gelu_mlp takes x [..., C], fc_weight [H, C], fc_bias [H], proj_weight [C, H], proj_bias [C] and "
            "residual of x's shape, all fp32 on the CPU outside autocast; got x {}, fc_weight {}, fc_bias {}, "
            "proj_weight {}, proj_bias {}, residual {}",
-           describe_tensor(x), describe_tensor(fc_weight), describe_tensor(fc_bias),
-           describe_tensor(proj_weight), describe_tensor(proj_bias), describe_tensor(residual));
+           detail::describe_tensor(x), detail::describe_tensor(fc_weight), detail::describe_tensor(fc_bias),
+           detail::describe_tensor(proj_weight), detail::describe_tensor(proj_bias),
+           detail::describe_tensor(residual));
   detail::check_runnable(capability, "gelu_mlp");
   return GeluMlpFunction::apply(x, fc_weight, fc_bias, proj_weight, proj_bias, residual,
                                 static_cast<int64_t>(capability));

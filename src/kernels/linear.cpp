@@ -44,16 +44,16 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["has_residual"] = has_residual;
     if (!has_residual && has_bias) return torch::linear(in.x, in.weight, in.bias);
-    const torch::Tensor rows = in.x.reshape({-1, in.x.size(-1)});  // [M, K]
-    torch::Tensor y;
-    if (has_residual) {
-      y = has_bias ? in.residual + in.bias : in.residual.clone(at::MemoryFormat::Contiguous);
-    } else {
-      y = torch::empty(output_sizes(in.x, in.weight), in.x.options());
+    const torch::Tensor rows = in.x.reshape({-1, in.x.size(-1)});                   // [M, K]
+    torch::Tensor y = torch::empty(output_sizes(in.x, in.weight), in.x.options());  // contiguous, whatever
+    if (has_residual && has_bias) {                                                 // the residual's strides
+      at::add_out(y, in.residual, in.bias);
+    } else if (has_residual) {
+      y.copy_(in.residual);
     }
     const torch::Tensor y_rows = y.view({rows.size(0), in.weight.size(0)});
-    if (!has_residual && detail::tiled_matmul_wins(rows.size(1))) {
-      detail::tiled_matmul(rows.contiguous(), in.weight, /*transposed=*/true, y_rows);
+    if (!has_residual && detail::tiled_matmul_wins(rows.size(1), in.weight.size(0))) {
+      detail::tiled_matmul_into(rows.contiguous(), in.weight, /*transposed=*/true, y_rows);
     } else {
       detail::matmul_into(rows, in.weight.t(), y_rows, has_residual);
     }
@@ -72,8 +72,8 @@ class LinearFunction : public torch::autograd::Function<LinearFunction> {
     if (ctx->needs_input_grad(0)) {
       torch::Tensor grad_x = torch::empty(x.sizes(), x.options());
       const torch::Tensor grad_x_rows = grad_x.view({grad_y.size(0), weight.size(1)});  // [M, N] @ [N, K]
-      if (detail::tiled_matmul_wins(weight.size(0))) {
-        detail::tiled_matmul(grad_y, weight, /*transposed=*/false, grad_x_rows);
+      if (detail::tiled_matmul_wins(weight.size(0), weight.size(1))) {
+        detail::tiled_matmul_into(grad_y, weight, /*transposed=*/false, grad_x_rows);
       } else {
         detail::matmul_into(grad_y, weight, grad_x_rows, false);
       }
@@ -103,16 +103,13 @@ bool linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const tor
 
 torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                      const torch::Tensor& residual) {
-  const auto describe = [](const torch::Tensor& t) {
-    return t.defined() ? fmt::format("{} {}", t.sizes(), c10::toString(t.scalar_type()))
-                       : std::string("none");
-  };
   FT_CHECK(
       linear_takes(x, weight, bias, residual),
       "linear takes x [..., K], weight [N, K], bias [N] or none and residual [..., N] or none, all fp32 on "
       "the CPU outside autocast, where oneDNN runs fp32 matmuls (LibTorch 2.4 or later, AVX512 BW/VL/DQ); "
       "got x {}, weight {}, bias {}, residual {}",
-      describe(x), describe(weight), describe(bias), describe(residual));
+      detail::describe_tensor(x), detail::describe_tensor(weight), detail::describe_tensor(bias),
+      detail::describe_tensor(residual));
   std::vector<torch::Tensor> list{x, weight};
   if (bias.defined()) list.push_back(bias);
   if (residual.defined()) list.push_back(residual);

@@ -66,12 +66,15 @@ torch::Tensor packed_panels(const MatmulKernels& bodies, const torch::Tensor& b,
   return out;
 }
 
-bool tiled_matmul_wins(int64_t depth) {
-  return depth <= 128 && cpu_capability() != CpuCapability::scalar;
+bool tiled_matmul_wins(int64_t depth, int64_t width) {
+  return depth <= 128 && width >= 32 && cpu_capability() != CpuCapability::scalar;
 }
 
-void tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transposed, const torch::Tensor& out) {
-  const MatmulKernels bodies = matmul_bodies(cpu_capability());
+void tiled_matmul_into(const torch::Tensor& a, const torch::Tensor& b, bool transposed,
+                       const torch::Tensor& out, CpuCapability capability) {
+  TORCH_INTERNAL_ASSERT(a.is_contiguous() && out.is_contiguous() && a.size(1) == b.size(transposed ? 1 : 0) &&
+                        out.size(0) == a.size(0) && out.size(1) == b.size(transposed ? 0 : 1));
+  const MatmulKernels bodies = matmul_bodies(capability);
   const torch::Tensor panels = packed_panels(bodies, b, transposed);
   TiledMatmul m;
   m.rows = a.size(0), m.depth = a.size(1), m.width = out.size(1);
@@ -83,3 +86,23 @@ void tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transpose
 }
 
 }  // namespace fasttrain::kernels::detail
+
+namespace fasttrain::kernels {
+
+torch::Tensor tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transposed,
+                           CpuCapability capability) {
+  FT_CHECK(detail::fp32_cpu(a) && detail::fp32_cpu(b) && a.dim() == 2 && b.dim() == 2 &&
+               a.size(1) == b.size(transposed ? 1 : 0),
+           "tiled_matmul takes a [M, K] and b [K, N] (or, transposed, [N, K]), both fp32 on the CPU; got a "
+           "{}, b {}"
+           "{}",
+           detail::describe_tensor(a), detail::describe_tensor(b), transposed ? " transposed" : "");
+  detail::check_runnable(capability, "tiled_matmul");
+  torch::Tensor out = torch::empty({a.size(0), b.size(transposed ? 0 : 1)}, a.options());
+  if (out.numel() == 0) return out;
+  if (a.size(1) == 0) return out.zero_();
+  detail::tiled_matmul_into(a.contiguous(), b, transposed, out, capability);
+  return out;
+}
+
+}  // namespace fasttrain::kernels

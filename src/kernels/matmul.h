@@ -22,12 +22,15 @@ MatmulKernels matmul_bodies(CpuCapability capability);
 // b [depth, width], or with `transposed` a weight [width, depth] (b = weight^T), in the bodies' panels.
 torch::Tensor packed_panels(const MatmulKernels& bodies, const torch::Tensor& b, bool transposed);
 
-// Whether a product of this depth runs as tiled_matmul rather than matmul_into: depths of at most 128 on a
-// CPU with AVX2 or AVX512 (x [4096, 128] @ w^T 8-28% faster than oneDNN's for w of 128-512 rows on an AMX
-// Xeon, packing w included; about even at depths of 256 and more).
-bool tiled_matmul_wins(int64_t depth);
+// Whether a product of this depth and width runs as tiled_matmul_into rather than matmul_into: depths of at
+// most 128 on a CPU with AVX2 or AVX512 (x [4096, 128] @ w^T 8-28% faster than oneDNN's for w of 128-512 rows
+// on an AMX Xeon, packing w included; about even at depths of 256 and more), and at least half a panel of
+// outputs (a narrower product would compute a panel of zeros for a few columns).
+bool tiled_matmul_wins(int64_t depth, int64_t width);
 
-// out [M, N] = a [M, K] @ b, b [K, N] or with `transposed` a weight [N, K]; a and out contiguous fp32.
-void tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transposed, const torch::Tensor& out);
+// out [M, N] = a [M, K] @ b, b [K, N] or with `transposed` a weight [N, K]; a and out contiguous fp32, out of
+// those sizes (asserted), K > 0.
+void tiled_matmul_into(const torch::Tensor& a, const torch::Tensor& b, bool transposed,
+                       const torch::Tensor& out, CpuCapability capability = cpu_capability());
 
 }  // namespace fasttrain::kernels::detail

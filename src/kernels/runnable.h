@@ -4,8 +4,10 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <string>
 
 #include "fasttrain/kernels/cpu.h"
+#include "fasttrain/util/check.h"
 
 namespace fasttrain::kernels::detail {
 
@@ -26,6 +28,11 @@ inline bool cpu_float_or_bf16(const torch::Tensor& t) {
 // A defined fp32 tensor on the CPU: what the fp32-only kernels (linear, gelu_mlp) read.
 inline bool fp32_cpu(const torch::Tensor& t) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat;
+}
+
+// "[4, 8] Float", or "none" for an undefined tensor: what a kernel's refusal names.
+inline std::string describe_tensor(const torch::Tensor& t) {
+  return t.defined() ? fmt::format("{} {}", t.sizes(), c10::toString(t.scalar_type())) : std::string("none");
 }
 
 // An fp32 tensor's values rounded to bf16 (c10's rule) and kept in fp32, as autocast's cast rounds them: for

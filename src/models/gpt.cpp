@@ -126,9 +126,9 @@ class GptBlockImpl : public torch::nn::Module {
     return project_add(mlp_proj_, mlp_hidden(normed), residual);  // [B, T, 4C] -> [B, T, C]
   }
   // Whether the MLP runs as fasttrain's gelu_mlp, bias + GELU in the fc matmul's epilogue and GELU's
-  // derivative in the projection's input gradient: where it and both of the kernels it fuses run (bias_gelu
-  // and linear), in fp32 on a CPU with AVX2 or AVX512 (its matmul in scalar code would lose to BLAS), where
-  // dropout does nothing.
+  // derivative in the projection's input gradient: where model.kernels and aten_kernels leave it and both of
+  // the kernels it fuses on (bias_gelu, linear; it needs no oneDNN, which fasttrain's linear does), in fp32
+  // on a CPU with AVX2 or AVX512 (its matmul in scalar code would lose to BLAS), where dropout does nothing.
   bool fuses_mlp(const torch::Tensor& normed, const torch::Tensor& residual) const {
     return dropout_does_nothing() && own_kernels_.gelu_mlp && own_kernels_.bias_gelu && own_kernels_.linear &&
            kernels::cpu_capability() != kernels::CpuCapability::scalar &&

@@ -1,7 +1,8 @@
-// fasttrain's gelu_mlp (the fc matmul with bias + tanh-GELU in its epilogue, the projection's input gradient
-// with GELU's derivative in its) against the same block in fp64: residual + proj(gelu_tanh(fc(x))) and the
-// gradients of all six inputs, on every CPU capability this machine runs, at sizes that fill no register
-// tile, row block or panel evenly, with fc's outputs reaching far out on both sides of the GELU.
+// fasttrain's own fp32 matmul, plain (tiled_matmul) and as gelu_mlp (the fc matmul with bias + tanh-GELU in
+// its epilogue, the projection's input gradient with GELU's derivative in its), against the same sums in
+// fp64: residual + proj(gelu_tanh(fc(x))) and the gradients of all six inputs, on every CPU capability this
+// machine runs, at sizes that fill no register tile, row block or panel evenly, with fc's outputs reaching
+// far out on both sides of the GELU.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -89,28 +90,89 @@ TEST(CpuGeluMlp, MatchesTheBlockInDoubleInValuesAndGradientsOnEveryCapability) {
         ASSERT_TRUE(got.grads[i].defined()) << kGradNames[i];
         testing::expect_close(got.grads[i], want.grads[i], 2e-5, kGradNames[i]);
       }
+      // The rows past the two far-out ones on their own scale, which those two set for the whole tensor.
+      const int64_t rows = got.y.numel() / shape.back();
+      if (rows > 2) {
+        const auto ordinary = [&](const torch::Tensor& t) { return t.reshape({rows, -1}).slice(0, 2); };
+        testing::expect_close(ordinary(got.y), ordinary(want.y), 2e-5, "y, ordinary rows");
+        testing::expect_close(ordinary(got.grads[0]), ordinary(want.grads[0]), 2e-5, "grad x, ordinary rows");
+      }
     }
   }
 }
 
-TEST(CpuGeluMlp, GivesGradientsOnlyWhereAsked) {
+TEST(CpuGeluMlp, GivesGradientsOnlyWhereAskedAndTakesAnyStrides) {
   torch::manual_seed(1);
   const MlpInputs in = mlp_inputs({9, 12}, 40);
-  auto fc_weight = in.fc_weight.detach().requires_grad_(true);
-  auto proj_bias = in.proj_bias.detach().requires_grad_(true);
-  kernels::gelu_mlp(in.x, fc_weight, in.fc_bias, in.proj_weight, proj_bias, in.residual)
-      .pow(2)
-      .sum()
-      .backward();
-  auto fc_weight_ref = in.fc_weight.detach().requires_grad_(true);
-  auto proj_bias_ref = in.proj_bias.detach().requires_grad_(true);
-  reference_mlp(in.x, fc_weight_ref, in.fc_bias, in.proj_weight, proj_bias_ref, in.residual)
-      .pow(2)
-      .sum()
-      .backward();
-  testing::expect_close(fc_weight.grad(), fc_weight_ref.grad(), 1e-4, "grad fc_weight");
-  testing::expect_close(proj_bias.grad(), proj_bias_ref.grad(), 1e-4, "grad proj_bias");
-  EXPECT_FALSE(in.x.grad().defined());
+  const auto reference = [&](const std::vector<bool>& wanted, bool own) {
+    std::vector<torch::Tensor> t;
+    for (const auto& input : {in.x, in.fc_weight, in.fc_bias, in.proj_weight, in.proj_bias, in.residual})
+      t.push_back(input.detach().requires_grad_(wanted[t.size()]));
+    auto y = own ? kernels::gelu_mlp(t[0], t[1], t[2], t[3], t[4], t[5])
+                 : reference_mlp(t[0], t[1], t[2], t[3], t[4], t[5]);
+    y.pow(2).sum().backward();
+    std::vector<torch::Tensor> grads;
+    for (const auto& leaf : t) grads.push_back(leaf.grad());
+    return grads;
+  };
+  // Only the projection's (the GELU's backward skipped), only fc's weight and the projection's bias, only x.
+  for (const std::vector<bool>& wanted :
+       std::vector<std::vector<bool>>{{false, false, false, true, true, false},
+                                      {false, true, false, false, true, false},
+                                      {true, false, false, false, false, true}}) {
+    const auto got = reference(wanted, true), want = reference(wanted, false);
+    for (size_t i = 0; i < got.size(); ++i) {
+      SCOPED_TRACE(kGradNames[i]);
+      ASSERT_EQ(got[i].defined(), static_cast<bool>(wanted[i]));
+      if (wanted[i]) testing::expect_close(got[i], want[i], 1e-4, kGradNames[i]);
+    }
+  }
+  // x, a weight and the residual as transposed views: read by their strides, y contiguous.
+  const auto x_t = in.x.t().contiguous().t(), residual_t = in.residual.t().contiguous().t();
+  const auto fc_t = in.fc_weight.t().contiguous().t();
+  ASSERT_FALSE(residual_t.is_contiguous());
+  const auto y = kernels::gelu_mlp(x_t, fc_t, in.fc_bias, in.proj_weight, in.proj_bias, residual_t);
+  testing::expect_close(
+      y, reference_mlp(in.x, in.fc_weight, in.fc_bias, in.proj_weight, in.proj_bias, in.residual), 1e-5,
+      "y of strided inputs");
+}
+
+// The plain product on every capability: a @ b and a @ weight^T against fp64, over row counts around the
+// tile's 6 and the block's 24, depths 1 to 128 and widths around a vector and a panel.
+TEST(CpuTiledMatmul, MatchesTheProductInDoubleOnEveryCapability) {
+  torch::manual_seed(2);
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (int64_t rows : {1, 5, 6, 7, 25, 53}) {
+      for (int64_t depth : {1, 17, 128}) {
+        for (int64_t width : {1, 15, 17, 64, 65, 130}) {
+          for (bool transposed : {false, true}) {
+            SCOPED_TRACE(::testing::Message()
+                         << kernels::to_string(capability) << " " << rows << " x " << depth << " @ " << width
+                         << (transposed ? " transposed" : ""));
+            const auto a = torch::randn({rows, depth});
+            const auto b = transposed ? torch::randn({width, depth}) : torch::randn({depth, width});
+            const auto want =
+                a.to(torch::kDouble).mm(transposed ? b.t().to(torch::kDouble) : b.to(torch::kDouble));
+            const auto got = kernels::tiled_matmul(a, b, transposed, capability);
+            ASSERT_EQ(got.sizes(), want.sizes());
+            // fp32 sums of `depth` products: within depth 2^-24 of the sum of their magnitudes.
+            const auto bound =
+                a.abs()
+                    .to(torch::kDouble)
+                    .mm(transposed ? b.t().abs().to(torch::kDouble) : b.abs().to(torch::kDouble));
+            EXPECT_TRUE(((got.to(torch::kDouble) - want).abs() <= bound * (depth * 1.2e-7) + 1e-30)
+                            .all()
+                            .item<bool>());
+          }
+        }
+      }
+    }
+  }
+  const std::string message = testing::error_message([] {
+    kernels::tiled_matmul(torch::randn({4, 8}), torch::randn({7, 3}), false);
+  });
+  EXPECT_TRUE(testing::contains_all(message, {"tiled_matmul takes", "a [4, 8] Float", "b [7, 3] Float"}))
+      << message;
 }
 
 TEST(CpuGeluMlp, RefusesWhatItDoesNotTakeAndASecondDerivativeByName) {

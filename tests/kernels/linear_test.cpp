@@ -103,6 +103,18 @@ TEST(CpuLinear, AnInputWithoutGradientGetsNoneAndTheWeightStillItsOwn) {
   EXPECT_FALSE(x.grad().defined());
 }
 
+TEST(CpuLinear, TakesAResidualOfAnyStrides) {
+  if (!onednn_fp32_here()) GTEST_SKIP() << "no oneDNN fp32 matmul in this LibTorch or on this CPU";
+  torch::manual_seed(2);
+  const auto x = torch::randn({2, 6, 9}), weight = torch::randn({5, 9}), bias = torch::randn({5});
+  const auto residual = torch::randn({6, 2, 5}).transpose(0, 1);  // [2, 6, 5], not contiguous
+  for (const auto& b : {bias, torch::Tensor()}) {
+    const auto y = kernels::linear(x, weight, b, residual);
+    const auto want = reference_linear(x, weight, b, residual);
+    EXPECT_LE(max_error(y, want), 1e-4 * want.abs().max().item<double>());
+  }
+}
+
 TEST(CpuLinear, RefusesASecondDerivativeByName) {
   if (!onednn_fp32_here()) GTEST_SKIP() << "no oneDNN fp32 matmul in this LibTorch or on this CPU";
   auto x = torch::randn({4, 3}).requires_grad_(true);

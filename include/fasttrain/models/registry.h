@@ -127,10 +127,8 @@ struct GptOptions {
       "inside its backward); in fp32 its linear, whose input gradient and bias-less or residual-adding "
       "forward are oneDNN matmuls or, at depths up to 128, its own tiled matmul, where LibTorch 2.4+ and "
       "AVX512 BW/VL/DQ allow; and in fp32 on AVX2 or AVX512 the MLP as its own matmuls with the bias + GELU "
-      "in the fc's epilogue and GELU's derivative in "
-      "the "
-      "projection's input gradient) or aten (scaled_dot_product_attention, "
-      "or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",
+      "in the fc's epilogue and GELU's derivative in the projection's input gradient) or aten "
+      "(scaled_dot_product_attention, or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (attention, layer_norm, "

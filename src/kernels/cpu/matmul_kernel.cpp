@@ -1,14 +1,16 @@
-// A matmul whose epilogue is the tanh-GELU's (gelu_matmul_kernel.h): the MLP's fc writes its output and the
-// GELU of it + bias from the same register tile, and the projection's input gradient is multiplied by
-// GELU's derivative before it leaves the tile. Each saves a pass over the MLP's widest activation, [rows,
-// 4C], from memory and back (ATen, or our linear + bias_gelu, write the product and read it again).
+// fasttrain's fp32 matmul (matmul_kernel.h), plain and with the epilogues that make it worth having: the
+// MLP's fc writes its output and the GELU of it + bias from the same register tile, and the projection's
+// input gradient is multiplied by GELU's derivative before it leaves the tile. Plain, it ran x [4096, 128] @
+// w^T 8-28% faster than oneDNN's fp32 matmul for w of 128-512 rows on an AMX Xeon (packing w each call
+// included), about even at depths of 256 and more (BENCHMARKS.md "Own CPU kernels, seventeenth part").
 //
 // The product is a GEMM's micro-kernel: a register tile of kTileRows rows of a by kTileVectors vectors of a
 // panel of b, the depth inner (one vector load of b per column vector and one broadcast of a per row per
 // step), as BLIS and oneDNN lay theirs out. A thread takes blocks of kBlockRows rows of a (in L1/L2) and runs
 // each of b's panels (depth x panel_width, in L1 for the gpt's depths) over them, so that a is read from
 // memory once and each block's outputs are written once. Compiled once per CPU capability (CMakeLists.txt);
-// on AVX512 the tile is 6 x 4 vectors (24 of the 32 registers), on AVX2 6 x 2 (12 of 16).
+// on AVX512 the tile is 6 x 4 vectors (24 of the 32 registers), on AVX2 6 x 2 (12 of 16), in the scalar
+// build 6 x 2 Vectorized<float>s of 8.
 #include <algorithm>
 #include <cstring>
 
@@ -71,6 +73,13 @@ void product_tile(const float* a, int64_t lda, const float* panel, int64_t depth
     for (int v = 0; v < kTileVectors; ++v) acc[r][v].store(c + r * kPanelWidth + v * kLanes);
 }
 
+// The tiles of 1 to kTileRows - 1 rows, for the rows a block leaves over.
+using ProductTile = void (*)(const float* a, int64_t lda, const float* panel, int64_t depth, float* c);
+constexpr ProductTile kTailTiles[] = {nullptr,          &product_tile<1>, &product_tile<2>,
+                                      &product_tile<3>, &product_tile<4>, &product_tile<5>};
+static_assert(sizeof(kTailTiles) / sizeof(kTailTiles[0]) == kTileRows,
+              "a tail tile for every count of rows left");
+
 // epilogue(row, column, count, product) for each vector of a @ b over rows [begin, end): whole tiles, then
 // the rows left one at a time. The product reaches the epilogue through a tile in L1 (`c`), so the
 // accumulators' loop keeps all its registers.
@@ -95,9 +104,10 @@ void products(const detail::TiledMatmul& m, int64_t begin, int64_t end, const Ep
         product_tile<kTileRows>(m.a + row * m.depth, m.depth, panel, m.depth, c);
         finish(row, kTileRows);
       }
-      for (; row < block_end; ++row) {
-        product_tile<1>(m.a + row * m.depth, m.depth, panel, m.depth, c);
-        finish(row, 1);
+      const int64_t left = block_end - row;  // fewer than kTileRows: one tile of that many rows
+      if (left > 0) {
+        kTailTiles[left](m.a + row * m.depth, m.depth, panel, m.depth, c);
+        finish(row, left);
       }
     }
   }
