@@ -13,12 +13,10 @@ namespace fasttrain::kernels {
 
 namespace {
 
-detail::TiledMatmul describe(const torch::Tensor& a, const torch::Tensor& panels, int64_t width,
-                             const torch::Tensor& bias, const torch::Tensor& pre) {
-  detail::TiledMatmul m;
-  m.rows = a.size(0), m.depth = a.size(1), m.width = width;
-  m.a = a.data_ptr<float>();
-  m.b_panels = panels.data_ptr<float>();
+// The GELU matmul of a and the packed b, whose epilogue adds fc's bias to pre (written or read).
+detail::TiledMatmul gelu_product(const torch::Tensor& a, const torch::Tensor& panels, int64_t width,
+                                 const torch::Tensor& bias, const torch::Tensor& pre) {
+  detail::TiledMatmul m = detail::tiled_product(a, panels, width);
   m.bias = bias.data_ptr<float>();
   m.pre = pre.data_ptr<float>();
   return m;
@@ -41,7 +39,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
     const torch::Tensor rows = x.reshape({-1, channels}).contiguous(), fc_bias = fc_bias_in.contiguous();
     const torch::Tensor panels = detail::packed_panels(bodies, fc_weight, /*transposed=*/true);
     torch::Tensor pre = torch::empty({rows.size(0), hidden}, x.options()), h = torch::empty_like(pre);
-    detail::TiledMatmul m = describe(rows, panels, hidden, fc_bias, pre);
+    detail::TiledMatmul m = gelu_product(rows, panels, hidden, fc_bias, pre);
     m.y = h.data_ptr<float>();
     at::parallel_for(0, m.rows, detail::rows_per_task(hidden),
                      [&](int64_t begin, int64_t end) { bodies.gelu_forward(m, begin, end); });
@@ -69,7 +67,7 @@ class GeluMlpFunction : public torch::autograd::Function<GeluMlpFunction> {
       torch::Tensor grad_pre = torch::empty_like(pre);
       const detail::RowChunks chunks = detail::row_chunks(grad_y.size(0));
       torch::Tensor bias_partial = torch::zeros({chunks.count, pre.size(1)}, pre.options());
-      detail::TiledMatmul m = describe(grad_y, panels, pre.size(1), fc_bias, pre);
+      detail::TiledMatmul m = gelu_product(grad_y, panels, pre.size(1), fc_bias, pre);
       m.grad_pre = grad_pre.data_ptr<float>();
       m.grad_bias_partial = bias_partial.data_ptr<float>();
       detail::for_each_row_chunk(m.rows, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {

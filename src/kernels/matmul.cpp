@@ -66,8 +66,16 @@ torch::Tensor packed_panels(const MatmulKernels& bodies, const torch::Tensor& b,
   return out;
 }
 
+TiledMatmul tiled_product(const torch::Tensor& a, const torch::Tensor& panels, int64_t width) {
+  TiledMatmul m;
+  m.rows = a.size(0), m.depth = a.size(1), m.width = width;
+  m.a = a.data_ptr<float>();
+  m.b_panels = panels.data_ptr<float>();
+  return m;
+}
+
 bool tiled_matmul_wins(int64_t depth, int64_t width) {
-  return depth <= 128 && width >= 32 && cpu_capability() != CpuCapability::scalar;
+  return depth <= 128 && width >= 32 && tiled_matmul_pays_here();
 }
 
 void tiled_matmul_into(const torch::Tensor& a, const torch::Tensor& b, bool transposed,
@@ -76,10 +84,7 @@ void tiled_matmul_into(const torch::Tensor& a, const torch::Tensor& b, bool tran
                         out.size(0) == a.size(0) && out.size(1) == b.size(transposed ? 0 : 1));
   const MatmulKernels bodies = matmul_bodies(capability);
   const torch::Tensor panels = packed_panels(bodies, b, transposed);
-  TiledMatmul m;
-  m.rows = a.size(0), m.depth = a.size(1), m.width = out.size(1);
-  m.a = a.data_ptr<float>();
-  m.b_panels = panels.data_ptr<float>();
+  TiledMatmul m = tiled_product(a, panels, out.size(1));
   m.out = out.data_ptr<float>();
   at::parallel_for(0, m.rows, rows_per_task(m.width),
                    [&](int64_t begin, int64_t end) { bodies.product(m, begin, end); });
@@ -88,6 +93,10 @@ void tiled_matmul_into(const torch::Tensor& a, const torch::Tensor& b, bool tran
 }  // namespace fasttrain::kernels::detail
 
 namespace fasttrain::kernels {
+
+bool tiled_matmul_pays_here() {
+  return cpu_capability() != CpuCapability::scalar;
+}
 
 torch::Tensor tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transposed,
                            CpuCapability capability) {

@@ -22,6 +22,10 @@ MatmulKernels matmul_bodies(CpuCapability capability);
 // b [depth, width], or with `transposed` a weight [width, depth] (b = weight^T), in the bodies' panels.
 torch::Tensor packed_panels(const MatmulKernels& bodies, const torch::Tensor& b, bool transposed);
 
+// The product a [rows, depth] (contiguous fp32) @ the packed b of `width` columns, its outputs and epilogue's
+// operands left for the caller to point at.
+TiledMatmul tiled_product(const torch::Tensor& a, const torch::Tensor& panels, int64_t width);
+
 // Whether a product of this depth and width runs as tiled_matmul_into rather than matmul_into: depths of at
 // most 128 on a CPU with AVX2 or AVX512 (x [4096, 128] @ w^T 8-28% faster than oneDNN's for w of 128-512 rows
 // on an AMX Xeon, packing w included; about even at depths of 256 and more), and at least half a panel of

@@ -131,7 +131,7 @@ class GptBlockImpl : public torch::nn::Module {
   // on a CPU with AVX2 or AVX512 (its matmul in scalar code would lose to BLAS), where dropout does nothing.
   bool fuses_mlp(const torch::Tensor& normed, const torch::Tensor& residual) const {
     return dropout_does_nothing() && own_kernels_.gelu_mlp && own_kernels_.bias_gelu && own_kernels_.linear &&
-           kernels::cpu_capability() != kernels::CpuCapability::scalar &&
+           kernels::tiled_matmul_pays_here() &&
            kernels::gelu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias,
                                    residual);
   }

@@ -117,6 +117,10 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& weight, const 
 torch::Tensor tiled_matmul(const torch::Tensor& a, const torch::Tensor& b, bool transposed,
                            CpuCapability capability = cpu_capability());
 
+// Whether fasttrain's own matmul (tiled_matmul, and gelu_mlp's) is worth running on this CPU: with AVX2 or
+// AVX512; in the scalar build it would lose to BLAS.
+bool tiled_matmul_pays_here();
+
 // Whether gelu_mlp takes these: x [..., C], fc_weight [H, C], fc_bias [H], proj_weight [C, H], proj_bias [C]
 // and residual of x's shape, all fp32 on the CPU with CPU autocast off.
 bool gelu_mlp_takes(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,

@@ -81,8 +81,8 @@ static_assert(sizeof(kTailTiles) / sizeof(kTailTiles[0]) == kTileRows,
               "a tail tile for every count of rows left");
 
 // epilogue(row, column, count, product) for each vector of a @ b over rows [begin, end): whole tiles, then
-// the rows left one at a time. The product reaches the epilogue through a tile in L1 (`c`), so the
-// accumulators' loop keeps all its registers.
+// the rows a block leaves over as one tile of that many. The product reaches the epilogue through a tile in
+// L1 (`c`), so the accumulators' loop keeps all its registers.
 template <typename Epilogue>
 void products(const detail::TiledMatmul& m, int64_t begin, int64_t end, const Epilogue& epilogue) {
   const int64_t panels = (m.width + kPanelWidth - 1) / kPanelWidth;
