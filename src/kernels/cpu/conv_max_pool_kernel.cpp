@@ -219,19 +219,16 @@ void load_padded_image(const detail::ConvMaxPoolImages& p, int64_t n, float* pad
     load_input_row(p, n, h, padded + (h + 1) * padded_row + p.in_channels);
 }
 
-// One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x and,
-// where kInputGradient, grad_x += g w[t] over the 3x3 neighbourhood of each window's winner (t = ky * 3 +
-// kx). Output channel outermost, so its nine weight vectors and nine sums stay in registers.
-template <bool kInputGradient>
-inline void winner_windows(const detail::ConvMaxPoolImages& p, const float* padded, float* grad_padded,
-                           const float* dy, const uint8_t* argmax, int64_t co, int64_t c, int64_t count,
-                           const float* weight_row, float* grad_row) {
+// One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x over the 3x3
+// neighbourhood of each window's winner (t = ky * 3 + kx). Output channel outermost, so its nine sums stay in
+// registers (kWhole: see load_lanes).
+template <bool kWhole>
+inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const float* padded, const float* dy,
+                                  const uint8_t* argmax, int64_t co, int64_t c, int64_t count,
+                                  float* grad_row) {
   const int64_t cin = p.in_channels, cout = p.out_channels, padded_width = p.width + 2;
-  Vec w[kTaps], grad_w[kTaps];
-  for (int t = 0; t < kTaps; ++t) {
-    w[t] = Vec::loadu(weight_row + t * cin + c, count);
-    grad_w[t] = Vec::loadu(grad_row + t * cin + c, count);
-  }
+  Vec grad_w[kTaps];
+  for (int t = 0; t < kTaps; ++t) grad_w[t] = Vec::loadu(grad_row + t * cin + c, count);
   for (int64_t oh = 0; oh < p.out_height; ++oh) {
     for (int64_t ow = 0; ow < p.out_width; ++ow) {
       const int64_t at = (oh * p.out_width + ow) * cout + co;
@@ -245,16 +242,58 @@ inline void winner_windows(const detail::ConvMaxPoolImages& p, const float* padd
         for (int kx = 0; kx < 3; ++kx) {
           const int t = ky * 3 + kx;
           const int64_t at_tap = winner + (ky * padded_width + kx) * cin;
-          grad_w[t] = at::vec::fmadd(grad, Vec::loadu(padded + at_tap, count), grad_w[t]);
-          if constexpr (kInputGradient) {
-            at::vec::fmadd(grad, w[t], Vec::loadu(grad_padded + at_tap, count))
-                .store(grad_padded + at_tap, count);
-          }
+          grad_w[t] = at::vec::fmadd(grad, load_lanes<kWhole>(padded + at_tap, count), grad_w[t]);
         }
       }
     }
   }
   for (int t = 0; t < kTaps; ++t) grad_w[t].store(grad_row + t * cin + c, count);
+}
+
+// One image's input gradient, window by window: grad_x[winner(co) + (ky - 1, kx - 1)] += g[co] w[co, ky, kx].
+// The window's output channels are bucketed by which of the four positions won; each bucket's sum over its
+// channels is kept in nine registers and added once into that position's 3x3 neighbourhood: 36 stores a
+// window, where a scatter per output channel stores 9 * Cout and each store waits on the one before it.
+void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, const uint8_t* argmax,
+                          float* grad_padded) {
+  const int64_t cin = p.in_channels, cout = p.out_channels, padded_width = p.width + 2;
+  std::vector<int32_t> bucketed(cout);
+  for (int64_t oh = 0; oh < p.out_height; ++oh) {
+    for (int64_t ow = 0; ow < p.out_width; ++ow) {
+      const int64_t at = (oh * p.out_width + ow) * cout;
+      int64_t starts[kWindow + 1] = {};
+      for (int64_t co = 0; co < cout; ++co) ++starts[argmax[at + co] + 1];
+      for (int k = 0; k < kWindow; ++k) starts[k + 1] += starts[k];
+      int64_t next[kWindow] = {starts[0], starts[1], starts[2], starts[3]};
+      for (int64_t co = 0; co < cout; ++co) bucketed[next[argmax[at + co]]++] = static_cast<int32_t>(co);
+      for (int k = 0; k < kWindow; ++k) {
+        if (starts[k] == starts[k + 1]) continue;
+        const int64_t winner = ((2 * oh + (k >> 1)) * padded_width + 2 * ow + (k & 1)) * cin;
+        by_vectors(cin, [&](int64_t c, int64_t count) {
+          whole_or_partial(count, [&](auto whole) {
+            Vec sums[kTaps];
+            for (Vec& sum : sums) sum = Vec(0.f);
+            for (int64_t i = starts[k]; i < starts[k + 1]; ++i) {
+              const int64_t co = bucketed[i];
+              const Vec grad(dy[at + co]);
+              const float* weight_row = p.weight_rows + co * kTaps * cin + c;
+#pragma GCC unroll 9
+              for (int t = 0; t < kTaps; ++t)
+                sums[t] = at::vec::fmadd(grad, load_lanes<whole>(weight_row + t * cin, count), sums[t]);
+            }
+#pragma GCC unroll 3
+            for (int ky = 0; ky < 3; ++ky) {
+#pragma GCC unroll 3
+              for (int kx = 0; kx < 3; ++kx) {
+                float* at_tap = grad_padded + winner + (ky * padded_width + kx) * cin + c;
+                (sums[ky * 3 + kx] + Vec::loadu(at_tap, count)).store(at_tap, count);
+              }
+            }
+          });
+        });
+      }
+    }
+  }
 }
 
 void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
@@ -269,21 +308,17 @@ void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t 
     std::fill(grad_padded.begin(), grad_padded.end(), 0.f);
     for (int64_t co = 0; co < cout; ++co) {
       float* grad_row = sums + co * row_width;
-      const float* weight_row = p.weight_rows + co * kTaps * cin;
       by_vectors(cin, [&](int64_t c, int64_t count) {
-        if (p.grad_input) {
-          winner_windows<true>(p, padded.data(), grad_padded.data(), dy.data(), argmax, co, c, count,
-                               weight_row, grad_row);
-        } else {
-          winner_windows<false>(p, padded.data(), nullptr, dy.data(), argmax, co, c, count, weight_row,
-                                grad_row);
-        }
+        whole_or_partial(count, [&](auto whole) {
+          winner_weight_windows<whole>(p, padded.data(), dy.data(), argmax, co, c, count, grad_row);
+        });
       });
       float grad_bias = 0.f;
       for (int64_t w = 0; w < windows; ++w) grad_bias += dy[w * cout + co];
       grad_row[kTaps * cin] += grad_bias;
     }
     if (!p.grad_input) continue;
+    winner_input_windows(p, dy.data(), argmax, grad_padded.data());
     // The interior in input's dtype, rounded to bf16 where either the conv or the input is (a bf16 conv's
     // input gradient is bf16).
     const int64_t row = p.width * cin, padded_row = (p.width + 2) * cin;

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace fasttrain::kernels::CPU_CAPABILITY {
@@ -100,6 +101,29 @@ inline Vec exp_inline(const Vec& x) {
 template <typename Op>
 void by_vectors(int64_t width, const Op& op) {
   for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
+}
+
+// x[0, count) where !kWhole, else a whole vector (count == kLanes known when compiled). A loop that keeps
+// an array of sums in registers needs its loads whole: where a partial load's path is compiled into the
+// loop, GCC keeps the array on the stack, a store and a reload per multiply-add.
+template <bool kWhole>
+inline Vec load_lanes(const float* x, int64_t count) {
+  if constexpr (kWhole) {
+    return Vec::loadu(x);
+  } else {
+    return Vec::loadu(x, count);
+  }
+}
+
+// op(std::true_type{}) where count == kLanes, else op(std::false_type{}): a loop body compiled for whole
+// vectors (load_lanes) and once more for the last, partial one.
+template <typename Op>
+inline void whole_or_partial(int64_t count, const Op& op) {
+  if (count == kLanes) {
+    op(std::true_type{});
+  } else {
+    op(std::false_type{});
+  }
 }
 
 // A row of partial sums += v over its lanes [i, i + count) (a kernel's per-chunk parameter gradients).
