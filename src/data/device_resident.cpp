@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "fasttrain/memory/stats.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
 
@@ -28,12 +29,16 @@ ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const Tr
   if (tables > 1) channel_offset_ = (torch::arange(tables, torch::kLong) * 256).reshape({1, tables, 1});
   if (augmented_) {
     // Augmented batches gather pixels by index; index H * W is a zero pixel (crop padding).
-    images_ = torch::cat({images, torch::zeros({n, shape_.channels, 1}, images.options())}, 2).to(device_);
+    images_ = device_.is_cpu()
+                  ? empty_long_lived_cpu({n, shape_.channels, plane + 1}, torch::kUInt8)
+                  : torch::empty({n, shape_.channels, plane + 1}, images.options().device(device_));
+    images_.narrow(2, 0, plane).copy_(images);
+    images_.narrow(2, plane, 1).zero_();
     table_ = table_.to(device_);
     if (channel_offset_.defined()) channel_offset_ = channel_offset_.to(device_);
   } else {
     // Normalised here once, a slice at a time (the lookup's int64 indices are 8 bytes a pixel).
-    torch::Tensor normalised = torch::empty({n, shape_.channels, plane}, torch::kFloat);
+    torch::Tensor normalised = empty_long_lived_cpu({n, shape_.channels, plane}, torch::kFloat);
     constexpr int64_t kSlice = 4096;
     for (int64_t start = 0; start < n; start += kSlice) {
       const int64_t length = std::min(kSlice, n - start);
@@ -41,7 +46,6 @@ ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const Tr
     }
     images_ = normalised.view({n, shape_.channels, shape_.height, shape_.width}).to(device_);
   }
-  images_ = images_.contiguous();
   labels_ = dataset.labels.to(device_, torch::kLong).contiguous();
   bytes_ = images_.numel() * static_cast<int64_t>(images_.element_size()) + labels_.numel() * 8 +
            table_.numel() * 4;

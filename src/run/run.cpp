@@ -274,6 +274,7 @@ Run build_run(RunBuilder& builder, const Config& requested, Reporter* reporter_i
   if (run.device.is_cpu()) {
     track_cpu_allocations();  // from the start: peak_memory_bytes counts the dataset and the model too
     if (requested.memory.cpu_heap() == "retain") retain_cpu_heap();
+    set_cpu_huge_pages(requested.memory.cpu_huge_pages());
   }
   // The cores (this rank's share) until the model says whether its bulk runs in OpenBLAS's own pool.
   set_intra_op_threads(requested.train.threads(), local_ranks);

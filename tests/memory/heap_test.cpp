@@ -6,6 +6,8 @@
 #include <malloc.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include "fasttrain/memory/stats.h"
 
 namespace fasttrain {
@@ -28,6 +30,23 @@ TEST(CpuHeap, RetainKeepsFreedTensorMemoryInTheHeap) {
 }
 
 #endif
+
+// memory.cpu_huge_pages: a long-lived block is advised as huge pages only where the switch is on, and holds
+// what is written to it either way.
+TEST(CpuHugePages, LongLivedBlocksAreAdvisedOnlyWhereSet) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  for (const bool enabled : {false, true}) {
+    set_cpu_huge_pages(enabled);
+    torch::Tensor block = empty_long_lived_cpu({16 << 20}, torch::kFloat);  // 64 MiB
+    const float* middle = block.data_ptr<float>() + (8 << 20);
+    EXPECT_EQ(advised_huge_pages(middle), enabled) << "huge pages " << enabled;
+    block.copy_(torch::arange(16 << 20, torch::kFloat));
+    EXPECT_EQ(*middle, static_cast<float>(8 << 20));
+  }
+  set_cpu_huge_pages(false);
+  EXPECT_FALSE(advised_huge_pages(torch::ones({16}).data_ptr())) << "a small tensor";
+}
 
 }  // namespace
 }  // namespace fasttrain

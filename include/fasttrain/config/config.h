@@ -205,6 +205,11 @@ struct MemoryConfig {
          "mapping it afresh and holds more resident memory; system: glibc's adaptive thresholds as they "
          "are, which hand large blocks back to the kernel. Process-wide, set once",
          KeyRule<std::string>(one_of({"retain", "system"}), KeyTrait::kNeutral)) = "retain";
+  FT_KEY(bool, cpu_huge_pages,
+         "CPU runs: the device-resident data set in 2 MiB transparent huge pages (madvise; Linux with THP "
+         "in madvise or always mode): a batch gathers rows from all over it, and with 4 KiB pages nearly "
+         "each row is a TLB miss. Process-wide, set once",
+         KeyTrait::kNeutral) = true;
 
  public:
   CheckpointPolicy checkpoint_policy() const {
