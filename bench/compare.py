@@ -58,7 +58,8 @@ def machine():
     shown = " ".join(f for f in CPU_FLAGS if f in flags) or "no AVX2"
     # The variables that make this CPU run as a narrower one (an AVX2-only CPU's kernels, no native bf16).
     note = "".join(f", {name}={os.environ[name]}" for name in
-                   ("FASTTRAIN_NATIVE_BF16", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA") if os.environ.get(name))
+                   ("FASTTRAIN_NATIVE_BF16", "ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                    "MKL_ENABLE_INSTRUCTIONS") if os.environ.get(name))
     return (f"{model} [{shown}]{note}, {os.cpu_count()} logical CPUs, {platform.system()} {platform.release()}, "
             f"peer torch {torch_version()}")
 
