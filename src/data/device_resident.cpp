@@ -29,11 +29,13 @@ ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const Tr
   if (tables > 1) channel_offset_ = (torch::arange(tables, torch::kLong) * 256).reshape({1, tables, 1});
   if (augmented_) {
     // Augmented batches gather pixels by index; index H * W is a zero pixel (crop padding).
-    images_ = device_.is_cpu()
-                  ? empty_long_lived_cpu({n, shape_.channels, plane + 1}, torch::kUInt8)
-                  : torch::empty({n, shape_.channels, plane + 1}, images.options().device(device_));
-    images_.narrow(2, 0, plane).copy_(images);
-    images_.narrow(2, plane, 1).zero_();
+    const torch::Tensor zero_pixel = torch::zeros({n, shape_.channels, 1}, images.options());
+    if (device_.is_cpu()) {
+      images_ = empty_long_lived_cpu({n, shape_.channels, plane + 1}, torch::kUInt8);
+      torch::cat_out(images_, {images, zero_pixel}, 2);
+    } else {
+      images_ = torch::cat({images, zero_pixel}, 2).to(device_);
+    }
     table_ = table_.to(device_);
     if (channel_offset_.defined()) channel_offset_ = channel_offset_.to(device_);
   } else {
