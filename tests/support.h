@@ -1,6 +1,7 @@
 #pragma once
 // Shared test fixtures: temporary directories, the real dataset's location, synthetic datasets.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <torch/torch.h>
 #include <unistd.h>
@@ -24,10 +25,25 @@
 #include "fasttrain/data/dataset.h"
 #include "fasttrain/data/loader.h"
 #include "fasttrain/detail/file_io.h"
+#include "fasttrain/memory/stats.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/util/check.h"
 
 namespace fasttrain::testing {
+
+// Whether this kernel records huge-page advice where fasttrain reads it: a mapping advised directly.
+inline bool kernel_records_huge_page_advice() {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr size_t kBytes = 4 << 20;
+  void* mapping = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mapping == MAP_FAILED) return false;
+  const bool recorded = madvise(mapping, kBytes, MADV_HUGEPAGE) == 0 && advised_huge_pages(mapping);
+  munmap(mapping, kBytes);
+  return recorded;
+#else
+  return false;
+#endif
+}
 
 // A fresh directory under the system temp dir, removed with everything in it at scope exit.
 class TempDir {

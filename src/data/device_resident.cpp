@@ -40,7 +40,9 @@ ResidentImageBatches::ResidentImageBatches(const ImageDataset& dataset, const Tr
     if (channel_offset_.defined()) channel_offset_ = channel_offset_.to(device_);
   } else {
     // Normalised here once, a slice at a time (the lookup's int64 indices are 8 bytes a pixel).
-    torch::Tensor normalised = empty_long_lived_cpu({n, shape_.channels, plane}, torch::kFloat);
+    torch::Tensor normalised = device_.is_cpu()
+                                   ? empty_long_lived_cpu({n, shape_.channels, plane}, torch::kFloat)
+                                   : torch::empty({n, shape_.channels, plane}, torch::kFloat);
     constexpr int64_t kSlice = 4096;
     for (int64_t start = 0; start < n; start += kSlice) {
       const int64_t length = std::min(kSlice, n - start);

@@ -6,6 +6,9 @@
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#define FASTTRAIN_HUGE_PAGE_ADVICE 1
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -149,7 +152,7 @@ void set_cpu_huge_pages(bool enabled) {
 
 torch::Tensor empty_long_lived_cpu(at::IntArrayRef sizes, torch::ScalarType dtype) {
   torch::Tensor block = torch::empty(sizes, torch::TensorOptions().dtype(dtype));
-#ifdef __linux__
+#ifdef FASTTRAIN_HUGE_PAGE_ADVICE
   const auto begin = reinterpret_cast<uintptr_t>(block.data_ptr());
   const uintptr_t first = (begin + kHugePage - 1) & ~(kHugePage - 1);
   const uintptr_t last = (begin + block.nbytes()) & ~(kHugePage - 1);
@@ -168,8 +171,9 @@ bool advised_huge_pages(const void* data) {
     uintptr_t start = 0, end = 0;
     char dash = 0;
     std::istringstream range(line);
-    // A mapping's first line: "start-end perms ..." in hex; its fields follow, VmFlags last.
-    if (range >> std::hex >> start >> dash >> end && dash == '-') {
+    // A mapping's first line: "start-end perms ..." in hex; its fields ("Name:   value") follow, VmFlags
+    // last. A field whose name starts with hex digits stops at a letter, not at "-" and then a space.
+    if (range >> std::hex >> start >> dash >> end && dash == '-' && range.peek() == ' ') {
       inside = start <= address && address < end;
     } else if (inside && line.rfind("VmFlags:", 0) == 0) {
       return (line + " ").find(" hg ") != std::string::npos;

@@ -84,6 +84,12 @@ TEST(DeviceResident, HugePagesGiveTheSameBatches) {
     for (const bool huge_pages : {true, false}) {
       set_cpu_huge_pages(huge_pages);
       DataLoader resident(data, c.pipeline, LoaderOptions(options).device_resident(true));
+      const auto* images = dynamic_cast<const ResidentImageBatches*>(resident.resident());
+      ASSERT_NE(images, nullptr);
+      const torch::Tensor& block = images->images();
+      const auto* middle = static_cast<const uint8_t*>(block.data_ptr()) + block.nbytes() / 2;
+      if (testing::kernel_records_huge_page_advice())
+        EXPECT_EQ(advised_huge_pages(middle), huge_pages) << c.name;
       expect_same_batches(built, resident, 0, c.name + (huge_pages ? ", huge pages" : ", small pages"));
     }
   }

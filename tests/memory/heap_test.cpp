@@ -6,9 +6,8 @@
 #include <malloc.h>
 #include <torch/torch.h>
 
-#include <filesystem>
-
 #include "fasttrain/memory/stats.h"
+#include "support.h"
 
 namespace fasttrain {
 namespace {
@@ -34,8 +33,8 @@ TEST(CpuHeap, RetainKeepsFreedTensorMemoryInTheHeap) {
 // memory.cpu_huge_pages: a long-lived block is advised as huge pages only where the switch is on, and holds
 // what is written to it either way.
 TEST(CpuHugePages, LongLivedBlocksAreAdvisedOnlyWhereSet) {
-  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
-    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  if (!testing::kernel_records_huge_page_advice())
+    GTEST_SKIP() << "this kernel keeps no huge-page advice in smaps";
   for (const bool enabled : {false, true}) {
     set_cpu_huge_pages(enabled);
     torch::Tensor block = empty_long_lived_cpu({16 << 20}, torch::kFloat);  // 64 MiB
@@ -47,6 +46,20 @@ TEST(CpuHugePages, LongLivedBlocksAreAdvisedOnlyWhereSet) {
   set_cpu_huge_pages(false);
   EXPECT_FALSE(advised_huge_pages(torch::ones({16}).data_ptr())) << "a small tensor";
 }
+
+#ifdef __GLIBC__
+// Under memory.cpu_heap = "retain" a 16 MiB block comes from the heap, not a mapping of its own: advised all
+// the same.
+TEST(CpuHugePages, BlocksFromTheRetainedHeapAreAdvisedToo) {
+  if (!testing::kernel_records_huge_page_advice())
+    GTEST_SKIP() << "this kernel keeps no huge-page advice in smaps";
+  ASSERT_TRUE(retain_cpu_heap());
+  set_cpu_huge_pages(true);
+  torch::Tensor block = empty_long_lived_cpu({4 << 20}, torch::kFloat);
+  EXPECT_TRUE(advised_huge_pages(block.data_ptr<float>() + (2 << 20)));
+  set_cpu_huge_pages(false);
+}
+#endif
 
 }  // namespace
 }  // namespace fasttrain

@@ -63,6 +63,9 @@ class ResidentImageBatches : public ResidentSamples {
   // form (an Error names the one that has not).
   ResidentImageBatches(const ImageDataset& dataset, const TransformPipeline& pipeline, torch::Device device);
   Batch build(const BatchRequest& request) const override;
+  // What each batch gathers from: the normalised images [N, C, H, W], or where augmented the pixels
+  // [N, C, H * W + 1] (uint8, a zero pixel last).
+  const torch::Tensor& images() const { return images_; }
   int64_t bytes() const override { return bytes_; }
 
  private:

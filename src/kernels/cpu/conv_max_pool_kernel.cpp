@@ -264,7 +264,8 @@ void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, c
       int64_t starts[kWindow + 1] = {};
       for (int64_t co = 0; co < cout; ++co) ++starts[argmax[at + co] + 1];
       for (int k = 0; k < kWindow; ++k) starts[k + 1] += starts[k];
-      int64_t next[kWindow] = {starts[0], starts[1], starts[2], starts[3]};
+      int64_t next[kWindow];
+      std::copy(starts, starts + kWindow, next);
       for (int64_t co = 0; co < cout; ++co) bucketed[next[argmax[at + co]]++] = static_cast<int32_t>(co);
       for (int k = 0; k < kWindow; ++k) {
         if (starts[k] == starts[k + 1]) continue;

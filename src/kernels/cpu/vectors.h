@@ -103,9 +103,9 @@ void by_vectors(int64_t width, const Op& op) {
   for (int64_t i = 0; i < width; i += kLanes) op(i, std::min(kLanes, width - i));
 }
 
-// x[0, count) where !kWhole, else a whole vector (count == kLanes known when compiled). A loop that keeps
-// an array of sums in registers needs its loads whole: where a partial load's path is compiled into the
-// loop, GCC keeps the array on the stack, a store and a reload per multiply-add.
+// x[0, count) where !kWhole; where kWhole a whole vector, count then being kLanes (whole_or_partial picks
+// kWhole so). A loop that keeps an array of sums in registers needs its loads whole: where a partial load's
+// path is compiled into the loop, GCC keeps the array on the stack, a store and a reload per multiply-add.
 template <bool kWhole>
 inline Vec load_lanes(const float* x, int64_t count) {
   if constexpr (kWhole) {
