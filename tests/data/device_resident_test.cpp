@@ -88,8 +88,9 @@ TEST(DeviceResident, HugePagesGiveTheSameBatches) {
       ASSERT_NE(images, nullptr);
       const torch::Tensor& block = images->images();
       const auto* middle = static_cast<const uint8_t*>(block.data_ptr()) + block.nbytes() / 2;
-      if (testing::kernel_records_huge_page_advice())
-        EXPECT_EQ(advised_huge_pages(middle), huge_pages) << c.name;
+      // Only "on" is checked: a block without advice may reuse heap pages an earlier block advised.
+      if (huge_pages && testing::kernel_records_huge_page_advice())
+        EXPECT_TRUE(advised_huge_pages(middle)) << c.name;
       expect_same_batches(built, resident, 0, c.name + (huge_pages ? ", huge pages" : ", small pages"));
     }
   }

@@ -48,7 +48,8 @@ void set_cpu_huge_pages(bool enabled);
 // kernel follows the advice where its transparent huge pages are in "madvise" or "always" mode (Linux). A
 // block that gets a mapping of its own (glibc: above the mmap threshold, 32 MiB under memory.cpu_heap =
 // "retain") is untouched then, so its pages are faulted in huge; a smaller one from the heap may hold pages
-// faulted in before, which stay small until the kernel collapses them. Otherwise it is torch::empty's.
+// faulted in before, which stay small until the kernel collapses them, and the advice stays on those heap
+// pages after the block is freed. Otherwise it is torch::empty's.
 torch::Tensor empty_long_lived_cpu(at::IntArrayRef sizes, torch::ScalarType dtype);
 
 // Whether the memory at `data` is advised as huge pages (Linux: its mapping's VmFlags in /proc/self/smaps
