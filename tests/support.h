@@ -25,9 +25,9 @@
 #include "fasttrain/data/dataset.h"
 #include "fasttrain/data/loader.h"
 #include "fasttrain/detail/file_io.h"
-#include "fasttrain/memory/stats.h"
 #include "fasttrain/state/safetensors.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/huge_pages.h"
 
 namespace fasttrain::testing {
 

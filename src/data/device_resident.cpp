@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
-#include "fasttrain/memory/stats.h"
 #include "fasttrain/util/bytes.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/huge_pages.h"
 
 namespace fasttrain {
 

@@ -17,6 +17,7 @@
 #include "fasttrain/train/trainer.h"
 #include "fasttrain/util/check.h"
 #include "fasttrain/util/device.h"
+#include "fasttrain/util/huge_pages.h"
 
 namespace fasttrain {
 

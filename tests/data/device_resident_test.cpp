@@ -8,8 +8,8 @@
 
 #include "fasttrain/data/loader.h"
 #include "fasttrain/data/tensor_source.h"
-#include "fasttrain/memory/stats.h"
 #include "fasttrain/util/check.h"
+#include "fasttrain/util/huge_pages.h"
 #include "support.h"
 
 namespace fasttrain {
@@ -89,8 +89,9 @@ TEST(DeviceResident, HugePagesGiveTheSameBatches) {
       const torch::Tensor& block = images->images();
       const auto* middle = static_cast<const uint8_t*>(block.data_ptr()) + block.nbytes() / 2;
       // Only "on" is checked: a block without advice may reuse heap pages an earlier block advised.
-      if (huge_pages && testing::kernel_records_huge_page_advice())
+      if (huge_pages && testing::kernel_records_huge_page_advice()) {
         EXPECT_TRUE(advised_huge_pages(middle)) << c.name;
+      }
       expect_same_batches(built, resident, 0, c.name + (huge_pages ? ", huge pages" : ", small pages"));
     }
   }
