@@ -219,6 +219,13 @@ void load_padded_image(const detail::ConvMaxPoolImages& p, int64_t n, float* pad
     load_input_row(p, n, h, padded + (h + 1) * padded_row + p.in_channels);
 }
 
+// The index in an image padded by load_padded_image of the top left of the 3x3 neighbourhood of window (oh,
+// ow)'s position k (0 top left, 1 top right, 2 bottom left, 3 bottom right): its tap (ky, kx) is row ky,
+// column kx from there.
+inline int64_t winner_neighbourhood(const detail::ConvMaxPoolImages& p, int64_t oh, int64_t ow, int k) {
+  return ((2 * oh + (k >> 1)) * (p.width + 2) + 2 * ow + (k & 1)) * p.in_channels;
+}
+
 // One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x over the 3x3
 // neighbourhood of each window's winner (t = ky * 3 + kx). Output channel outermost, so its nine sums stay in
 // registers (kWhole: see load_lanes).
@@ -234,8 +241,7 @@ inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const floa
       const int64_t at = (oh * p.out_width + ow) * cout + co;
       const Vec grad(dy[at]);
       const int k = argmax[at];
-      // the winner at (2 oh + k / 2, 2 ow + k % 2); its tap (ky, kx) reads padded row + ky, column + kx
-      const int64_t winner = ((2 * oh + (k >> 1)) * padded_width + 2 * ow + (k & 1)) * cin + c;
+      const int64_t winner = winner_neighbourhood(p, oh, ow, k) + c;
 #pragma GCC unroll 3
       for (int ky = 0; ky < 3; ++ky) {
 #pragma GCC unroll 3
@@ -269,7 +275,7 @@ void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, c
       for (int64_t co = 0; co < cout; ++co) bucketed[next[argmax[at + co]]++] = static_cast<int32_t>(co);
       for (int k = 0; k < kWindow; ++k) {
         if (starts[k] == starts[k + 1]) continue;
-        const int64_t winner = ((2 * oh + (k >> 1)) * padded_width + 2 * ow + (k & 1)) * cin;
+        const int64_t winner = winner_neighbourhood(p, oh, ow, k);
         by_vectors(cin, [&](int64_t c, int64_t count) {
           whole_or_partial(count, [&](auto whole) {
             Vec sums[kTaps];
