@@ -373,12 +373,9 @@ class Ema:
     an update after every step, fasttrain's copies of them equal them at every evaluation). On the host
     (eager, compile) decay_t is a Python float and each average one lerp, as fasttrain does on the CPU; in
     graph mode the count is a device tensor and the update is captured with the step, as fasttrain does on
-    a GPU."""
+    a GPU, where the updates up to after_step run with decay_t = 0 (the averages stay the weights)."""
 
     def __init__(self, model, decay, warmup, on_device, after_step=0):
-        if on_device and after_step > 0:
-            sys.exit("ema.after_step > 0 updates the EMA on some steps only, which graph mode cannot capture "
-                     "(fasttrain refuses the captured step for it too)")
         self.parameters = list(model.parameters())
         self.averages = [p.detach().clone() for p in self.parameters]
         self.decay, self.warmup, self.on_device, self.after_step = decay, warmup, on_device, after_step
@@ -386,7 +383,7 @@ class Ema:
         self.device_updates = torch.zeros((), dtype=torch.float64, device=self.averages[0].device)
 
     def averaging(self):
-        # In graph mode (after_step 0) the count lives on the device; the averages start equal to the weights.
+        # In graph mode the count lives on the device; until after_step the averages equal the weights.
         return self.on_device or self.updates > self.after_step
 
     @torch.no_grad()
@@ -395,6 +392,8 @@ class Ema:
             decay = torch.full((), self.decay, dtype=torch.float64, device=self.device_updates.device)
             if self.warmup:
                 decay = torch.minimum(decay, (1 + self.device_updates) / (10 + self.device_updates))
+            if self.after_step > 0:  # up to the first update after it, decay_t = 0: the averages are the weights
+                decay = torch.where(self.device_updates <= self.after_step, torch.zeros_like(decay), decay)
             torch._foreach_mul_(self.averages, decay.float())
             torch._foreach_add_(self.averages, torch._foreach_mul(self.parameters, (1 - decay).float()))
             self.device_updates.add_(1)

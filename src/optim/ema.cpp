@@ -10,7 +10,7 @@
 
 namespace fasttrain {
 
-Ema::Ema(torch::nn::Module& model, EmaOptions options) : options_(std::move(options)) {
+Ema::Ema(torch::nn::Module& model, EmaOptions options, Count count) : options_(std::move(options)) {
   check_keys(options_, "ema");
   torch::NoGradGuard no_grad;
   for (const auto& p : model.parameters()) live_.push_back(p);
@@ -20,12 +20,15 @@ Ema::Ema(torch::nn::Module& model, EmaOptions options) : options_(std::move(opti
   for (const auto& t : live_) shadow_.push_back(t.detach().clone());
   const torch::Device device = live_.empty() ? torch::Device(torch::kCPU) : live_.front().device();
   device_updates_ = torch::zeros({}, torch::TensorOptions().device(device).dtype(torch::kDouble));
-  on_cpu_ =
+  count_on_host_ =
+      count == Count::kByDevice &&
       std::all_of(live_.begin(), live_.end(), [](const torch::Tensor& t) { return t.device().is_cpu(); });
 }
 
 void Ema::update() {
-  if (record_update()) apply_update();
+  if (!record_update()) return;
+  if (count_on_host_ && !averaging()) return;  // the device count runs these updates with decay_t = 0
+  apply_update();
 }
 
 bool Ema::record_update() {
@@ -33,7 +36,7 @@ bool Ema::record_update() {
   ++steps_;
   if (steps_ % options_.every() != 0) return false;
   ++updates_;  // counted through ema.after_step too: decay_t's t runs from the first step
-  return averaging();
+  return true;
 }
 
 void Ema::apply_update() {
@@ -46,12 +49,12 @@ void Ema::apply_update() {
              live_[i].device().str(), c10::toString(live_[i].scalar_type()), live_[i].sizes());
   }
   torch::NoGradGuard no_grad;
-  if (options_.after_step() > 0 && updates_ == options_.after_step() / options_.every() + 1) {
-    // The first update after ema.after_step: the average starts at the weights, t at the updates skipped.
-    for (size_t i = 0; i < parameter_count_; ++i) shadow_[i].copy_(live_[i]);
-    device_updates_.fill_(static_cast<double>(updates_ - 1));
-  }
-  if (on_cpu_) {
+  if (count_on_host_) {
+    if (options_.after_step() > 0 && updates_ == options_.after_step() / options_.every() + 1) {
+      // The first update after ema.after_step: the average starts at the weights, t at the updates skipped.
+      for (size_t i = 0; i < parameter_count_; ++i) shadow_[i].copy_(live_[i]);
+      device_updates_.fill_(static_cast<double>(updates_ - 1));
+    }
     average_on_host();
   } else {
     average_on_device();
@@ -64,11 +67,17 @@ void Ema::apply_update() {
 }
 
 // average = decay_t average + (1 - decay_t) parameter, decay_t in double on the device, as the host would
-// compute it, then in the weights' dtype: nothing read on the host, so a CUDA graph can capture it.
+// compute it, then in the weights' dtype: nothing read on the host, so a CUDA graph can capture it. Up to
+// and including the first update after ema.after_step, decay_t = 0: the average is the weights, where the
+// host's count starts it.
 void Ema::average_on_device() {
   if (parameter_count_ == 0) return;
   torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
   if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
+  if (options_.after_step() > 0) {
+    const double first_averaged = static_cast<double>(options_.after_step() / options_.every());
+    decay = torch::where(device_updates_ <= first_averaged, torch::zeros_like(decay), decay);
+  }
   decay = decay.pow(static_cast<double>(options_.every()));
   const auto parameters = torch::TensorList(live_).slice(0, parameter_count_);
   const auto averages = torch::TensorList(shadow_).slice(0, parameter_count_);

@@ -38,7 +38,7 @@ std::optional<std::string> capture_blocker(const CaptureFacts& facts) {
     return "the schedule cycles momentum, which the fused optimizer takes from the host";
   if (!facts.fused_optimizer)
     return "the optimizer runs the foreach kernels (optim.kernel), not the fused ones";
-  if (!facts.ema_every_step) return "ema.every > 1 or ema.after_step > 0 updates the EMA on some steps only";
+  if (!facts.ema_every_step) return "ema.every > 1 updates the EMA on some steps only";
   if (facts.detect_anomaly) return "train.detect_anomaly checks every backward op on the host";
   return std::nullopt;
 }
@@ -56,7 +56,7 @@ CaptureFacts capture_facts(const torch::Device& device, bool distributed, const 
   facts.whole_windows = train.batches_per_epoch() % accumulation == 0;
   facts.momentum_cycles = schedule && schedule->momentum(0).has_value();
   facts.fused_optimizer = optimizer.fused();
-  facts.ema_every_step = !ema || (ema->every() == 1 && ema->after_step() == 0);
+  facts.ema_every_step = !ema || ema->every() == 1;  // ema.after_step: decay_t = 0 on the device until then
   facts.detect_anomaly = detect_anomaly;
   return facts;
 }

@@ -126,6 +126,25 @@ TEST(Ema, AfterStepStartsTheAverageAtTheWeightsAndLeavesEvaluationsToThemUntilTh
   EXPECT_EQ(weight.max().item<double>(), 10.0);
 }
 
+// With every = 2 and after_step = 4, call 5 is past after_step but not an update step: the average has not
+// started, so an evaluation there sees the weights, not the averages' initial values.
+TEST(Ema, TheAverageStartsAtTheFirstUpdateAfterAfterStep) {
+  Net model;
+  set_parameters(model, 1.0);
+  Ema ema(model, EmaOptions(0.5).warmup(false).every(2).after_step(4));
+  for (int call = 1; call <= 5; ++call) {
+    set_parameters(model, 10.0 * call);
+    ema.update();
+    EXPECT_FALSE(ema.averaging()) << "call " << call;
+    Ema::SwapGuard guard(ema);
+    EXPECT_EQ(model.linear->weight.max().item<double>(), 10.0 * call) << "call " << call;
+  }
+  set_parameters(model, 60.0);
+  ema.update();  // call 6: the first update after after_step, at the weights
+  EXPECT_TRUE(ema.averaging());
+  EXPECT_DOUBLE_EQ(ema.shadow()[0].max().item<double>(), 60.0);
+}
+
 TEST(Ema, AfterStepKeepsTheWarmUpsCountOfEveryStep) {
   // With the warm-up, the first update after 100 skipped steps already uses decay_t of t = 101: the
   // average a run evaluating late sees, less the updates whose weight had decayed away.
@@ -224,6 +243,37 @@ TEST(Ema, TheDeviceCountAveragesAsTheHostCount_CUDA) {
   }
   for (size_t i = 0; i < host.shadow().size(); ++i)
     EXPECT_TRUE(torch::allclose(host.shadow()[i], device.shadow()[i].cpu(), 1e-14, 1e-14)) << i;
+}
+
+// What a CUDA graph replays, on the CPU: the device count runs the updates before ema.after_step with
+// decay_t = 0 where the host's count skips them, and gives the same averages and the same evaluations,
+// with and without the warm-up, every = 2 and lookahead. Values differ at every call, so an average that
+// started a call early or late, or kept an old weight, differs.
+TEST(Ema, TheDeviceCountGivesTheHostCountsAveragesAfterStep) {
+  const std::vector<EmaOptions> cases = {
+      EmaOptions(0.7).after_step(4),
+      EmaOptions(0.7).warmup(false).after_step(3),
+      EmaOptions(0.6).every(2).after_step(3),
+      EmaOptions(0.6).warmup(false).every(2).after_step(4).lookahead(true),
+      EmaOptions(0.7),  // after_step 0: no update is zeroed
+  };
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Net on_host, on_device;
+    set_parameters(on_host, 0.25), set_parameters(on_device, 0.25);
+    Ema host(on_host, cases[c]), device(on_device, cases[c], Ema::Count::kDevice);
+    for (int call = 1; call <= 9; ++call) {
+      set_parameters(on_host, 0.5 * call * call), set_parameters(on_device, 0.5 * call * call);
+      host.update(), device.update();
+      ASSERT_EQ(host.averaging(), device.averaging()) << "case " << c << " call " << call;
+      for (size_t i = 0; host.averaging() && i < host.shadow().size(); ++i) {
+        EXPECT_TRUE(torch::allclose(host.shadow()[i], device.shadow()[i], 1e-14, 1e-14))
+            << "case " << c << " call " << call << " tensor " << i;
+      }
+      Ema::SwapGuard host_weights(host), device_weights(device);
+      EXPECT_TRUE(torch::allclose(on_host.linear->weight, on_device.linear->weight, 1e-14, 1e-14))
+          << "case " << c << " call " << call;
+    }
+  }
 }
 
 // A restored count sets decay_t's warm-up where it left off.

@@ -4,7 +4,9 @@
 // t = the EMA updates made before this one (0 for the first). With every = N the update runs on
 // every Nth call of update() and uses decay_t^N, so the averaging horizon in optimizer steps does
 // not depend on N. With after_step = S the first S calls average nothing (t still counts them) and the
-// average starts at the weights of the first update after them. Buffers (BatchNorm running stats) are copied,
+// average starts at the weights of the first update after them: the CPU skips those updates; the device
+// count (below) runs them with decay_t = 0, which leaves the average at the weights, so a captured step
+// needs no host decision and gives the same averages. Buffers (BatchNorm running stats) are copied,
 // not averaged. With lookahead, each update also copies the averaged weights back into the model (Zhang et
 // al.'s Lookahead with an EMA as the slow weights, as airbench trains). Create the Ema after moving the model
 // to its device and dtype: the averages live next to the weights. On a GPU the update reads nothing from the
@@ -39,7 +41,8 @@ struct EmaOptions {
          "Start averaging after this many optimizer steps, at the weights of the next, with the decay the "
          "average would have had by then (the warm-up counts every step); until then evaluations use the "
          "weights themselves. A run that evaluates late skips the updates whose weight in its average has "
-         "decayed to nothing (decay^(steps between))",
+         "decayed to nothing (decay^(steps between)); on a GPU those updates run with decay 0 (the same "
+         "averages; the captured step replays every update)",
          at_least(0)) = 0;
   FT_KEY(bool, lookahead,
          "After each update, the model's weights become the average and training continues from there "
@@ -48,9 +51,14 @@ struct EmaOptions {
 
 class Ema {
  public:
+  // Where decay_t's count of updates lives: on the device unless every tensor is on the CPU (kByDevice),
+  // or on the device wherever the model is (kDevice: what a CUDA graph replays, which tests check on the
+  // CPU).
+  enum class Count { kByDevice, kDevice };
   // Invalid options (decay outside [0, 1], every < 1) throw ConfigError naming ema.<key>.
-  Ema(torch::nn::Module& model, EmaOptions options);
-  // Call once after each optimizer step: record_update(), and apply_update() when it is an update step.
+  Ema(torch::nn::Module& model, EmaOptions options, Count count = Count::kByDevice);
+  // Call once after each optimizer step: record_update(), and apply_update() when it is an update step
+  // (with the host's count, one after ema.after_step).
   void update();
   // The two halves, for a CUDA graph that captures apply_update() once and replays it every step
   // (every = 1 only): the host's counters of one call, and the averaging itself on the device.
@@ -58,8 +66,9 @@ class Ema {
   void apply_update();
   const EmaOptions& options() const { return options_; }
   int64_t updates() const { return updates_; }
-  // Whether the average has started (ema.after_step calls made); before, SwapGuard leaves the weights.
-  bool averaging() const { return steps_ > options_.after_step(); }
+  // Whether the average has started (its first update after ema.after_step calls made); before, SwapGuard
+  // leaves the weights.
+  bool averaging() const { return updates_ > options_.after_step() / options_.every(); }
   // update() calls so far (with every = N, updates() = calls() / N).
   int64_t calls() const { return steps_; }
   // The averages, in the order of the model's parameters() then buffers().
@@ -99,7 +108,8 @@ class Ema {
   int64_t updates_ = 0;
   torch::Tensor device_updates_;  // updates_ on the averages' device (fp64 0-dim): decay_t's t
   bool swapped_ = false;
-  bool on_cpu_ = false;  // every tensor on the CPU: decay_t from the host, one lerp per average
+  bool count_on_host_ = false;  // every tensor on the CPU (and Count::kByDevice): decay_t from the host, one
+                                // lerp per average, no update before after_step
 };
 
 }  // namespace fasttrain

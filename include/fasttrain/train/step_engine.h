@@ -83,7 +83,7 @@ struct CaptureFacts {
   bool whole_windows = true;     // every epoch's batches split into full accumulation windows
   bool momentum_cycles = false;  // the schedule moves momentum / beta1 each step
   bool fused_optimizer = true;   // the optimizer steps through ATen's fused kernels
-  bool ema_every_step = true;    // EMA is off or updates every step (ema.every = 1, ema.after_step = 0)
+  bool ema_every_step = true;    // EMA is off or updates every step (ema.every = 1)
   bool detect_anomaly = false;   // train.detect_anomaly
 };
 
