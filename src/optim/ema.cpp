@@ -26,9 +26,7 @@ Ema::Ema(torch::nn::Module& model, EmaOptions options, Count count) : options_(s
 }
 
 void Ema::update() {
-  if (!record_update()) return;
-  if (count_on_host_ && !averaging()) return;  // the device count runs these updates with decay_t = 0
-  apply_update();
+  if (record_update()) apply_update();
 }
 
 bool Ema::record_update() {
@@ -40,6 +38,7 @@ bool Ema::record_update() {
 }
 
 void Ema::apply_update() {
+  if (count_on_host_ && !averaging()) return;  // the device count runs these updates with decay_t = 0
   for (size_t i = 0; i < live_.size(); ++i) {
     FT_CHECK(live_[i].device() == shadow_[i].device() && live_[i].scalar_type() == shadow_[i].scalar_type() &&
                  live_[i].sizes() == shadow_[i].sizes(),
@@ -75,8 +74,8 @@ void Ema::average_on_device() {
   torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
   if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
   if (options_.after_step() > 0) {
-    const double first_averaged = static_cast<double>(options_.after_step() / options_.every());
-    decay = torch::where(device_updates_ <= first_averaged, torch::zeros_like(decay), decay);
+    const double zeroed_through = static_cast<double>(options_.after_step() / options_.every());
+    decay = torch::where(device_updates_ <= zeroed_through, torch::zeros_like(decay), decay);
   }
   decay = decay.pow(static_cast<double>(options_.every()));
   const auto parameters = torch::TensorList(live_).slice(0, parameter_count_);

@@ -40,11 +40,13 @@ TEST(Interop, SafetensorsWeightsScoreTheSameInThePyTorchPeer) {
   FT_REQUIRE_PYTHON_WITH("torch, safetensors");
   testing::TempDir dir;
   const std::string run = dir.file("run");
-  // The main job's model (conv -> pool -> BatchNorm -> ReLU, channels_last, bf16), shortened, with EMA.
+  // The main job's model (conv -> pool -> BatchNorm -> ReLU, channels_last, bf16), shortened, with EMA
+  // from the first step (the default config's starts at step 300).
   auto trained = run_command(
       kCli + " train " FASTTRAIN_SOURCE_DIR "/configs/default.toml --set train.max_steps=150" +
       " --set train.stop_at_target=false --set train.eval_every_steps=0 --set ema.enabled=true" +
-      " --set train.threads=1" + " --set ema.decay=0.99 --set log.progress=none --run-dir " + run);
+      " --set train.threads=1" + " --set ema.decay=0.99 --set ema.after_step=0 --set log.progress=none" +
+      " --run-dir " + run);
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   for (const char* weights : {"final/model.safetensors", "final/model_ema.safetensors"}) {
     // The peer evaluates in fp32 NCHW on the CPU: so does fasttrain here (training may have run on a GPU).

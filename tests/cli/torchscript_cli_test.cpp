@@ -27,7 +27,8 @@ std::string scripted_run() {
          " --set data.train_limit=1024 --set data.batch_size=64 --set data.workers=1 --set "
          "train.accumulation=2"
          " --set train.epochs=2 --set train.max_steps=0 --set train.threads=1 --set train.clip_norm=1.0"
-         " --set ema.enabled=true --set ema.decay=0.9 --set log.every_steps=1 --set log.progress=none"
+         " --set ema.enabled=true --set ema.decay=0.9 --set ema.after_step=0 --set log.every_steps=1"
+         " --set log.progress=none"
          // bit-identical runs on a GPU need cuDNN's deterministic algorithms, not its per-process benchmark
          " --set train.deterministic=true";
 }

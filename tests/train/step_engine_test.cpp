@@ -133,7 +133,8 @@ std::shared_ptr<const BatchSource> regression_data() {
 }
 
 // A model with AdamW (optim.kernel auto), one-cycle over `steps`, clipping, EMA and accumulation 2:
-// everything a captured step holds. The conv net has BatchNorm.
+// everything a captured step holds. The conv net has BatchNorm, and its EMA starts after step 5 (inside
+// the captured replays: the device gates the decay, no host decision).
 TrainerCase make_case(torch::Device device, bool cuda_graphs, torch::ScalarType precision, int64_t steps,
                       EngineCase kind = EngineCase::kConvClassifier) {
   torch::manual_seed(7);
@@ -156,7 +157,8 @@ TrainerCase make_case(torch::Device device, bool cuda_graphs, torch::ScalarType 
       c.model, task, std::move(optimizer), std::move(schedule),
       TrainOptions().max_steps(steps).accumulation(2).clip_norm(0.5).precision(precision).cuda_graphs(
           cuda_graphs));
-  c.trainer->enable_ema(EmaOptions(0.9));
+  c.trainer->enable_ema(kind == EngineCase::kConvClassifier ? EmaOptions(0.9).after_step(5)
+                                                            : EmaOptions(0.9));
   return c;
 }
 

@@ -57,11 +57,11 @@ class Ema {
   enum class Count { kByDevice, kDevice };
   // Invalid options (decay outside [0, 1], every < 1) throw ConfigError naming ema.<key>.
   Ema(torch::nn::Module& model, EmaOptions options, Count count = Count::kByDevice);
-  // Call once after each optimizer step: record_update(), and apply_update() when it is an update step
-  // (with the host's count, one after ema.after_step).
+  // Call once after each optimizer step: record_update(), and apply_update() when it is an update step.
   void update();
   // The two halves, for a CUDA graph that captures apply_update() once and replays it every step
-  // (every = 1 only): the host's counters of one call, and the averaging itself on the device.
+  // (every = 1 only): the host's counters of one call, and the averaging itself on the device (with the
+  // host's count, nothing until the first update after ema.after_step).
   bool record_update();  // returns whether this call is an update step
   void apply_update();
   const EmaOptions& options() const { return options_; }
