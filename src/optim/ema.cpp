@@ -49,7 +49,7 @@ void Ema::apply_update() {
   }
   torch::NoGradGuard no_grad;
   if (count_on_host_) {
-    if (options_.after_step() > 0 && updates_ == options_.after_step() / options_.every() + 1) {
+    if (options_.after_step() > 0 && updates_ == skipped_updates() + 1) {
       // The first update after ema.after_step: the average starts at the weights, t at the updates skipped.
       for (size_t i = 0; i < parameter_count_; ++i) shadow_[i].copy_(live_[i]);
       device_updates_.fill_(static_cast<double>(updates_ - 1));
@@ -74,7 +74,7 @@ void Ema::average_on_device() {
   torch::Tensor decay = torch::full({}, options_.decay(), device_updates_.options());
   if (options_.warmup()) decay = torch::minimum(decay, (1 + device_updates_) / (10 + device_updates_));
   if (options_.after_step() > 0) {
-    const double zeroed_through = static_cast<double>(options_.after_step() / options_.every());
+    const auto zeroed_through = static_cast<double>(skipped_updates());
     decay = torch::where(device_updates_ <= zeroed_through, torch::zeros_like(decay), decay);
   }
   decay = decay.pow(static_cast<double>(options_.every()));

@@ -68,7 +68,7 @@ class Ema {
   int64_t updates() const { return updates_; }
   // Whether the average has started (its first update after ema.after_step calls made); before, SwapGuard
   // leaves the weights.
-  bool averaging() const { return updates_ > options_.after_step() / options_.every(); }
+  bool averaging() const { return updates_ > skipped_updates(); }
   // update() calls so far (with every = N, updates() = calls() / N).
   int64_t calls() const { return steps_; }
   // The averages, in the order of the model's parameters() then buffers().
@@ -97,6 +97,8 @@ class Ema {
 
  private:
   void swap();
+  // The update slots ema.after_step covers: the average starts at update skipped_updates() + 1.
+  int64_t skipped_updates() const { return options_.after_step() / options_.every(); }
   // The averaging step of apply_update: on the CPU (decay_t from the host) or on the device.
   void average_on_host();
   void average_on_device();
