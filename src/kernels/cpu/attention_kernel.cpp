@@ -6,11 +6,11 @@
 //   forward   s_ij = scale q_i . k_j (j <= i),  p_ij = exp(s_ij - lse_i),  o_i = sum_j p_ij v_j
 //   backward  dp_ij = do_i . v_j,  ds_ij = p_ij (dp_ij - do_i . o_i),
 //             dq_i = scale sum_j ds_ij k_j,  dk_j = scale sum_i ds_ij q_i,  dv_j = sum_i p_ij do_i
-// Every product is a register tile of kRows rows by up to four vectors, as a GEMM's micro-kernel:
+// Every product is a register tile of kRows rows by up to kMaxVectors vectors, as a GEMM's micro-kernel:
 // the scores of kRows queries against a few vectors of keys (the depth D inner), and kRows rows of a
 // sum of weighted rows (o, dq; dk and dv with the weights read down a column of p or ds). Rows go in
 // groups of kRows; a group's scores run to the last row's keys, the earlier rows' extra ones made 0.
-// So a row's sums take 0 x the values of up to three later keys: finite values change nothing, but an
+// So a row's sums take 0 x the values of up to kRows - 1 later keys: finite values change nothing, but an
 // inf or NaN there (a diverged run, whose loss is NaN already) makes the earlier row NaN too, as
 // ATen's math path (softmax then matmul) does.
 // This file is compiled once per CPU capability (CMakeLists.txt: DEFAULT, AVX2, AVX512) with that
@@ -32,9 +32,13 @@ namespace fasttrain::kernels::CPU_CAPABILITY {
 namespace {
 
 constexpr int64_t kBlockValues = int64_t{1} << 20;  // 4 MB of fp32 per matrix
-constexpr int64_t kRows = 4;                        // rows of a register tile
-// Vectors across a register tile: 4 x 4 accumulators fill half of AVX512's 32 registers; AVX2 has 16.
-constexpr int kMaxVectors = kLanes >= 16 ? 4 : 2;
+// Rows of a register tile. On AVX512, 8: a weighted sum of rows of a 32-wide head (2 vectors) then keeps 16
+// accumulators in flight, where 8 (4 rows) barely covered two FMA units' latency; fp32 attention for
+// configs/gpt_text.toml ran about 10% faster (session 41). AVX2's 16 registers hold 4 rows.
+constexpr int64_t kRows = kLanes >= 16 ? 8 : 4;
+// Vectors across a register tile: 8 x 3 accumulators, 3 vectors of b and a broadcast fit AVX512's 32
+// registers; 4 x 2 fit AVX2's 16.
+constexpr int kMaxVectors = kLanes >= 16 ? 3 : 2;
 static_assert(kLanes % kRows == 0, "a vector of keys holds whole groups of rows");
 
 int64_t round_up(int64_t n, int64_t to = kLanes) {
@@ -44,6 +48,7 @@ int64_t round_up(int64_t n, int64_t to = kLanes) {
 // One (batch, head) pair's operands in fp32, rows [T4][Dp] with T4 = T rounded up to whole groups of
 // kRows and D to whole vectors, zeros beyond T and D; and K or V transposed, [Dp][Tp] (a vector of
 // keys at a time). Forward reads v as rows and k as columns; backward k as both and v as columns.
+// The rows are copied in; the columns transposed from them in registers, a block at a time.
 struct HeadTiles {
   int64_t length, dim, rows, dim_padded, length_padded;
   std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v;
@@ -57,11 +62,11 @@ struct HeadTiles {
     const size_t tile = static_cast<size_t>(rows * dim_padded);
     const size_t cols = static_cast<size_t>(dim_padded * length_padded);
     q.assign(tile, 0.f);
+    k.assign(tile, 0.f);
+    v.assign(tile, 0.f);
     k_cols.assign(cols, 0.f);
     o.assign(tile, 0.f);
-    if (!backward) v.assign(tile, 0.f);
     if (backward) {
-      k.assign(tile, 0.f);
       v_cols.assign(cols, 0.f);
       grad_o.assign(tile, 0.f);
       grad_q.assign(tile, 0.f);
@@ -119,10 +124,70 @@ void copy_row(const T* src, const float* bias, HeadTiles& tiles, std::vector<flo
   }
 }
 
-template <typename T>
-void copy_col(const T* src, const float* bias, HeadTiles& tiles, std::vector<float>& cols, int64_t t) {
-  for (int64_t d = 0; d < tiles.dim; ++d)
-    cols[d * tiles.length_padded + t] = static_cast<float>(src[d]) + (bias == nullptr ? 0.f : bias[d]);
+// dst[d][t] = src[t][d] for d, t < kLanes: a block of a tile's rows (src_stride apart) into its columns.
+void transpose_block(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+#if defined(CPU_CAPABILITY_AVX512)
+  // Pairs of rows interleaved by 32 bits, then 64, then 128-bit quarters twice: 64 shuffles for 256 values.
+  // The masked forms with every lane set, as lanes_fold's (GCC 12 warns of the unmasked ones' undefined).
+  constexpr __mmask16 kAll = 0xFFFF;
+  constexpr __mmask8 kAll8 = 0xFF;
+  const auto pd = [](__m512 v) { return _mm512_castps_pd(v); };
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_mask_unpacklo_ps(r[i], kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_mask_unpackhi_ps(r[i], kAll, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_castpd_ps(_mm512_mask_unpacklo_pd(pd(t[i]), kAll8, pd(t[i]), pd(t[i + 2])));
+    r[i + 1] = _mm512_castpd_ps(_mm512_mask_unpackhi_pd(pd(t[i]), kAll8, pd(t[i]), pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(_mm512_mask_unpacklo_pd(pd(t[i + 1]), kAll8, pd(t[i + 1]), pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(_mm512_mask_unpackhi_pd(pd(t[i + 1]), kAll8, pd(t[i + 1]), pd(t[i + 3])));
+  }
+  for (int h = 0; h < 16; h += 8) {
+    for (int i = 0; i < 4; ++i) {
+      t[h + i] = _mm512_mask_shuffle_f32x4(r[h + i], kAll, r[h + i], r[h + i + 4], 0x88);
+      t[h + i + 4] = _mm512_mask_shuffle_f32x4(r[h + i], kAll, r[h + i], r[h + i + 4], 0xDD);
+    }
+  }
+  for (int i = 0; i < 8; ++i) {
+    _mm512_storeu_ps(dst + i * dst_stride, _mm512_mask_shuffle_f32x4(t[i], kAll, t[i], t[i + 8], 0x88));
+    _mm512_storeu_ps(dst + (i + 8) * dst_stride, _mm512_mask_shuffle_f32x4(t[i], kAll, t[i], t[i + 8], 0xDD));
+  }
+#elif defined(CPU_CAPABILITY_AVX2)
+  // Pairs of rows interleaved by 32 bits, then 64, then the 128-bit halves: 24 shuffles for 64 values.
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(src + i * src_stride);
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(dst + i * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(dst + (i + 4) * dst_stride, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+#else
+  for (int64_t t = 0; t < kLanes; ++t)
+    for (int64_t d = 0; d < kLanes; ++d) dst[d * dst_stride + t] = src[t * src_stride + d];
+#endif
+}
+
+// cols [Dp][Tp] = a row tile's first T rows transposed: whole blocks of kLanes rows, then the last rows
+// value by value. The columns past T keep the zeros they were made with.
+void transpose_rows(const HeadTiles& tiles, const std::vector<float>& rows, std::vector<float>& cols) {
+  const int64_t dp = tiles.dim_padded, tp = tiles.length_padded;
+  int64_t t = 0;
+  for (; t + kLanes <= tiles.length; t += kLanes)
+    for (int64_t d = 0; d < dp; d += kLanes)
+      transpose_block(rows.data() + t * dp + d, dp, cols.data() + d * tp + t, tp);
+  for (; t < tiles.length; ++t)
+    for (int64_t d = 0; d < tiles.dim; ++d) cols[d * tp + t] = rows[t * dp + d];
 }
 
 template <typename T>
@@ -423,10 +488,11 @@ void forward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end)
     const RunLayout<T> at(a, run);
     at.each_qkv_row(a.qkv, [&](int64_t t, int64_t h, const T* q) {
       copy_row(q, at.bias(a, h, 0), tiles[h], tiles[h].q, t);
-      copy_col(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k_cols, t);
+      copy_row(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k, t);
       copy_row(q + 2 * at.embed, at.bias(a, h, 2), tiles[h], tiles[h].v, t);
     });
     for (int64_t h = 0; h < run.count; ++h) {
+      transpose_rows(tiles[h], tiles[h].k, tiles[h].k_cols);
       T* out = static_cast<T*>(a.out_mut) + at.out_offset + h * at.dim;
       head_forward(a, tiles[h], block, out, a.lse + (run.batch * a.heads + run.first + h) * a.length);
     }
@@ -442,8 +508,7 @@ void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end
     at.each_qkv_row(a.qkv, [&](int64_t t, int64_t h, const T* q) {
       copy_row(q, at.bias(a, h, 0), tiles[h], tiles[h].q, t);
       copy_row(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k, t);
-      copy_col(q + at.embed, at.bias(a, h, 1), tiles[h], tiles[h].k_cols, t);
-      copy_col(q + 2 * at.embed, at.bias(a, h, 2), tiles[h], tiles[h].v_cols, t);
+      copy_row(q + 2 * at.embed, at.bias(a, h, 2), tiles[h], tiles[h].v, t);
     });
     at.each_out_row(a.out,
                     [&](int64_t t, int64_t h, const T* o) { copy_row(o, nullptr, tiles[h], tiles[h].o, t); });
@@ -451,6 +516,8 @@ void backward_pairs(const detail::PackedAttention& a, int64_t begin, int64_t end
       copy_row(g, nullptr, tiles[h], tiles[h].grad_o, t);
     });
     for (int64_t h = 0; h < run.count; ++h) {
+      transpose_rows(tiles[h], tiles[h].k, tiles[h].k_cols);
+      transpose_rows(tiles[h], tiles[h].v, tiles[h].v_cols);
       const int64_t pair = run.batch * a.heads + run.first + h;
       head_backward(a, tiles[h], block, a.lse + pair * a.length);
       if (a.grad_bias_pairs == nullptr) continue;
