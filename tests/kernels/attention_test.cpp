@@ -23,7 +23,9 @@ struct Shape {
 };
 
 // Odd lengths and widths, most with a partial vector at the end of each row and head; heads of 1-5
-// vectors (on AVX512, 72 is a register tile of 4 vectors and one of 1, 48 one of 3).
+// vectors (on AVX512, 72 is a register tile of 3 vectors and one of 2, 48 one of 3, 64 one of 3 and one of
+// 1). Lengths of whole transposed blocks (16, 48, 128: no rows left over, no padding keys) beside the
+// others, 128 x 32 the gpt's shape; 16 x 5 whole blocks with padding columns on every capability.
 const Shape kShapes[] = {
     {2, 1, 1, 4},
     {2, 7, 3, 5},
@@ -32,10 +34,13 @@ const Shape kShapes[] = {
     {1, 129, 1, 24},
     {1, 90, 1, 72},
     {2, 11, 2, 48},
+    {2, 16, 2, 5},
+    {1, 48, 2, 64},
+    {2, 128, 4, 32},
     // one head's tiles past half of kRunBytes: the kernel loads its three heads one at a time
     {1, 300, 3, 128}};
 // Longer than one block of backward rows (src/kernels/cpu/attention_kernel.cpp, kBlockValues), and
-// not a whole number of groups of 4 rows: padding rows in the last block.
+// not a whole number of groups of kRows rows (4, or 8 on AVX512): padding rows in the last block.
 const Shape kLongShape{1, 1101, 1, 8};
 
 struct AttentionResult {

@@ -33,12 +33,14 @@ namespace {
 
 constexpr int64_t kBlockValues = int64_t{1} << 20;  // 4 MB of fp32 per matrix
 // Rows of a register tile. On AVX512, 8: a weighted sum of rows of a 32-wide head (2 vectors) then keeps 16
-// accumulators in flight, where 8 (4 rows) barely covered two FMA units' latency; fp32 attention for
-// configs/gpt_text.toml ran about 10% faster (session 41). AVX2's 16 registers hold 4 rows.
+// accumulators in flight, where 8 (4 rows) barely covered two FMA units' latency; with the transposes in
+// registers (transpose_block), 0.88x the attention's time at configs/gpt_text.toml's shape (BENCHMARKS "Own
+// CPU kernels, twenty-first part"). AVX2's 16 registers hold 4 rows.
 constexpr int64_t kRows = kLanes >= 16 ? 8 : 4;
 // Vectors across a register tile: 8 x 3 accumulators, 3 vectors of b and a broadcast fit AVX512's 32
 // registers; 4 x 2 fit AVX2's 16.
 constexpr int kMaxVectors = kLanes >= 16 ? 3 : 2;
+static_assert(kMaxVectors <= 3, "by_tiles instantiates tiles of up to 3 vectors");
 static_assert(kLanes % kRows == 0, "a vector of keys holds whole groups of rows");
 
 int64_t round_up(int64_t n, int64_t to = kLanes) {
@@ -48,7 +50,8 @@ int64_t round_up(int64_t n, int64_t to = kLanes) {
 // One (batch, head) pair's operands in fp32, rows [T4][Dp] with T4 = T rounded up to whole groups of
 // kRows and D to whole vectors, zeros beyond T and D; and K or V transposed, [Dp][Tp] (a vector of
 // keys at a time). Forward reads v as rows and k as columns; backward k as both and v as columns.
-// The rows are copied in; the columns transposed from them in registers, a block at a time.
+// Every operand is copied in as rows (the forward's k and the backward's v only as the transposes' source);
+// the columns are transposed from them (transpose_rows).
 struct HeadTiles {
   int64_t length, dim, rows, dim_padded, length_padded;
   std::vector<float> q, k, v, k_cols, v_cols, o, grad_o, grad_q, grad_k, grad_v;
@@ -112,8 +115,8 @@ void prefetch_row(const T* row, int64_t dim) {
   __builtin_prefetch(bytes + size - 1);
 }
 
-// Row t of a tile from a head's slice of a token row, and the same slice as column t of a transposed tile;
-// `bias` (the slice's part of qkv's bias, or null) added as it is read.
+// Row t of a tile from a head's slice of a token row, `bias` (the slice's part of qkv's bias, or null)
+// added as it is read.
 template <typename T>
 void copy_row(const T* src, const float* bias, HeadTiles& tiles, std::vector<float>& into, int64_t t) {
   float* dst = tiles.row(into, t);
@@ -262,9 +265,6 @@ template <typename Tile>
 void by_tiles(int64_t width, const Tile& tile) {
   for (int64_t offset = 0; offset < width; offset += kMaxVectors * kLanes) {
     switch (std::min<int64_t>(kMaxVectors, (width - offset) / kLanes)) {
-      case 4:
-        tile(std::integral_constant<int, 4>{}, offset);
-        break;
       case 3:
         tile(std::integral_constant<int, 3>{}, offset);
         break;
