@@ -9,6 +9,8 @@
 # options of fasttrain train, flags of bench/peer_gpt.py); GPT_PROFILE=0 skips the profiles, PEER_GPT_PROFILE=0
 # the peer's; FASTTRAIN_GPT_PROFILE_SETS adds --set options to fasttrain's (model.gpu_kernels=fasttrain, say).
 # fasttrain's tokens/s are over steps 21-60 (metrics.jsonl), as the peer's are after its 20 untimed steps.
+# FASTTRAIN_BEFORE_CLI, another build of the CLI (an earlier commit's, carried), runs each fasttrain variant
+# right after this one's, as NAME-before: an A/B in one lease.
 set -uo pipefail
 script=gpt-kernels work=/tmp/fasttrain-gpt-work
 # shellcheck source=bench/gpu/common.sh
@@ -22,12 +24,16 @@ peer=("${gpt_peer[@]}" --ceiling-flops -1)
 fasttrain_variants="${FASTTRAIN_GPT_VARIANTS:-$'captured --set train.cuda_graphs=true\neager --set train.cuda_graphs=false'}"
 peer_variants="${PEER_GPT_VARIANTS:-eager}"
 stage "tokens/s: fasttrain (60 steps), the peer (60 steps, 20 untimed)"
-while read -r name extra; do
-  [ -z "$name" ] && continue
-  # shellcheck disable=SC2086  # $extra is a list of arguments
-  timeout 120 "$cli" train configs/gpt_text.toml --fresh --run-dir "$work/fasttrain-$name" "${model[@]}" \
-    --set train.max_steps=60 --set log.every_steps=10 $extra >"$work/fasttrain-$name.log" 2>&1
-  echo "fasttrain $name: $(PYTHONPATH=bench/gpu "$python" - "$work/fasttrain-$name" <<'PY' 2>&1
+clis=("$cli")
+[ -n "${FASTTRAIN_BEFORE_CLI:-}" ] && clis+=("$FASTTRAIN_BEFORE_CLI")
+while read -r variant extra; do
+  [ -z "$variant" ] && continue
+  for which in "${!clis[@]}"; do
+    name="$variant"; [ "$which" -gt 0 ] && name="$variant-before"
+    # shellcheck disable=SC2086  # $extra is a list of arguments
+    timeout 120 "${clis[$which]}" train configs/gpt_text.toml --fresh --run-dir "$work/fasttrain-$name" \
+      "${model[@]}" --set train.max_steps=60 --set log.every_steps=10 $extra >"$work/fasttrain-$name.log" 2>&1
+    echo "fasttrain $name: $(PYTHONPATH=bench/gpu "$python" - "$work/fasttrain-$name" <<'PY' 2>&1
 import json, os, sys
 from summarize import fasttrain_tokens_per_s  # the median of the log intervals after step 20
 d = sys.argv[1]
@@ -36,6 +42,7 @@ print(round(fasttrain_tokens_per_s(d)), "tokens/s over steps 21-60,", round(s["t
       "over the run; capture", s.get("graph_capture_s"), "s, peak", round(s["peak_memory_bytes"] / 2**30, 2), "GiB")
 PY
 )"
+  done
 done <<<"$fasttrain_variants"
 while read -r name extra; do
   [ -z "$name" ] && continue

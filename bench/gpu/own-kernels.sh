@@ -15,7 +15,7 @@ unpack_prebuilt_deps >/dev/null || exit 1
 [ "$root" = /work/main ] || { mkdir -p /work && ln -sfn "$root" /work/main; }
 
 stage "the kernels' reference tests on the GPU"
-for check in "test_kernels Gpu*" "test_models *_CUDA" "test_optim *_CUDA"; do
+for check in "test_kernels Gpu*" "test_models *_CUDA" "test_optim *_CUDA" "test_train *_CUDA"; do
   read -r binary filter <<<"$check"
   [ -x "build/tests/$binary" ] || { echo "$binary: not carried"; continue; }
   (cd build && timeout 150 "tests/$binary" --gtest_filter="$filter" >"$work/$binary.log" 2>&1

@@ -21,7 +21,7 @@ namespace {
 // model.kernels, on a GPU by model.gpu_kernels, and model.aten_kernels on both.
 struct GptKernels {
   bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gelu_mlp = false,
-       gpu_layer_norm = false, gpu_mlp = false;
+       gpu_layer_norm = false, gpu_mlp = false, gpu_linear = false;
 
   explicit GptKernels(const GptOptions& options)
       : attention(runs_own_kernel(options.kernels(), options.aten_kernels(), "attention")),
@@ -30,7 +30,8 @@ struct GptKernels {
         linear(runs_own_kernel(options.kernels(), options.aten_kernels(), "linear")),
         gelu_mlp(runs_own_kernel(options.kernels(), options.aten_kernels(), "gelu_mlp")),
         gpu_layer_norm(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "layer_norm")),
-        gpu_mlp(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "bias_gelu")) {}
+        gpu_mlp(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "bias_gelu")),
+        gpu_linear(runs_own_kernel(options.gpu_kernels(), options.aten_kernels(), "linear")) {}
 };
 
 // x weight^T + bias through ATen's linear, not the C++ frontend's Linear::forward: on [B, T, C] the latter
@@ -100,7 +101,11 @@ class GptBlockImpl : public torch::nn::Module {
     return own_kernels_.attention ? packed_causal_attention(qkv, heads_)
                                   : packed_causal_attention_aten(qkv, heads_);
   }
+  // layer(x): on a GPU under bf16 fasttrain's cuBLASLt linear where model.gpu_kernels says (the bias
+  // gradient inside the weight gradient's matmul), else as fasttrain::linear.
   torch::Tensor linear(torch::nn::Linear& layer, const torch::Tensor& x) const {
+    if (own_kernels_.gpu_linear && kernels::gpu_linear_takes(x, layer->weight, layer->bias))
+      return kernels::gpu_linear(x, layer->weight, layer->bias);
     return fasttrain::linear(own_kernels_.linear, x, layer->weight, layer->bias);
   }
   // residual + dropout(layer(x)).
@@ -115,12 +120,16 @@ class GptBlockImpl : public torch::nn::Module {
            kernels::linear_takes(x, layer->weight, layer->bias, residual);
   }
   // residual + mlp_proj(gelu_tanh(fc(x))): on a GPU under bf16 fasttrain's cuBLASLt matmuls where
-  // model.gpu_kernels says; on the CPU in fp32 fasttrain's GELU matmuls where fuses_mlp says.
+  // model.gpu_kernels says, the residual added by the last one where dropout does nothing; on the CPU in
+  // fp32 fasttrain's GELU matmuls where fuses_mlp says.
   torch::Tensor mlp(const torch::Tensor& normed, const torch::Tensor& residual) {
-    if (own_kernels_.gpu_mlp &&
-        kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias))
+    if (own_kernels_.gpu_mlp && kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight,
+                                                       mlp_proj_->bias, residual)) {
+      if (dropout_does_nothing())
+        return kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, residual);
       return residual + dropout_->forward(kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight,
                                                            mlp_proj_->bias));
+    }
     if (fuses_mlp(normed, residual))
       return kernels::gelu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, residual);
     return project_add(mlp_proj_, mlp_hidden(normed), residual);  // [B, T, 4C] -> [B, T, C]
@@ -145,10 +154,10 @@ class GptBlockImpl : public torch::nn::Module {
     return kernels::bias_gelu(pre, fc_->bias);
   }
   // {x, ln(x)}, ln(x) written in the dtype of the matmul it feeds (bf16 under autocast) by fasttrain's
-  // kernel where own_norm says, else ATen's. On the CPU x is passed on through the kernel, whose backward
-  // adds x's gradient from the residual stream to the norm's in its own pass.
+  // kernel where own_norm says, else ATen's. With the kernel x is passed on through it, whose backward adds
+  // x's gradient from the residual stream to the norm's in its own pass.
   std::pair<torch::Tensor, torch::Tensor> pass_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
-    if (!own_norm(own_kernels_, x, {}, ln) || x.is_cuda()) return {x, norm(own_kernels_, ln, x)};
+    if (!own_norm(own_kernels_, x, {}, ln)) return {x, norm(own_kernels_, ln, x)};
     return kernels::pass_layer_norm(x, ln->weight, ln->bias, ln->options.eps(), kernels::compute_dtype(x));
   }
   // {x + dropout(layer(input)), ln of it}: in fasttrain's LayerNorm kernel where own_norm says, which in
@@ -235,9 +244,8 @@ class Gpt : public torch::nn::Module {
     auto positions = torch::arange(length, tokens.options().dtype(torch::kLong));
     auto x = dropout_->forward(token_embedding_->forward(tokens) + position_embedding_->forward(positions));
     x = blocks_->forward(x);
-    // The blocks' rule on the CPU; on a GPU the final norm stays ATen's (not measured there).
-    x = x.is_cuda() ? final_norm_->forward(x) : norm(own_kernels_, final_norm_, x);  // [B, T, C]
-    auto logits = linear(own_kernels_.linear, x, token_embedding_->weight, {});      // [B, T, vocab], tied
+    x = norm(own_kernels_, final_norm_, x);  // [B, T, C], by the blocks' rule
+    auto logits = linear(own_kernels_.linear, x, token_embedding_->weight, {});  // [B, T, vocab], tied
     return logits.reshape({-1, vocab_});
   }
 

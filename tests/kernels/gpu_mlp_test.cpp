@@ -1,6 +1,7 @@
-// fasttrain's cuBLASLt MLP (kernels::gpu_mlp) against ATen's ops: values and gradients of x and the four
-// parameters, under bf16 autocast on the GPU, with x in fp32 (ATen's LayerNorm before it) and in bf16
-// (fasttrain's), against fp64 on the CPU and against ATen's own bf16 run on the GPU.
+// fasttrain's cuBLASLt MLP and linear (kernels::gpu_mlp, gpu_linear) against ATen's ops: values and gradients
+// of x, the parameters and the MLP's residual, under bf16 autocast on the GPU, with x in fp32 (ATen's
+// LayerNorm before it) and in bf16 (fasttrain's), against fp64 on the CPU and against ATen's own bf16 run on
+// the GPU.
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/torch.h>
@@ -34,12 +35,14 @@ struct MlpParameters {
 
 struct MlpRun {
   torch::Tensor y, x, fc_weight, fc_bias, proj_weight, proj_bias;  // the output and the gradients, on the CPU
+  torch::Tensor residual;                                          // its gradient, where there was one
 };
 
 // loss = sum(y * wy) in fp64 through `mlp` on `device`, under bf16 autocast where `bf16`.
+// `residual_in` may be undefined (the MLP alone).
 template <typename Mlp>
-MlpRun run_mlp(const torch::Tensor& x_in, const MlpParameters& p, const torch::Tensor& wy,
-               torch::Device device, torch::ScalarType as, bool bf16, Mlp mlp) {
+MlpRun run_mlp(const torch::Tensor& x_in, const MlpParameters& p, const torch::Tensor& residual_in,
+               const torch::Tensor& wy, torch::Device device, torch::ScalarType as, bool bf16, Mlp mlp) {
   const auto leaf = [&](const torch::Tensor& t, torch::ScalarType dtype) {
     return t.detach().to(device, dtype).requires_grad_(true);
   };
@@ -47,11 +50,14 @@ MlpRun run_mlp(const torch::Tensor& x_in, const MlpParameters& p, const torch::T
   auto x = leaf(x_in, as == torch::kDouble ? torch::kDouble : x_in.scalar_type());
   auto fc_weight = leaf(p.fc_weight, parameter_dtype), fc_bias = leaf(p.fc_bias, parameter_dtype);
   auto proj_weight = leaf(p.proj_weight, parameter_dtype), proj_bias = leaf(p.proj_bias, parameter_dtype);
+  torch::Tensor residual;
+  if (residual_in.defined())
+    residual = leaf(residual_in, as == torch::kDouble ? torch::kDouble : residual_in.scalar_type());
   torch::Tensor y;
   {
     std::optional<AutocastStateGuard> autocast;
     if (bf16) autocast.emplace(bf16_autocast(device));
-    y = mlp(x, fc_weight, fc_bias, proj_weight, proj_bias);
+    y = mlp(x, fc_weight, fc_bias, proj_weight, proj_bias, residual);
   }
   (y.to(torch::kDouble) * wy.to(device)).sum().backward();
   const auto cpu = [](const torch::Tensor& t) { return t.detach().cpu(); };
@@ -60,12 +66,16 @@ MlpRun run_mlp(const torch::Tensor& x_in, const MlpParameters& p, const torch::T
           cpu(fc_weight.grad()),
           cpu(fc_bias.grad()),
           cpu(proj_weight.grad()),
-          cpu(proj_bias.grad())};
+          cpu(proj_bias.grad()),
+          residual.defined() ? cpu(residual.grad()) : torch::Tensor()};
 }
 
 torch::Tensor aten_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, const torch::Tensor& fc_bias,
-                       const torch::Tensor& proj_weight, const torch::Tensor& proj_bias) {
-  return torch::linear(torch::gelu(torch::linear(x, fc_weight, fc_bias), "tanh"), proj_weight, proj_bias);
+                       const torch::Tensor& proj_weight, const torch::Tensor& proj_bias,
+                       const torch::Tensor& residual) {
+  const auto y =
+      torch::linear(torch::gelu(torch::linear(x, fc_weight, fc_bias), "tanh"), proj_weight, proj_bias);
+  return residual.defined() ? residual + y : y;
 }
 
 void expect_all_close(const MlpRun& got, const MlpRun& want, double tolerance, const std::string& what) {
@@ -75,6 +85,7 @@ void expect_all_close(const MlpRun& got, const MlpRun& want, double tolerance, c
   expect_close(got.fc_bias, want.fc_bias, tolerance, what + " grad fc bias");
   expect_close(got.proj_weight, want.proj_weight, tolerance, what + " grad proj weight");
   expect_close(got.proj_bias, want.proj_bias, tolerance, what + " grad proj bias");
+  if (want.residual.defined()) expect_close(got.residual, want.residual, tolerance, what + " grad residual");
 }
 
 TEST(GpuMlp, MatchesATenInValuesAndGradients_CUDA) {
@@ -84,25 +95,34 @@ TEST(GpuMlp, MatchesATenInValuesAndGradients_CUDA) {
   };
   for (const Shape& s : {Shape{3, 37, 64, 256}, Shape{2, 256, 768, 3072}, Shape{1, 5, 8, 24}}) {
     for (auto x_dtype : {torch::kFloat, torch::kBFloat16}) {
-      const std::string what = fmt::format("x [{}, {}, {}] {}, hidden {}", s.batch, s.length, s.width,
-                                           c10::toString(x_dtype), s.hidden);
-      torch::manual_seed(s.width + s.length);
-      const torch::Tensor x = torch::randn({s.batch, s.length, s.width}).to(x_dtype);
-      const double fc_scale = 2.0 / std::sqrt(static_cast<double>(s.width));  // pre-activations of about 2
-      const MlpParameters p{fc_scale * torch::randn({s.hidden, s.width}), torch::randn({s.hidden}),
-                            torch::randn({s.width, s.hidden}) / std::sqrt(static_cast<double>(s.hidden)),
-                            torch::randn({s.width})};
-      const torch::Tensor wy = torch::randn({s.batch, s.length, s.width}, torch::kDouble);
-      const MlpRun want = run_mlp(x, p, wy, torch::kCPU, torch::kDouble, false, aten_mlp);
-      const MlpRun aten = run_mlp(x, p, wy, torch::kCUDA, torch::kFloat, true, aten_mlp);
-      const MlpRun mine = run_mlp(x, p, wy, torch::kCUDA, torch::kFloat, true,
-                                  [](auto... args) { return kernels::gpu_mlp(args...); });
-      ASSERT_EQ(mine.y.scalar_type(), torch::kBFloat16) << what;  // as autocast's Linear returns
-      ASSERT_EQ(mine.x.scalar_type(), x_dtype) << what;
-      ASSERT_EQ(mine.fc_weight.scalar_type(), torch::kFloat) << what;
-      // bf16's 8 bits in the inputs, the pre-activation and the activation: ATen's bf16 run is as far off.
-      expect_all_close(aten, want, 3e-2, what + " (ATen bf16 against fp64)");
-      expect_all_close(mine, want, 3e-2, what + " (gpu_mlp against fp64)");
+      // Without a residual, and with one in x's dtype (the residual stream's: fp32 under autocast), which
+      // the last matmul adds and writes in that dtype.
+      for (const bool with_residual : {false, true}) {
+        const std::string what =
+            fmt::format("x [{}, {}, {}] {}, hidden {}{}", s.batch, s.length, s.width, c10::toString(x_dtype),
+                        s.hidden, with_residual ? ", with a residual" : "");
+        torch::manual_seed(s.width + s.length);
+        const torch::Tensor x = torch::randn({s.batch, s.length, s.width}).to(x_dtype);
+        const double fc_scale = 2.0 / std::sqrt(static_cast<double>(s.width));  // pre-activations of about 2
+        const MlpParameters p{fc_scale * torch::randn({s.hidden, s.width}), torch::randn({s.hidden}),
+                              torch::randn({s.width, s.hidden}) / std::sqrt(static_cast<double>(s.hidden)),
+                              torch::randn({s.width})};
+        const torch::Tensor residual =
+            with_residual ? torch::randn({s.batch, s.length, s.width}).to(x_dtype) : torch::Tensor();
+        const torch::Tensor wy = torch::randn({s.batch, s.length, s.width}, torch::kDouble);
+        const MlpRun want = run_mlp(x, p, residual, wy, torch::kCPU, torch::kDouble, false, aten_mlp);
+        const MlpRun aten = run_mlp(x, p, residual, wy, torch::kCUDA, torch::kFloat, true, aten_mlp);
+        const MlpRun mine = run_mlp(x, p, residual, wy, torch::kCUDA, torch::kFloat, true,
+                                    [](auto... args) { return kernels::gpu_mlp(args...); });
+        // As autocast's Linear returns, or ATen's residual + Linear.
+        ASSERT_EQ(mine.y.scalar_type(), with_residual ? x_dtype : torch::kBFloat16) << what;
+        ASSERT_EQ(mine.x.scalar_type(), x_dtype) << what;
+        ASSERT_EQ(mine.fc_weight.scalar_type(), torch::kFloat) << what;
+        if (with_residual) ASSERT_EQ(mine.residual.scalar_type(), x_dtype) << what;
+        // bf16's 8 bits in the inputs, the pre-activation and the activation: ATen's bf16 run is as far off.
+        expect_all_close(aten, want, 3e-2, what + " (ATen bf16 against fp64)");
+        expect_all_close(mine, want, 3e-2, what + " (gpu_mlp against fp64)");
+      }
     }
   }
 }
@@ -124,10 +144,91 @@ TEST(GpuMlp, TakesOnlyWhatItComputes) {
     EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(x), fc_w, fc_b, proj_w, proj_b));  // parameters elsewhere
     EXPECT_FALSE(
         kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(fc_w), cuda(proj_b)));  // shapes
+    EXPECT_TRUE(kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b), cuda(x)));
+    EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b),
+                                        cuda(torch::zeros({2, 16}))));  // a residual of other sizes
+    EXPECT_FALSE(
+        kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b), x));  // elsewhere
+    const std::string residual_message = testing::error_message([&] {
+      kernels::gpu_mlp(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b),
+                       cuda(torch::zeros({2, 16})));
+    });
+    EXPECT_TRUE(testing::contains_all(residual_message, {"gpu_mlp", "residual [2, 16]"})) << residual_message;
   }
   EXPECT_FALSE(kernels::gpu_mlp_takes(cuda(x), cuda(fc_w), cuda(fc_b), cuda(proj_w), cuda(proj_b)));  // fp32
   EXPECT_TRUE(kernels::gpu_mlp_takes(cuda(x).to(torch::kBFloat16), cuda(fc_w), cuda(fc_b), cuda(proj_w),
                                      cuda(proj_b)));  // bf16 itself
+}
+
+// loss = sum(y * wy) in fp64 through `linear` on `device`, under bf16 autocast where `bf16`: y and the
+// gradients of x, weight and bias, on the CPU.
+template <typename Linear>
+std::vector<torch::Tensor> run_linear(const torch::Tensor& x_in, const torch::Tensor& weight_in,
+                                      const torch::Tensor& bias_in, const torch::Tensor& wy,
+                                      torch::Device device, bool bf16, Linear linear) {
+  const bool reference = !bf16;
+  const auto leaf = [&](const torch::Tensor& t, torch::ScalarType dtype) {
+    return t.detach().to(device, reference ? torch::kDouble : dtype).requires_grad_(true);
+  };
+  auto x = leaf(x_in, x_in.scalar_type()), weight = leaf(weight_in, torch::kFloat),
+       bias = leaf(bias_in, torch::kFloat);
+  torch::Tensor y;
+  {
+    std::optional<AutocastStateGuard> autocast;
+    if (bf16) autocast.emplace(bf16_autocast(device));
+    y = linear(x, weight, bias);
+  }
+  (y.to(torch::kDouble) * wy.to(device)).sum().backward();
+  return {y.detach().cpu(), x.grad().cpu(), weight.grad().cpu(), bias.grad().cpu()};
+}
+
+TEST(GpuLinear, MatchesATenInValuesAndGradients_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  struct Shape {
+    int64_t batch, length, in, out;
+  };
+  // The gpt's qkv (768 -> 2304) and attention projection shapes, a small one and one of a single row.
+  for (const Shape& s : {Shape{2, 256, 768, 2304}, Shape{3, 37, 64, 64}, Shape{1, 1, 8, 24}}) {
+    for (auto x_dtype : {torch::kFloat, torch::kBFloat16}) {
+      const std::string what =
+          fmt::format("x [{}, {}, {}] {} -> {}", s.batch, s.length, s.in, c10::toString(x_dtype), s.out);
+      torch::manual_seed(s.in + s.out);
+      const torch::Tensor x = torch::randn({s.batch, s.length, s.in}).to(x_dtype);
+      const torch::Tensor weight = torch::randn({s.out, s.in}) / std::sqrt(static_cast<double>(s.in));
+      const torch::Tensor bias = torch::randn({s.out});
+      const torch::Tensor wy = torch::randn({s.batch, s.length, s.out}, torch::kDouble);
+      const auto aten_linear = [](auto... args) { return torch::linear(args...); };
+      const auto want = run_linear(x, weight, bias, wy, torch::kCPU, false, aten_linear);
+      const auto aten = run_linear(x, weight, bias, wy, torch::kCUDA, true, aten_linear);
+      const auto mine = run_linear(x, weight, bias, wy, torch::kCUDA, true,
+                                   [](auto... args) { return kernels::gpu_linear(args...); });
+      ASSERT_EQ(mine[0].scalar_type(), torch::kBFloat16) << what;  // as autocast's Linear returns
+      ASSERT_EQ(mine[1].scalar_type(), x_dtype) << what;
+      ASSERT_EQ(mine[2].scalar_type(), torch::kFloat) << what;
+      const char* names[] = {" y", " grad x", " grad weight", " grad bias"};
+      for (int i = 0; i < 4; ++i) {
+        expect_close(aten[i], want[i], 3e-2, what + names[i] + " (ATen bf16 against fp64)");
+        expect_close(mine[i], want[i], 3e-2, what + names[i] + " (gpu_linear against fp64)");
+      }
+    }
+  }
+}
+
+TEST(GpuLinear, TakesOnlyWhatItComputes) {
+  const auto x = torch::zeros({4, 16}), weight = torch::zeros({32, 16}), bias = torch::zeros({32});
+  EXPECT_FALSE(kernels::gpu_linear_takes(x, weight, bias));  // the CPU
+  const std::string message = testing::error_message([&] { kernels::gpu_linear(x, weight, bias); });
+  EXPECT_TRUE(testing::contains_all(message, {"gpu_linear", "CUDA", "[4, 16]", "[32, 16]"})) << message;
+  if (!torch::cuda::is_available()) return;
+  const auto cuda = [](const torch::Tensor& t) { return t.to(torch::kCUDA); };
+  const auto x_bf16 = cuda(x).to(torch::kBFloat16);
+  EXPECT_TRUE(kernels::gpu_linear_takes(x_bf16, cuda(weight), cuda(bias)));
+  EXPECT_FALSE(kernels::gpu_linear_takes(cuda(x), cuda(weight), cuda(bias)));  // fp32
+  EXPECT_FALSE(kernels::gpu_linear_takes(x_bf16, cuda(weight), {}));           // no bias
+  EXPECT_FALSE(
+      kernels::gpu_linear_takes(x_bf16, cuda(torch::zeros({12, 16})), cuda(torch::zeros({12}))));  // 12 % 8
+  EXPECT_FALSE(kernels::gpu_linear_takes(x_bf16, cuda(weight), cuda(torch::zeros({16}))));  // bias size
+  EXPECT_FALSE(kernels::gpu_linear_takes(x_bf16, weight, bias));                            // elsewhere
 }
 
 }  // namespace

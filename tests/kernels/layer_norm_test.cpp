@@ -160,6 +160,39 @@ TEST(GpuLayerNorm, MatchesATenInValuesAndGradients_CUDA) {
   }
 }
 
+// x passed on by pass_layer_norm, its later gradient added inside the norm's backward on the GPU (the gpt's
+// ln1): values and every gradient against ATen's ops in double.
+TEST(GpuLayerNorm, PassesXOnWithItsGradient_CUDA) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const Dtypes kDtypes[] = {{torch::kFloat, torch::kFloat, torch::kFloat},
+                            {torch::kFloat, torch::kBFloat16, torch::kBFloat16},
+                            {torch::kBFloat16, torch::kBFloat16, torch::kBFloat16}};
+  for (const Dtypes& dtypes : kDtypes) {
+    for (int64_t width : {7, 768, 1000}) {
+      torch::manual_seed(width);
+      const LayerNormInputs in = make_inputs(1000, width, dtypes, /*branch=*/true, /*sum_used=*/true);
+      const std::string what = fmt::format("cuda pass x {} y {} width {}", c10::toString(dtypes.x),
+                                           c10::toString(dtypes.y), width);
+      // loss = sum(y wy) + sum(x' ws), so x's gradient is ws plus the norm's.
+      const Grads want = run_layer_norm(in, torch::kDouble, [&](auto x, auto, auto w, auto bias) {
+        return std::make_pair(x, aten_norm(x, torch::Tensor(), w, bias).second);
+      });
+      const Grads got = run_layer_norm(
+          in, torch::kFloat,
+          [&](auto x, auto, auto w, auto bias) {
+            return kernels::pass_layer_norm(x, w, bias, 1e-5, dtypes.y);
+          },
+          torch::kCUDA);
+      const double tolerance = dtypes.x == torch::kBFloat16 || dtypes.y == torch::kBFloat16 ? 2e-2 : 5e-5;
+      EXPECT_TRUE(torch::equal(got.sum, in.x)) << what;
+      expect_close(got.y, want.y, tolerance, what + " y", kLayerNormFloor);
+      expect_close(got.x, want.x, tolerance, what + " grad x", kLayerNormFloor);
+      expect_close(got.weight, want.weight, tolerance, what + " grad weight", kLayerNormFloor);
+      expect_close(got.bias, want.bias, tolerance, what + " grad bias", kLayerNormFloor);
+    }
+  }
+}
+
 // The CUDA kernel rounds as the CPU bodies do: the same fp32 inputs give the same values to fp32's last
 // few bits (the sums run in another order), bf16 outputs within one bf16 step.
 TEST(GpuLayerNorm, AgreesWithTheCpuKernel_CUDA) {

@@ -130,18 +130,21 @@ struct GptOptions {
       "in the fc's epilogue and GELU's derivative in the projection's input gradient) or aten "
       "(scaled_dot_product_attention, or the math path on 1.x; addmm, gelu, add, layer_norm); GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
-  FT_KEY(std::vector<std::string>, aten_kernels,
-         "With kernels = fasttrain: those of its CPU kernels to leave to ATen (attention, layer_norm, "
-         "bias_gelu, linear), or gelu_mlp to run the MLP unfused (fc, bias_gelu, projection), to measure one "
-         "kernel on and off",
-         each_one_of({"attention", "layer_norm", "bias_gelu", "linear", "gelu_mlp"})) = {};
+  FT_KEY(
+      std::vector<std::string>, aten_kernels,
+      "With kernels = fasttrain or gpu_kernels = fasttrain: those of its kernels to leave to ATen "
+      "(attention, layer_norm, bias_gelu, linear; on GPUs layer_norm, bias_gelu for the MLP and linear for "
+      "qkv and the attention's projection), or gelu_mlp to run the CPU's MLP unfused (fc, bias_gelu, "
+      "projection), to measure one kernel on and off",
+      each_one_of({"attention", "layer_norm", "bias_gelu", "linear", "gelu_mlp"})) = {};
   FT_KEY(std::string, gpu_kernels,
          "GPU kernels, on GPUs of compute capability 8.0 and later: fasttrain (its residual add + LayerNorm "
          "in one CUDA kernel each way, writing the dtype of the matmul it feeds; under bf16 the MLP as four "
-         "cuBLASLt matmuls whose epilogues add the biases and apply GELU, and GELU's derivative with the "
-         "bias gradient in one pass) or aten (add, layer_norm and autocast's cast; addmm, gelu and the bias "
-         "gradients' reductions); aten_kernels names layer_norm or bias_gelu to leave one to ATen. Measured "
-         "on an H200 (BENCHMARKS.md \"GPU\")",
+         "cuBLASLt matmuls whose epilogues add the biases, GELU and the residual, and GELU's derivative with "
+         "the bias gradient in one pass; qkv and the attention's projection as cuBLASLt matmuls with their "
+         "bias gradients inside the weight gradients') or aten (add, layer_norm and autocast's cast; addmm, "
+         "gelu and the bias gradients' reductions); aten_kernels names layer_norm, bias_gelu or linear to "
+         "leave one to ATen. Measured on an H200 (BENCHMARKS.md \"GPU\")",
          one_of({"fasttrain", "aten"})) = "fasttrain";
 };
 
