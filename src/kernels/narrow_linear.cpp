@@ -96,15 +96,12 @@ bool narrow_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, co
 
 torch::Tensor narrow_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                             CpuCapability capability) {
-  const auto describe_tensor = [](const torch::Tensor& t) {
-    return t.defined() ? fmt::format("{} {}", t.sizes(), c10::toString(t.scalar_type()))
-                       : std::string("none");
-  };
   FT_CHECK(
       narrow_linear_takes(x, weight, bias),
       "narrow_linear takes x [M, K] on the CPU (bf16, or fp32 under CPU autocast in bf16), weight fp32 [N, "
       "K] with N from 1 to {} and bias fp32 [N]; got x {}, weight {}, bias {}",
-      kNarrowLinearMaxOutputs, describe_tensor(x), describe_tensor(weight), describe_tensor(bias));
+      kNarrowLinearMaxOutputs, detail::describe_tensor(x), detail::describe_tensor(weight),
+      detail::describe_tensor(bias));
   detail::check_runnable(capability, "narrow_linear");
   return NarrowLinearFunction::apply(x, weight, bias, static_cast<int64_t>(capability));
 }

@@ -17,8 +17,8 @@ namespace fasttrain {
 
 namespace {
 
-// Which of fasttrain's kernels the model runs (its blocks, and on the CPU its final norm): on the CPU by
-// model.kernels, on a GPU by model.gpu_kernels, and model.aten_kernels on both.
+// Which of fasttrain's kernels the model runs (its blocks and its final norm): on the CPU by model.kernels,
+// on a GPU by model.gpu_kernels, and model.aten_kernels on both.
 struct GptKernels {
   bool attention = false, layer_norm = false, bias_gelu = false, linear = false, gelu_mlp = false,
        gpu_layer_norm = false, gpu_mlp = false, gpu_linear = false;
@@ -123,12 +123,13 @@ class GptBlockImpl : public torch::nn::Module {
   // model.gpu_kernels says, the residual added by the last one where dropout does nothing; on the CPU in
   // fp32 fasttrain's GELU matmuls where fuses_mlp says.
   torch::Tensor mlp(const torch::Tensor& normed, const torch::Tensor& residual) {
-    if (own_kernels_.gpu_mlp && kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight,
-                                                       mlp_proj_->bias, residual)) {
-      if (dropout_does_nothing())
-        return kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, residual);
-      return residual + dropout_->forward(kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight,
-                                                           mlp_proj_->bias));
+    if (own_kernels_.gpu_mlp) {
+      // The residual joins the last matmul only where nothing comes between them.
+      const torch::Tensor added = dropout_does_nothing() ? residual : torch::Tensor();
+      if (kernels::gpu_mlp_takes(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, added)) {
+        auto y = kernels::gpu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, added);
+        return added.defined() ? y : residual + dropout_->forward(y);
+      }
     }
     if (fuses_mlp(normed, residual))
       return kernels::gelu_mlp(normed, fc_->weight, fc_->bias, mlp_proj_->weight, mlp_proj_->bias, residual);

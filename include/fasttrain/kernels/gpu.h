@@ -6,7 +6,8 @@
 //   torch::Tensor y = fasttrain::kernels::gpu_mlp(x, fc->weight, fc->bias, proj->weight, proj->bias, x0);
 //   torch::Tensor qkv = fasttrain::kernels::gpu_linear(x, qkv->weight, qkv->bias);
 //
-// The residual add + LayerNorm runs on the GPU through kernels::layer_norm and add_layer_norm (cpu.h).
+// The residual add + LayerNorm runs on the GPU through kernels::layer_norm, pass_layer_norm and
+// add_layer_norm (cpu.h).
 #include <torch/types.h>
 
 namespace fasttrain::kernels {
@@ -38,8 +39,9 @@ torch::Tensor gpu_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, co
                       const torch::Tensor& proj_weight, const torch::Tensor& proj_bias,
                       const torch::Tensor& residual = {});
 
-// Whether gpu_linear takes these: x [..., K] on a CUDA GPU computing in bf16, weight [N, K] and bias [N] on
-// its device in fp32 or bf16, K and N multiples of 8.
+// Whether gpu_linear takes these: x [..., K] in fp32 or bf16 on a CUDA GPU computing in bf16 (under bf16
+// autocast, or bf16 itself), weight [N, K] and bias [N] on its device in fp32 or bf16, K and N multiples
+// of 8.
 bool gpu_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // x weight^T + bias in bf16 with fp32 accumulation, returned in bf16 (as autocast's Linear): forward is the

@@ -133,9 +133,10 @@ struct GptOptions {
   FT_KEY(
       std::vector<std::string>, aten_kernels,
       "With kernels = fasttrain or gpu_kernels = fasttrain: those of its kernels to leave to ATen "
-      "(attention, layer_norm, bias_gelu, linear; on GPUs layer_norm, bias_gelu for the MLP and linear for "
-      "qkv and the attention's projection), or gelu_mlp to run the CPU's MLP unfused (fc, bias_gelu, "
-      "projection), to measure one kernel on and off",
+      "(attention, layer_norm, bias_gelu, linear; on GPUs layer_norm, bias_gelu for the fused MLP and linear "
+      "for the blocks' other Linears: qkv, the attention's projection, and the MLP's two where bias_gelu is "
+      "left to ATen), or gelu_mlp to run the CPU's MLP unfused (fc, bias_gelu, projection), to measure one "
+      "kernel on and off",
       each_one_of({"attention", "layer_norm", "bias_gelu", "linear", "gelu_mlp"})) = {};
   FT_KEY(std::string, gpu_kernels,
          "GPU kernels, on GPUs of compute capability 8.0 and later: fasttrain (its residual add + LayerNorm "

@@ -10,8 +10,8 @@ namespace fasttrain::kernels::detail {
 int64_t gelu_backward_partials(int64_t rows, int64_t width);
 
 // grad_pre = grad_out * gelu_tanh'(pre) over [rows, width] bf16 (width a multiple of 8 and each pointer
-// 16-byte aligned, as cuBLASLt's operands are; grad_pre may be grad_out itself), and partial row p of the bias gradient the sum of grad_pre over the p-th range of rows (each
-// written whole).
+// 16-byte aligned, else std::invalid_argument; grad_pre may be grad_out itself), and partial row p of the
+// bias gradient the sum of grad_pre over the p-th range of rows (each written whole).
 void gelu_backward_cuda(const void* grad_out, const void* pre, void* grad_pre, float* bias_partials,
                         int64_t rows, int64_t width, int64_t partials, void* stream);
 

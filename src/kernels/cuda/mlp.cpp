@@ -1,7 +1,7 @@
-// The transformer MLP as four cuBLASLt matmuls with epilogues (fasttrain/kernels/gpu.h). cuBLASLt is called
-// through the library LibTorch loaded (its entry points looked up at run time, not linked), with LibTorch's
-// handle, stream and workspace, so that it is the same cuBLAS that ATen runs and a CUDA graph captures it
-// as it captures ATen's matmuls.
+// The transformer MLP as four cuBLASLt matmuls with epilogues, and a Linear as three
+// (fasttrain/kernels/gpu.h). cuBLASLt is called through the library LibTorch loaded (its entry points looked
+// up at run time, not linked), with LibTorch's handle, stream and workspace, so that it is the same cuBLAS
+// that ATen runs and a CUDA graph captures it as it captures ATen's matmuls.
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "../runnable.h"
@@ -40,10 +40,11 @@ struct CublasLt {
 template <typename F>
 void look_up(F& f, const char* name) {
   void* address = dlsym(RTLD_DEFAULT, name);
-  FT_CHECK(address != nullptr,
-           "gpu_mlp: {} was not found in the process: LibTorch's libcublasLt is not loaded (a CUDA build of "
-           "LibTorch loads it); set model.gpu_kernels = \"aten\"",
-           name);
+  FT_CHECK(
+      address != nullptr,
+      "fasttrain's cuBLASLt matmuls: {} was not found in the process: LibTorch's libcublasLt is not loaded "
+      "(a CUDA build of LibTorch loads it); set model.gpu_kernels = \"aten\"",
+      name);
   f = reinterpret_cast<F>(address);
 }
 
@@ -66,7 +67,7 @@ const CublasLt& cublas_lt() {
 }
 
 void check(cublasStatus_t status, const char* call, const char* gemm) {
-  FT_CHECK(status == CUBLAS_STATUS_SUCCESS, "gpu_mlp's {}: cuBLASLt's {} failed with status {}", gemm, call,
+  FT_CHECK(status == CUBLAS_STATUS_SUCCESS, "fasttrain's {}: cuBLASLt's {} failed with status {}", gemm, call,
            static_cast<int>(status));
 }
 
@@ -82,11 +83,20 @@ struct Gemm {
   torch::Tensor a, b, d;
   bool a_transposed = false, b_transposed = false;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-  torch::Tensor
-      bias;  // BIAS: added over D's rows, [n], in D's dtype; BGRAD epilogues: the gradient, [n] or [m]
+  // BIAS: added over D's rows, [n], in D's dtype; BGRAD epilogues: the gradient written, [n] or [m].
+  torch::Tensor bias;
   torch::Tensor aux;  // GELU_AUX_BIAS: the pre-activation written ([m, n] as D)
-  torch::Tensor c;    // where defined, added to the product (beta = 1): [m, n] in D's dtype
+  torch::Tensor c;    // where defined, added to the product (beta = 1): [m, n] in D's dtype, contiguous
 };
+
+// The largest power of two up to 256 that divides a pointer: cuBLASLt's heuristic assumes 256-byte operands
+// unless told otherwise, and a view at an offset (a batch's row, a shard of a flat buffer) is not.
+uint32_t alignment_of(const void* pointer) {
+  const auto address = reinterpret_cast<uintptr_t>(pointer);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
 
 // RAII for cuBLASLt's descriptors.
 struct Descriptors {
@@ -134,11 +144,24 @@ void run(const Gemm& g) {
   layout(&desc.a, g.b);
   layout(&desc.b, g.a);
   layout(&desc.d, g.d);
+  FT_CHECK(
+      !g.c.defined() ||
+          (g.c.sizes() == g.d.sizes() && g.c.scalar_type() == g.d.scalar_type() && g.c.is_contiguous()),
+      "fasttrain's {}: the matrix added ({} {}) must be contiguous in the output's sizes and dtype ({} {})",
+      g.name, g.c.sizes(), c10::toString(g.c.scalar_type()), g.d.sizes(), c10::toString(g.d.scalar_type()));
   const size_t workspace_bytes = at::cuda::getCUDABlasLtWorkspaceSize();
   check(lt.preference_create(&desc.preference), "MatmulPreferenceCreate", g.name);
-  check(lt.preference_set(desc.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                          sizeof(workspace_bytes)),
-        "MatmulPreferenceSetAttribute", g.name);
+  const auto prefer = [&](cublasLtMatmulPreferenceAttributes_t attribute, const auto& value) {
+    check(lt.preference_set(desc.preference, attribute, &value, sizeof(value)),
+          "MatmulPreferenceSetAttribute", g.name);
+  };
+  prefer(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes);
+  // As ATen's cuBLASLt calls do: cuBLASLt's A is our B, its B our A.
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(g.b.data_ptr()));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(g.a.data_ptr()));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+         alignment_of(g.c.defined() ? g.c.data_ptr() : g.d.data_ptr()));
+  prefer(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(g.d.data_ptr()));
   cublasLtHandle_t handle = at::cuda::getCurrentCUDABlasLtHandle();
   cublasLtMatmulHeuristicResult_t best{};
   int found = 0;
@@ -146,12 +169,14 @@ void run(const Gemm& g) {
         "MatmulAlgoGetHeuristic", g.name);
   FT_CHECK(
       found > 0,
-      "gpu_mlp's {}: cuBLASLt has no kernel for [{}, {}] x [{}, {}] ({} x {}, epilogue {}) on this GPU; set "
-      "model.gpu_kernels = \"aten\" or model.aten_kernels = [\"bias_gelu\"]",
+      "fasttrain's {}: cuBLASLt has no kernel for [{}, {}] x [{}, {}] ({} x {}, epilogue {}) on this GPU; "
+      "set "
+      "model.gpu_kernels = \"aten\", or leave this kernel to ATen in model.aten_kernels (bias_gelu: the MLP; "
+      "linear: a Linear)",
       g.name, m, k, k, n, c10::toString(g.a.scalar_type()), c10::toString(g.d.scalar_type()),
       static_cast<int>(g.epilogue));
   const float one = 1, zero = 0;
-  // C shares D's layout (its shape and dtype, checked by the callers' Gemm).
+  // C shares D's layout (its shape and dtype, checked above).
   const void* c = g.c.defined() ? g.c.data_ptr() : g.d.data_ptr();
   check(lt.matmul(handle, desc.op, &one, g.b.data_ptr(), desc.a, g.a.data_ptr(), desc.b,
                   g.c.defined() ? &one : &zero, c, desc.d, g.d.data_ptr(), desc.d, &best.algo,
@@ -231,8 +256,9 @@ class GpuLinearFunction : public torch::autograd::Function<GpuLinearFunction> {
   }
 };
 
-// Inputs {x, fc_weight, fc_bias, proj_weight, proj_bias} or those and the residual: a custom Function's
-// tensor inputs must be defined, so the residual is there only where given.
+// Inputs {x, fc_weight, fc_bias, proj_weight, proj_bias} or those and the residual: an undefined Tensor
+// given to a custom Function's apply fails (it reads the device of each input), so the residual is there
+// only where given, as add_layer_norm's branch bias is.
 class GpuMlpFunction : public torch::autograd::Function<GpuMlpFunction> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList in) {
@@ -362,9 +388,9 @@ torch::Tensor gpu_linear(const torch::Tensor& x, const torch::Tensor& weight, co
   FT_CHECK(
       gpu_linear_takes(x, weight, bias),
       "gpu_linear takes x [..., K] on a CUDA GPU computing in bf16, a weight [N, K] and a bias [N] in fp32 "
-      "or bf16 on its device, K and N multiples of 8; got x {} {} on {}, weight {} and bias {}",
-      x.sizes(), c10::toString(x.scalar_type()), x.device().str(), weight.sizes(),
-      bias.defined() ? bias.sizes() : c10::IntArrayRef{});
+      "or bf16 on its device, K and N multiples of 8; got x {} on {}, weight {} and bias {}",
+      detail::describe_tensor(x), x.defined() ? x.device().str() : "none", detail::describe_tensor(weight),
+      detail::describe_tensor(bias));
 #if FASTTRAIN_CUDA
   return GpuLinearFunction::apply(x, weight, bias);
 #else
@@ -377,7 +403,8 @@ bool gpu_mlp_takes(const torch::Tensor& x, const torch::Tensor& fc_weight, const
                    const torch::Tensor& residual) {
 #if FASTTRAIN_CUDA
   if (!computes_in_bf16_on_a_gpu(x)) return false;
-  const int64_t width = x.size(-1), hidden = fc_weight.defined() ? fc_weight.size(0) : 0;
+  const int64_t width = x.size(-1),
+                hidden = fc_weight.defined() && fc_weight.dim() == 2 ? fc_weight.size(0) : 0;
   const bool residual_fits =
       !residual.defined() ||
       (residual.device() == x.device() && residual.sizes() == x.sizes() &&
@@ -398,11 +425,10 @@ torch::Tensor gpu_mlp(const torch::Tensor& x, const torch::Tensor& fc_weight, co
       gpu_mlp_takes(x, fc_weight, fc_bias, proj_weight, proj_bias, residual),
       "gpu_mlp takes x [..., C] on a CUDA GPU computing in bf16 and fp32 or bf16 parameters fc [H, C], "
       "[H] and proj [C, H], [C] on its device, C and H multiples of 8, and a residual, where given, of x's "
-      "sizes in fp32 or bf16 on its device; got x {} {} on {}, fc {} and {}, proj {} and {}, residual {}",
-      x.sizes(), c10::toString(x.scalar_type()), x.device().str(), fc_weight.sizes(), fc_bias.sizes(),
-      proj_weight.sizes(), proj_bias.sizes(),
-      residual.defined() ? fmt::format("{} {}", residual.sizes(), c10::toString(residual.scalar_type()))
-                         : std::string("none"));
+      "sizes in fp32 or bf16 on its device; got x {} on {}, fc {} and {}, proj {} and {}, residual {}",
+      detail::describe_tensor(x), x.defined() ? x.device().str() : "none", detail::describe_tensor(fc_weight),
+      detail::describe_tensor(fc_bias), detail::describe_tensor(proj_weight),
+      detail::describe_tensor(proj_bias), detail::describe_tensor(residual));
 #if FASTTRAIN_CUDA
   std::vector<torch::Tensor> inputs{x, fc_weight, fc_bias, proj_weight, proj_bias};
   if (residual.defined()) inputs.push_back(residual);
