@@ -69,6 +69,27 @@ std::pair<torch::Tensor, torch::Tensor> aten_norm(const torch::Tensor& x, const 
   return {sum, y};
 }
 
+// x passed on by pass_layer_norm on `device`: loss = sum(y wy) + sum(x' ws), so x's gradient is ws plus the
+// norm's. Values and every gradient against ATen's ops in double.
+void expect_passes_x_on(const LayerNormInputs& in, torch::ScalarType y_dtype,
+                        kernels::CpuCapability capability, torch::Device device, double tolerance,
+                        const std::string& what) {
+  const Grads want = run_layer_norm(in, torch::kDouble, [&](auto x, auto, auto w, auto bias) {
+    return std::make_pair(x, aten_norm(x, torch::Tensor(), w, bias).second);
+  });
+  const Grads got = run_layer_norm(
+      in, torch::kFloat,
+      [&](auto x, auto, auto w, auto bias) {
+        return kernels::pass_layer_norm(x, w, bias, 1e-5, y_dtype, capability);
+      },
+      device);
+  EXPECT_TRUE(torch::equal(got.sum, in.x)) << what << " passed on";
+  expect_close(got.y, want.y, tolerance, what + " pass y", kLayerNormFloor);
+  expect_close(got.x, want.x, tolerance, what + " pass grad x", kLayerNormFloor);
+  expect_close(got.weight, want.weight, tolerance, what + " pass grad weight", kLayerNormFloor);
+  expect_close(got.bias, want.bias, tolerance, what + " pass grad bias", kLayerNormFloor);
+}
+
 // The kernel's outputs in the dtypes asked for, and within rounding of the reference: fp32 the arithmetic's,
 // bf16 8 bits of mantissa in what is read and written.
 void expect_matches(const Grads& got, const Grads& want, const Dtypes& dtypes, bool branch,
@@ -173,22 +194,8 @@ TEST(GpuLayerNorm, PassesXOnWithItsGradient_CUDA) {
       const LayerNormInputs in = make_inputs(1000, width, dtypes, /*branch=*/true, /*sum_used=*/true);
       const std::string what = fmt::format("cuda pass x {} y {} width {}", c10::toString(dtypes.x),
                                            c10::toString(dtypes.y), width);
-      // loss = sum(y wy) + sum(x' ws), so x's gradient is ws plus the norm's.
-      const Grads want = run_layer_norm(in, torch::kDouble, [&](auto x, auto, auto w, auto bias) {
-        return std::make_pair(x, aten_norm(x, torch::Tensor(), w, bias).second);
-      });
-      const Grads got = run_layer_norm(
-          in, torch::kFloat,
-          [&](auto x, auto, auto w, auto bias) {
-            return kernels::pass_layer_norm(x, w, bias, 1e-5, dtypes.y);
-          },
-          torch::kCUDA);
       const double tolerance = dtypes.x == torch::kBFloat16 || dtypes.y == torch::kBFloat16 ? 2e-2 : 5e-5;
-      EXPECT_TRUE(torch::equal(got.sum, in.x)) << what;
-      expect_close(got.y, want.y, tolerance, what + " y", kLayerNormFloor);
-      expect_close(got.x, want.x, tolerance, what + " grad x", kLayerNormFloor);
-      expect_close(got.weight, want.weight, tolerance, what + " grad weight", kLayerNormFloor);
-      expect_close(got.bias, want.bias, tolerance, what + " grad bias", kLayerNormFloor);
+      expect_passes_x_on(in, dtypes.y, kernels::cpu_capability(), torch::kCUDA, tolerance, what);
     }
   }
 }
@@ -245,18 +252,7 @@ TEST(CpuLayerNorm, AddsTheBranchsBiasAndPassesXOnWithTheirGradients) {
             dtypes.x == torch::kBFloat16 || dtypes.branch == torch::kBFloat16 ? 2e-2 : 5e-5;
         expect_close(bias_got.grad(), bias_want.grad(), tolerance, what("branch bias grad"), kLayerNormFloor);
 
-        // x passed on: loss = sum(y wy) + sum(x' ws), so x's gradient is ws plus the norm's.
-        const Grads pass_want = run_layer_norm(in, torch::kDouble, [&](auto x, auto, auto w, auto bias) {
-          return std::make_pair(x, aten_norm(x, torch::Tensor(), w, bias).second);
-        });
-        const Grads pass_got = run_layer_norm(in, torch::kFloat, [&](auto x, auto, auto w, auto bias) {
-          return kernels::pass_layer_norm(x, w, bias, 1e-5, dtypes.y, capability);
-        });
-        EXPECT_TRUE(torch::equal(pass_got.sum, in.x)) << what("passed on");
-        expect_close(pass_got.y, pass_want.y, tolerance, what("pass y"), kLayerNormFloor);
-        expect_close(pass_got.x, pass_want.x, tolerance, what("pass grad x"), kLayerNormFloor);
-        expect_close(pass_got.weight, pass_want.weight, tolerance, what("pass grad weight"), kLayerNormFloor);
-        expect_close(pass_got.bias, pass_want.bias, tolerance, what("pass grad bias"), kLayerNormFloor);
+        expect_passes_x_on(in, dtypes.y, capability, torch::kCPU, tolerance, what("x"));
       }
     }
   }

@@ -167,14 +167,13 @@ void run(const Gemm& g) {
   int found = 0;
   check(lt.heuristic(handle, desc.op, desc.a, desc.b, desc.d, desc.d, desc.preference, 1, &best, &found),
         "MatmulAlgoGetHeuristic", g.name);
-  FT_CHECK(
-      found > 0,
-      "fasttrain's {}: cuBLASLt has no kernel for [{}, {}] x [{}, {}] ({} x {}, epilogue {}) on this GPU; "
-      "set "
-      "model.gpu_kernels = \"aten\", or leave this kernel to ATen in model.aten_kernels (bias_gelu: the MLP; "
-      "linear: a Linear)",
-      g.name, m, k, k, n, c10::toString(g.a.scalar_type()), c10::toString(g.d.scalar_type()),
-      static_cast<int>(g.epilogue));
+  FT_CHECK(found > 0,
+           "fasttrain's {}: cuBLASLt has no kernel for [{}, {}] x [{}, {}] ({} x {}, epilogue {}) on this "
+           "GPU; set "
+           "model.gpu_kernels = \"aten\", or leave this kernel to ATen in model.aten_kernels (bias_gelu: the "
+           "MLP; linear: a Linear)",
+           g.name, m, k, k, n, c10::toString(g.a.scalar_type()), c10::toString(g.d.scalar_type()),
+           static_cast<int>(g.epilogue));
   const float one = 1, zero = 0;
   // C shares D's layout (its shape and dtype, checked above).
   const void* c = g.c.defined() ? g.c.data_ptr() : g.d.data_ptr();
@@ -195,17 +194,25 @@ torch::Tensor view_like(const torch::Tensor& rows, const torch::Tensor& like) {
   return rows.view(sizes);
 }
 
-// A linear's weight [N, K] and bias [N] gradients in fp32 from its output's gradient [M, N] and its input
-// [M, K] (bf16): one matmul whose epilogue sums the gradient's rows (BGRADB), where ATen reduces them in a
-// pass of its own and casts both products from bf16.
+// A linear's weight gradient [N, K] in fp32 from its output's gradient [M, N] and its input [M, K] (bf16);
+// where `grad_bias` ([N], fp32) is given, the matmul's epilogue also sums the gradient's rows into it
+// (BGRADB), where ATen reduces them in a pass of its own and casts both products from bf16.
+torch::Tensor weight_gradient(const char* name, const torch::Tensor& grad_out, const torch::Tensor& input,
+                              const torch::Tensor& grad_bias = {}) {
+  torch::Tensor grad_weight =
+      torch::empty({grad_out.size(1), input.size(1)}, input.options().dtype(torch::kFloat));
+  const cublasLtEpilogue_t epilogue =
+      grad_bias.defined() ? CUBLASLT_EPILOGUE_BGRADB : CUBLASLT_EPILOGUE_DEFAULT;
+  run({name, grad_out, input, grad_weight, true, false, epilogue, grad_bias, {}, {}});
+  return grad_weight;
+}
+
+// The weight gradient and the bias gradient [N] summed in the same matmul.
 std::pair<torch::Tensor, torch::Tensor> weight_and_bias_gradients(const char* name,
                                                                   const torch::Tensor& grad_out,
                                                                   const torch::Tensor& input) {
-  const auto fp32 = input.options().dtype(torch::kFloat);
-  torch::Tensor grad_weight = torch::empty({grad_out.size(1), input.size(1)}, fp32);
-  torch::Tensor grad_bias = torch::empty({grad_out.size(1)}, fp32);
-  run({name, grad_out, input, grad_weight, true, false, CUBLASLT_EPILOGUE_BGRADB, grad_bias, {}, {}});
-  return {grad_weight, grad_bias};
+  torch::Tensor grad_bias = torch::empty({grad_out.size(1)}, input.options().dtype(torch::kFloat));
+  return {weight_gradient(name, grad_out, input, grad_bias), grad_bias};
 }
 
 // grad_input [M, K] = grad_out [M, N] weight [N, K], in bf16.
@@ -328,17 +335,7 @@ class GpuMlpFunction : public torch::autograd::Function<GpuMlpFunction> {
                                at::cuda::getCurrentCUDAStream().stream());
     const torch::Tensor grad_b_fc = grad_b_fc_partials.sum(0);
     // ---- fc: grad_w [H, C] = grad_pre^T [H, M] x [M, C]; grad_x [M, C] = grad_pre [M, H] w_fc [H, C]
-    torch::Tensor grad_w_fc = torch::empty({hidden, width}, input.options().dtype(torch::kFloat));
-    run({"fc weight gradient",
-         grad_pre,
-         input,
-         grad_w_fc,
-         true,
-         false,
-         CUBLASLT_EPILOGUE_DEFAULT,
-         {},
-         {},
-         {}});
+    const torch::Tensor grad_w_fc = weight_gradient("fc weight gradient", grad_pre, input);
     const torch::Tensor grad_input = input_gradient("fc input gradient", grad_pre, w_fc);
     const auto parameter_dtype = saved_dtype(ctx, "parameter_dtype");
     torch::autograd::variable_list out{view_like(grad_input.to(saved_dtype(ctx, "x_dtype")), grads[0]),
@@ -348,12 +345,6 @@ class GpuMlpFunction : public torch::autograd::Function<GpuMlpFunction> {
     return out;
   }
 };
-
-}  // namespace
-#endif
-
-#if FASTTRAIN_CUDA
-namespace {
 
 // Whether `x` [..., width] on a GPU whose kernels run computes in bf16 (autocast's or its own), in fp32 or
 // bf16.
