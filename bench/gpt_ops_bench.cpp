@@ -367,9 +367,10 @@ void cnn_rows(nlohmann::json& out, int repeats) {
         },
         repeats);
   }
-  // ---- the main job's second conv (16 -> 32 on 14 x 14) and its max-pool: oneDNN's conv and the max-pool
-  // kernel forward either way; backward from the winners against oneDNN's conv backward of the unpooled
-  // gradient, the input's gradient included ----
+  // ---- the main job's second conv (16 -> 32 on 14 x 14) and its max-pool: fasttrain's (Winograd's forward
+  // with the max-pool in its output transform, backward from the winners) against oneDNN's conv and the
+  // max-pool kernel forward and oneDNN's conv backward of the unpooled gradient, the input's gradient
+  // included ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
     const std::string name = dtype == torch::kFloat ? "fp32" : "bf16";
     const auto maps = torch::randn({128, 16, 14, 14}).to(dtype).contiguous(torch::MemoryFormat::ChannelsLast);
@@ -388,6 +389,20 @@ void cnn_rows(nlohmann::json& out, int repeats) {
             y = fasttrain::kernels::max_pool2x2(torch::conv2d(x.to(dtype), weight.to(dtype), {}, 1, 1));
           }
           y.backward(grad);
+        },
+        repeats);
+    // The forward alone, as an evaluation runs it: Winograd's against oneDNN's conv and the max-pool kernel
+    // (model.aten_kernels = ["winograd_conv"]).
+    out["conv_winograd_16to32x14_" + name] = own_against_aten(
+        "NHWC [128, 16, 14, 14] -> conv 3x3 to 32 channels -> 2x2 max-pool, forward (no gradient): "
+        "Winograd's "
+        "F(2x2, 3x3) against oneDNN's conv",
+        [&](bool own) {
+          const torch::NoGradGuard no_gradient;
+          fasttrain::kernels::conv3x3_max_pool2x2(maps, weight, {}, dtype,
+                                                  fasttrain::kernels::cpu_capability(),
+                                                  own ? fasttrain::kernels::WideConvForward::winograd
+                                                      : fasttrain::kernels::WideConvForward::onednn);
         },
         repeats);
   }

@@ -56,11 +56,6 @@ torch::Tensor taps_of(const torch::Tensor& weight, torch::ScalarType dtype) {
   return rounded_to(weight, dtype).permute({1, 2, 3, 0}).contiguous();
 }
 
-// The output rows' parallel tasks: a row costs its 4 x 9 x Cin multiply-adds per output value.
-int64_t rows_per_task(const detail::ConvMaxPoolImages& p) {
-  return detail::rows_per_task(p.out_width * p.out_channels * 36 * p.in_channels);
-}
-
 // grad_y scattered to each window's winner (the max-pool kernel's backward) and through the conv's
 // transpose: the input's gradient, which the first conv of a network does not need, so it is left to
 // ATen's conv. The transposed conv is a conv with the kernel flipped and its channels swapped ([Cin, Cout,
@@ -74,26 +69,61 @@ torch::Tensor input_gradient(const torch::Tensor& input, const torch::Tensor& gr
   return torch::conv2d(grad_maps, flipped, {}, 1, 1).to(input.scalar_type()).contiguous(kChannelsLast);
 }
 
-// The direct forward (at most kConvMaxPoolInChannels input channels): the four conv outputs of each window
-// from the input patch under it, pooled as they are computed.
-detail::Pooled direct_forward(const torch::Tensor& input, const torch::Tensor& weight,
-                              const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability) {
-  detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
-  const torch::Tensor taps = taps_of(weight, dtype);
+// Runs a forward body over the output rows, each costing `row_cost` multiply-adds: the pooled maps in `dtype`
+// and their argmax bytes. `p` holds the weight as the body reads it.
+detail::Pooled run_forward(detail::ConvMaxPoolImages p, const torch::Tensor& input, const torch::Tensor& bias,
+                           torch::ScalarType dtype, detail::ConvMaxPoolForward kernel, int64_t row_cost) {
   const torch::Tensor bias_values = bias.defined() ? rounded_to(bias, dtype).contiguous() : torch::Tensor();
   detail::Pooled pooled;
   pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
                                input.options().dtype(dtype).memory_format(kChannelsLast));
   pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
   p.input = input.data_ptr();
-  p.taps = taps.data_ptr<float>();
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = pooled.output.data_ptr();
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  const auto kernel = conv_max_pool_bodies(capability).forward;
-  at::parallel_for(0, p.batch * p.out_height, rows_per_task(p),
+  at::parallel_for(0, p.batch * p.out_height, detail::rows_per_task(row_cost),
                    [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
   return pooled;
+}
+
+// The direct forward (at most kConvMaxPoolInChannels input channels): the four conv outputs of each window
+// from the input patch under it, pooled as they are computed; a row costs 4 x 9 x Cin multiply-adds per
+// output value.
+detail::Pooled direct_forward(const torch::Tensor& input, const torch::Tensor& weight,
+                              const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability) {
+  detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
+  const torch::Tensor taps = taps_of(weight, dtype);
+  p.taps = taps.data_ptr<float>();
+  return run_forward(p, input, bias, dtype, conv_max_pool_bodies(capability).forward,
+                     p.out_width * p.out_channels * 36 * p.in_channels);
+}
+
+// Winograd's transform of the weight [Cout, Cin, 3, 3] rounded to `dtype`: U = G g G^T, G = [1 0 0; 1/2 1/2
+// 1/2; 1/2 -1/2 1/2; 0 0 1], as the bodies' winograd_taps, fp32 [4, 4, Cin, Cout padded with zeros].
+// Elementwise, not a matmul: train.fp32_precision may let matmuls round their inputs to bf16.
+torch::Tensor winograd_taps_of(const torch::Tensor& weight, torch::ScalarType dtype) {
+  auto transform = [](const torch::Tensor& g, int64_t dim) {
+    const torch::Tensor g0 = g.select(dim, 0), g1 = g.select(dim, 1), g2 = g.select(dim, 2);
+    return torch::stack({g0, (g0 + g1 + g2) * 0.5, (g0 - g1 + g2) * 0.5, g2}, dim);
+  };
+  const torch::Tensor u = transform(transform(rounded_to(weight, dtype), 2), 3);  // [Cout, Cin, 4, 4]
+  const int64_t cout = weight.size(0), multiple = detail::kWinogradOutChannelsMultiple;
+  const int64_t padded = (cout + multiple - 1) / multiple * multiple;
+  return torch::constant_pad_nd(u.permute({2, 3, 1, 0}), {0, padded - cout}).contiguous();
+}
+
+// Over more input channels in Winograd's F(2x2, 3x3): 16 multiply-adds per input and output channel a
+// window where the direct conv takes 36, plus the transforms.
+detail::Pooled winograd_forward(const torch::Tensor& input, const torch::Tensor& weight,
+                                const torch::Tensor& bias, torch::ScalarType dtype,
+                                CpuCapability capability) {
+  detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
+  const torch::Tensor taps = winograd_taps_of(weight, dtype);
+  p.winograd_taps = taps.data_ptr<float>();
+  p.winograd_out_channels = taps.size(3);
+  return run_forward(p, input, bias, dtype, conv_max_pool_bodies(capability).winograd_forward,
+                     p.out_width * p.winograd_out_channels * 16 * p.in_channels);
 }
 
 // More input channels: ATen's conv (oneDNN's GEMM-shaped kernels; a direct conv over 16 channels is slower)
@@ -106,6 +136,14 @@ detail::Pooled conv_then_pool(const torch::Tensor& input, const torch::Tensor& w
   const torch::Tensor conv = torch::conv2d(rounded_to(input, dtype), rounded_to(weight, dtype),
                                            bias.defined() ? rounded_to(bias, dtype) : torch::Tensor(), 1, 1);
   return detail::pool2x2(conv.to(dtype).contiguous(kChannelsLast), capability);
+}
+
+// The conv and its max-pool by the path the input channels and `wide` pick.
+detail::Pooled pooled_conv(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
+                           torch::ScalarType dtype, CpuCapability capability, WideConvForward wide) {
+  if (runs_direct(input.size(1))) return direct_forward(input, weight, bias, dtype, capability);
+  if (wide == WideConvForward::winograd) return winograd_forward(input, weight, bias, dtype, capability);
+  return conv_then_pool(input, weight, bias, dtype, capability);
 }
 
 // The weight's and bias's gradients as the rows the bodies sum them in, rounded to the compute dtype as a
@@ -155,13 +193,12 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& input,
                                const torch::Tensor& weight, const torch::Tensor& bias, bool has_bias,
-                               int64_t dtype_code, int64_t capability_code) {
+                               int64_t dtype_code, int64_t capability_code, int64_t wide_code) {
     const auto dtype = static_cast<torch::ScalarType>(dtype_code);
     const auto capability = static_cast<CpuCapability>(capability_code);
     const torch::Tensor some_bias = has_bias ? bias : torch::Tensor();
-    const detail::Pooled pooled = runs_direct(input.size(1))
-                                      ? direct_forward(input, weight, some_bias, dtype, capability)
-                                      : conv_then_pool(input, weight, some_bias, dtype, capability);
+    const detail::Pooled pooled =
+        pooled_conv(input, weight, some_bias, dtype, capability, static_cast<WideConvForward>(wide_code));
     ctx->save_for_backward({input, weight, pooled.argmax});
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
@@ -196,7 +233,8 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
         ctx->saved_data["has_bias"].toBool()
             ? grads_of.bias.to(static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt()))
             : torch::Tensor();
-    return {grad_input, grad_weight, grad_bias, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {grad_input,      grad_weight,     grad_bias,      torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -221,7 +259,7 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
 
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
                                   const torch::Tensor& bias, torch::ScalarType dtype,
-                                  CpuCapability capability) {
+                                  CpuCapability capability, WideConvForward wide) {
   FT_CHECK(
       conv3x3_max_pool2x2_takes(input, weight, bias, dtype),
       "conv3x3_max_pool2x2 takes images [N, C, H, W] (H and W at least 2) in channels_last "
@@ -237,7 +275,7 @@ torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tenso
   // A custom Function's tensor arguments must be defined: no bias is a zero one that takes no gradient.
   const torch::Tensor some_bias = bias.defined() ? bias : torch::zeros({weight.size(0)}, weight.options());
   return ConvMaxPoolFunction::apply(input, weight, some_bias, bias.defined(), static_cast<int64_t>(dtype),
-                                    static_cast<int64_t>(capability));
+                                    static_cast<int64_t>(capability), static_cast<int64_t>(wide));
 }
 
 }  // namespace fasttrain::kernels

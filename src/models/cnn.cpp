@@ -35,15 +35,16 @@ TORCH_MODULE(MaxPool2x2);
 
 // Conv2d(3x3, padding 1) and the MaxPool2d(2) after it: fasttrain's fused kernel where it takes them
 // (channels_last on the CPU) and pays, else the conv and then MaxPool2x2. Over an image's few channels the
-// kernel writes only the pooled maps; over more its forward is oneDNN's conv and the max-pool kernel, and
+// kernel writes only the pooled maps; over more its forward is Winograd's F(2x2, 3x3) with the max-pool in
+// its output transform (model.aten_kernels "winograd_conv": oneDNN's conv and the max-pool kernel), and
 // its backward, from each window's winner only, pays in fp32 (1.17-1.56x alone, 1.14x the main job's fp32
 // throughput with AVX512; even with AVX2) but not in bf16, where oneDNN's dense backward runs on bf16 dot
 // products (BENCHMARKS.md, "Own CPU kernels, sixth part"). It stays a Conv2d, with its parameters' names,
 // for checkpoints and whatever inspects the model; an Identity holds the max-pool's place.
 class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
  public:
-  ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool)
-      : torch::nn::Conv2dImpl(options), pool_(own_max_pool) {}
+  ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool, kernels::WideConvForward wide)
+      : torch::nn::Conv2dImpl(options), pool_(own_max_pool), wide_(wide) {}
 
   torch::Tensor forward(const torch::Tensor& images) {
     const torch::ScalarType dtype = kernels::cpu_compute_dtype(images);
@@ -52,13 +53,14 @@ class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
     const bool channels_last = weight.suggest_memory_format() == torch::MemoryFormat::ChannelsLast;
     const bool pays = images.size(1) <= kernels::kConvMaxPoolInChannels || dtype == torch::kFloat;
     if (channels_last && pays && kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
-      return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype);
+      return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, kernels::cpu_capability(), wide_);
     }
     return pool_->forward(torch::nn::Conv2dImpl::forward(images));
   }
 
  private:
   MaxPool2x2 pool_;  // not registered: it holds nothing
+  kernels::WideConvForward wide_;
 };
 TORCH_MODULE(ConvMaxPool2d);
 
@@ -94,13 +96,15 @@ TORCH_MODULE(BatchNormReLU2d);
 
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
 struct CnnKernels {
-  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, flatten = false;
+  bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, winograd_conv = false,
+       flatten = false;
   HeadKernels head;
 
   explicit CnnKernels(const CnnOptions& options)
       : max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "max_pool")),
         batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")),
         conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")),
+        winograd_conv(runs_own_kernel(options.kernels(), options.aten_kernels(), "winograd_conv")),
         flatten(runs_own_kernel(options.kernels(), options.aten_kernels(), "flatten")),
         head{runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_linear"),
              runs_own_kernel(options.kernels(), options.aten_kernels(), "narrow_linear")} {}
@@ -118,7 +122,9 @@ class Cnn : public torch::nn::Module {
                             .padding(1)
                             .bias(!options.batchnorm() || options.bias_before_norm());
       if (options.pool_first() && own.conv_max_pool) {
-        features_->push_back(ConvMaxPool2d(conv, own.max_pool));
+        features_->push_back(ConvMaxPool2d(
+            conv, own.max_pool,
+            own.winograd_conv ? kernels::WideConvForward::winograd : kernels::WideConvForward::onednn));
         features_->push_back(torch::nn::Identity());
       } else {
         features_->push_back(torch::nn::Conv2d(conv));

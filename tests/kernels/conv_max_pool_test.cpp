@@ -1,10 +1,11 @@
 // fasttrain's fused 3x3 conv + 2x2 max-pool kernel against ATen's conv2d and max_pool2d run in double on the
 // same values: outputs and the gradients of the weight, the bias and the input, computed in fp32 and in
 // bf16 (from fp32 images, as under autocast, and from bf16 ones), on every CPU capability this machine
-// runs. The values are chosen so that every sum is exact in fp32 (integers, and fractions of 1/1024 that
-// bf16 cannot hold): the kernel and the reference then agree exactly, windows tie often (the first wins in
-// both), and a bf16 path that forgot to round the input, or the conv's outputs before comparing them,
-// gives other values.
+// runs, past 4 input channels by Winograd's F(2x2, 3x3) and by oneDNN's conv. The values are chosen so that
+// every sum is exact in fp32 (integers, and fractions of 1/1024 that bf16 cannot hold; Winograd's transforms
+// add halves and quarters, still exact at these sizes): the kernel and the reference then agree exactly,
+// windows tie often (the first wins in both), and a bf16 path that forgot to round the input, or the conv's
+// outputs before comparing them, gives other values.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -59,12 +60,15 @@ struct ConvMaxPoolResult {
   torch::Tensor y, grad_images, grad_weight, grad_bias;
 };
 
+using kernels::WideConvForward;
+
 ConvMaxPoolResult run_kernel(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
-                             kernels::CpuCapability capability, bool input_gradient = true) {
+                             kernels::CpuCapability capability, WideConvForward wide,
+                             bool input_gradient = true) {
   auto images = in.images.detach().requires_grad_(input_gradient);
   auto weight = in.weight.clone().requires_grad_(true);
   auto bias = in.bias.defined() ? in.bias.clone().requires_grad_(true) : torch::Tensor();
-  auto y = kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, capability);
+  auto y = kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, capability, wide);
   y.backward(in.grad_y.to(dtype).contiguous(kChannelsLast));
   return {y.detach(), images.grad(), weight.grad(), bias.defined() ? bias.grad() : torch::Tensor()};
 }
@@ -86,9 +90,9 @@ ConvMaxPoolResult run_reference(const ConvMaxPoolInputs& in, torch::ScalarType d
 }
 
 void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
-                           kernels::CpuCapability capability) {
+                           kernels::CpuCapability capability, WideConvForward wide) {
   const torch::ScalarType images_dtype = in.images.scalar_type();
-  const ConvMaxPoolResult got = run_kernel(in, dtype, capability);
+  const ConvMaxPoolResult got = run_kernel(in, dtype, capability, wide);
   const ConvMaxPoolResult want = run_reference(in, dtype);
   EXPECT_EQ(got.y.scalar_type(), dtype);
   EXPECT_TRUE(got.y.is_contiguous(kChannelsLast));
@@ -103,8 +107,17 @@ void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
   const bool rounded = dtype == torch::kBFloat16 || images_dtype == torch::kBFloat16;
   EXPECT_TRUE(close("grad_images", got.grad_images, want.grad_images, rounded ? 1.0 / 128 : 0, 0));
   // Without the input's gradient (the winners' pass then leaves it out) the weight's is the same.
-  const ConvMaxPoolResult weight_only = run_kernel(in, dtype, capability, /*input_gradient=*/false);
+  const ConvMaxPoolResult weight_only = run_kernel(in, dtype, capability, wide, /*input_gradient=*/false);
   EXPECT_TRUE(close("grad_weight without the input's", weight_only.grad_weight, want.grad_weight, 0, 0));
+}
+
+// Over both of the wide forwards (the direct path over few channels ignores `wide`).
+void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
+                           kernels::CpuCapability capability) {
+  for (const WideConvForward wide : {WideConvForward::winograd, WideConvForward::onednn}) {
+    SCOPED_TRACE(wide == WideConvForward::winograd ? "Winograd" : "oneDNN");
+    expect_matches_double(in, dtype, capability, wide);
+  }
 }
 
 void expect_matches_double(const Case& c, torch::ScalarType images_dtype, torch::ScalarType dtype,
@@ -179,16 +192,54 @@ TEST(CpuConvMaxPool, RoundsTheWeightAndBiasAsABf16ConvDoes) {
 
 TEST(CpuConvMaxPool, PropagatesNaNAsConvAndMaxPoolDo) {
   // A NaN in the image reaches each conv output whose 3x3 field holds it, and the max-pool passes it on:
-  // through the direct forward (one channel) and through oneDNN's conv and the max-pool kernel (six).
+  // through the direct forward (one channel), Winograd's (six) and oneDNN's conv and the max-pool kernel
+  // (six). Winograd's transforms carry a patch's NaN to exactly the outputs whose 3x3 field holds it (B^T's
+  // and A^T's rows pair up so), as a direct conv does.
   torch::manual_seed(2);
   for (const int64_t channels : {1, 6}) {
-    auto in = make_inputs(Case{2, channels, 8, 8, 4, true}, torch::kFloat);
-    in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::quiet_NaN());
-    const auto got = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kFloat);
-    const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
-    EXPECT_TRUE(torch::equal(got.isnan(), want.isnan())) << channels << " channels";
-    EXPECT_GT(got.isnan().sum().item<int64_t>(), 0);
-    EXPECT_TRUE(torch::allclose(got.nan_to_num(0), want.nan_to_num(0)));
+    for (const WideConvForward wide : {WideConvForward::winograd, WideConvForward::onednn}) {
+      auto in = make_inputs(Case{2, channels, 8, 8, 4, true}, torch::kFloat);
+      in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::quiet_NaN());
+      const auto got = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kFloat,
+                                                    kernels::cpu_capability(), wide);
+      const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
+      EXPECT_TRUE(torch::equal(got.isnan(), want.isnan())) << channels << " channels";
+      EXPECT_GT(got.isnan().sum().item<int64_t>(), 0);
+      EXPECT_TRUE(torch::allclose(got.nan_to_num(0), want.nan_to_num(0)));
+    }
+  }
+}
+
+TEST(CpuConvMaxPool, WinogradsForwardAgreesWithOneDnnsOnGeneralValues) {
+  // Normal values, whose sums round: Winograd's transforms round otherwise than oneDNN's conv, so the pooled
+  // maps agree to fp32's few ulps and not bit for bit, and a window whose two largest outputs are that close
+  // may pick another winner. Drawn so none is: the gradients, summed at the winners, then agree as closely.
+  // The main job's second conv and sizes that fill no vector evenly, in fp32 and in bf16.
+  torch::manual_seed(11);
+  for (auto capability : kernels::runnable_cpu_capabilities()) {
+    for (const Case& c :
+         {Case{4, 16, 14, 14, 32, false}, Case{3, 5, 7, 9, 37, true}, Case{2, 20, 6, 5, 3, true}}) {
+      for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+        SCOPED_TRACE(kernels::to_string(capability) + " in " + c10::toString(dtype) + " " + describe(c));
+        ConvMaxPoolInputs in;
+        in.images = torch::randn({c.batch, c.in_channels, c.height, c.width}).contiguous(kChannelsLast);
+        in.weight = torch::randn({c.out_channels, c.in_channels, 3, 3}) / 3;
+        in.bias = c.bias ? torch::randn({c.out_channels}) : torch::Tensor();
+        in.grad_y = torch::randn({c.batch, c.out_channels, c.height / 2, c.width / 2});
+        const ConvMaxPoolResult winograd = run_kernel(in, dtype, capability, WideConvForward::winograd);
+        const ConvMaxPoolResult onednn = run_kernel(in, dtype, capability, WideConvForward::onednn);
+        // bf16 rounds each conv output, so a few ulps of fp32 may move it by one bf16 step.
+        const double tolerance = dtype == torch::kFloat ? 1e-5 : 1.0 / 64;
+        EXPECT_TRUE(close("y", winograd.y, onednn.y, tolerance, tolerance));
+        if (dtype == torch::kFloat) {
+          EXPECT_TRUE(close("grad_weight", winograd.grad_weight, onednn.grad_weight, 1e-5, 1e-5));
+          EXPECT_TRUE(close("grad_images", winograd.grad_images, onednn.grad_images, 1e-5, 1e-5));
+          if (c.bias) {
+            EXPECT_TRUE(close("grad_bias", winograd.grad_bias, onednn.grad_bias, 1e-5, 1e-5));
+          }
+        }
+      }
+    }
   }
 }
 

@@ -296,7 +296,8 @@ TEST(Models, CnnOwnLinearKernelsMatchATensStep) {
 
 TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
   // With pool_first each conv and its max-pool run fasttrain's fused kernel (the second, over 8 channels,
-  // in fp32 only: its winners' backward does not pay in bf16); model.aten_kernels = ["conv_max_pool"] runs
+  // in fp32 only: its winners' backward does not pay in bf16; its forward by Winograd's F(2x2, 3x3));
+  // model.aten_kernels = ["conv_max_pool"] runs
   // ATen's conv2d and then the max-pool. The same loss,
   // gradients, running statistics and evaluation to fp32's (or bf16's) rounding, and the same parameter
   // names. The kernel's reference tests: tests/kernels/conv_max_pool_test.cpp.
@@ -315,6 +316,19 @@ TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
                     .named_parameters()
                     .keys());
     }
+  }
+  // model.aten_kernels = ["winograd_conv"]: the second conv's forward (8 input channels, fp32) by oneDNN's
+  // conv and the max-pool kernel instead of Winograd's: the same steps to fp32's rounding, and not bit for
+  // bit, so the switch reaches the kernel.
+  {
+    const CnnOptions options = small_batchnorm_cnn(true);
+    const auto winograd = two_steps_and_an_evaluation(options, shape, false);
+    const auto onednn =
+        two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"winograd_conv"}), shape, false);
+    expect_close_to_rounding(winograd, onednn, false);
+    bool differs = false;
+    for (size_t i = 0; i < winograd.size(); ++i) differs = differs || !torch::equal(winograd[i], onednn[i]);
+    EXPECT_TRUE(differs) << "winograd_conv left to oneDNN changed no value";
   }
   // Each conv whose max-pool comes straight after it (pool_first) is fused; an Identity holds its max-pool's
   // place, as one holds the ReLU's after each BatchNorm + ReLU and after the hidden Linear (amx_linear).

@@ -197,8 +197,16 @@ bool flatten_channels_last_takes(const torch::Tensor& maps);
 torch::Tensor flatten_channels_last(const torch::Tensor& maps, CpuCapability capability = cpu_capability());
 
 // The most input channels conv3x3_max_pool2x2's direct forward takes: an image's few, where a direct conv
-// beats oneDNN's GEMM-shaped kernels. Over more, its forward is oneDNN's conv and then max_pool2x2's kernel.
+// beats oneDNN's GEMM-shaped kernels. Over more, its forward is WideConvForward's.
 constexpr int64_t kConvMaxPoolInChannels = 4;
+
+// conv3x3_max_pool2x2's forward over more than kConvMaxPoolInChannels input channels: Winograd's F(2x2, 3x3),
+// whose 2x2 output tiles are the pooling windows (16 multiply-adds per input and output channel a window
+// where a direct conv takes 36; only the pooled maps written), or oneDNN's conv and then max_pool2x2's
+// kernel. Winograd's transforms round (a relative 1e-6 or so in fp32; none on small whole numbers), so near
+// ties may pool another winner than oneDNN's conv; they take differences of the input, so an infinite input
+// may give NaN where a direct conv gives an infinity (a NaN goes where it goes in a direct conv).
+enum class WideConvForward { winograd, onednn };
 
 // Whether conv3x3_max_pool2x2 takes these: images [N, C, H, W] with H and W at least 2, laid out
 // channels_last (NHWC) on the CPU in fp32 or bf16; weight [Cout, C, 3, 3] and bias [Cout] (or undefined) on
@@ -212,7 +220,7 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
 // conv output before the max-pool compares it; fp32 arithmetic either way) and returned in it, with a byte
 // per value saying which of its window won (ties to the window's first, NaN propagates: max_pool2x2's rule).
 // Over at most kConvMaxPoolInChannels input channels it runs in one pass and writes only the pooled maps;
-// over more, oneDNN's conv and then the max-pool kernel. Backward runs from the winners only: a window's
+// over more, as `wide` says. Backward runs from the winners only: a window's
 // gradient flows through the one conv output that won it. The weight's and bias's gradients are summed in
 // fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in the parameters' own dtype
 // and layout. The input's gradient, where it needs one, is over few channels the transposed conv (ATen's
@@ -223,7 +231,8 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
 // by such outputs leaves the gradients finite, where conv2d's backward multiplies it by a zero gradient.
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,
                                   const torch::Tensor& bias, torch::ScalarType dtype,
-                                  CpuCapability capability = cpu_capability());
+                                  CpuCapability capability = cpu_capability(),
+                                  WideConvForward wide = WideConvForward::winograd);
 
 // Whether batch_norm_relu takes these: maps [N, C, H, W] laid out channels_last on the CPU in fp32 or
 // bf16 (at least two values per channel when training), weight, bias, running_mean and running_var fp32

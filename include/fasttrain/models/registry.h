@@ -86,19 +86,26 @@ struct CnnOptions {
       std::string, kernels,
       "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
       "backward, which writes each input gradient once, ATen's values bit for bit; BatchNorm with the "
-      "ReLU after it in one kernel, keeping x alone for backward; and with pool_first, a conv over at most "
-      "4 input channels (the first) fused with its max-pool, writing only the pooled maps; the last maps "
+      "ReLU after it in one kernel, keeping x alone for backward; and with pool_first, each conv fused with "
+      "its max-pool, "
+      "writing only the pooled maps (over at most 4 input channels a direct conv, over more Winograd's "
+      "F(2x2, "
+      "3x3), whose output tiles are the pooling windows) and summing backward from the winners only; the "
+      "last maps "
       "flattened for the classifier by a transpose with gathers, not ATen's strided copy; in bf16 on a CPU "
       "with AMX-BF16, each hidden Linear and its ReLU on AMX's tiles, the weight rounded and packed in "
       "one pass and its gradient summed in fp32; in bf16, the output Linear's few outputs as dot products "
       "in fp32 vectors) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, linear); NCHW inputs and "
       "GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
-  FT_KEY(std::vector<std::string>, aten_kernels,
-         "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
-         "conv_max_pool, flatten, amx_linear, narrow_linear), to measure one kernel on and off",
-         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "flatten", "amx_linear",
-                      "narrow_linear"})) = {};
+  FT_KEY(
+      std::vector<std::string>, aten_kernels,
+      "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
+      "conv_max_pool, winograd_conv: the fused conv's forward over more than 4 input channels as oneDNN's "
+      "conv and the max-pool kernel instead of Winograd's F(2x2, 3x3), flatten, amx_linear, narrow_linear), "
+      "to measure one kernel on and off",
+      each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "winograd_conv", "flatten", "amx_linear",
+                   "narrow_linear"})) = {};
 };
 
 struct ResnetOptions {

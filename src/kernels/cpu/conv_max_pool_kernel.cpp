@@ -222,33 +222,45 @@ void load_padded_image(const detail::ConvMaxPoolImages& p, int64_t n, float* pad
 // The index in an image padded by load_padded_image of the top left of the 3x3 neighbourhood of window (oh,
 // ow)'s position k (0 top left, 1 top right, 2 bottom left, 3 bottom right): its tap (ky, kx) is row ky,
 // column kx from there.
-inline int64_t winner_neighbourhood(const detail::ConvMaxPoolImages& p, int64_t oh, int64_t ow, int k) {
-  return ((2 * oh + (k >> 1)) * (p.width + 2) + 2 * ow + (k & 1)) * p.in_channels;
+inline int64_t winner_neighbourhood(const detail::ConvMaxPoolImages& p, int64_t cin, int64_t oh, int64_t ow,
+                                    int k) {
+  return ((2 * oh + (k >> 1)) * (p.width + 2) + 2 * ow + (k & 1)) * cin;
+}
+
+// The input channels as the winners' loops see them: kCin where it is a template argument (not 0), so that
+// each tap's offset is a constant in its load's address (perf under AVX2 had an address add or lea beside
+// every multiply-add where it was not), else the images'.
+template <int kCin>
+inline int64_t input_channels(const detail::ConvMaxPoolImages& p) {
+  return kCin > 0 ? kCin : p.in_channels;
 }
 
 // One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x over the 3x3
 // neighbourhood of each window's winner (t = ky * 3 + kx). Output channel outermost, so its nine sums stay in
 // registers (kWhole: see load_lanes).
-template <bool kWhole>
+template <int kCin, bool kWhole>
 inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const float* padded, const float* dy,
                                   const uint8_t* argmax, int64_t co, int64_t c, int64_t count,
                                   float* grad_row) {
-  const int64_t cin = p.in_channels, cout = p.out_channels, padded_width = p.width + 2;
+  const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, padded_width = p.width + 2;
   Vec grad_w[kTaps];
   for (int t = 0; t < kTaps; ++t) grad_w[t] = Vec::loadu(grad_row + t * cin + c, count);
+  // The winner's neighbourhood from its window's: a corner's offset, and the three rows from there.
+  const int64_t padded_row = padded_width * cin;
+  const int64_t corner[kWindow] = {0, cin, padded_row, padded_row + cin};
   for (int64_t oh = 0; oh < p.out_height; ++oh) {
+    const float* window_row = padded + 2 * oh * padded_row + c;
     for (int64_t ow = 0; ow < p.out_width; ++ow) {
       const int64_t at = (oh * p.out_width + ow) * cout + co;
       const Vec grad(dy[at]);
-      const int k = argmax[at];
-      const int64_t winner = winner_neighbourhood(p, oh, ow, k) + c;
+      const float* top = window_row + 2 * ow * cin + corner[argmax[at]];
+      const float* rows[3] = {top, top + padded_row, top + 2 * padded_row};
 #pragma GCC unroll 3
       for (int ky = 0; ky < 3; ++ky) {
 #pragma GCC unroll 3
         for (int kx = 0; kx < 3; ++kx) {
           const int t = ky * 3 + kx;
-          const int64_t at_tap = winner + (ky * padded_width + kx) * cin;
-          grad_w[t] = at::vec::fmadd(grad, load_lanes<kWhole>(padded + at_tap, count), grad_w[t]);
+          grad_w[t] = at::vec::fmadd(grad, load_lanes<kWhole>(rows[ky] + kx * cin, count), grad_w[t]);
         }
       }
     }
@@ -260,9 +272,10 @@ inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const floa
 // The window's output channels are bucketed by which of the four positions won; each bucket's sum over its
 // channels is kept in nine registers and added once into that position's 3x3 neighbourhood: 36 stores a
 // window, where a scatter per output channel stores 9 * Cout and each store waits on the one before it.
+template <int kCin>
 void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, const uint8_t* argmax,
                           float* grad_padded) {
-  const int64_t cin = p.in_channels, cout = p.out_channels, padded_width = p.width + 2;
+  const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, padded_width = p.width + 2;
   std::vector<int32_t> bucketed(cout);
   for (int64_t oh = 0; oh < p.out_height; ++oh) {
     for (int64_t ow = 0; ow < p.out_width; ++ow) {
@@ -275,7 +288,7 @@ void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, c
       for (int64_t co = 0; co < cout; ++co) bucketed[next[argmax[at + co]]++] = static_cast<int32_t>(co);
       for (int k = 0; k < kWindow; ++k) {
         if (starts[k] == starts[k + 1]) continue;
-        const int64_t winner = winner_neighbourhood(p, oh, ow, k);
+        const int64_t winner = winner_neighbourhood(p, cin, oh, ow, k);
         by_vectors(cin, [&](int64_t c, int64_t count) {
           whole_or_partial(count, [&](auto whole) {
             Vec sums[kTaps];
@@ -303,8 +316,9 @@ void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, c
   }
 }
 
-void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
-  const int64_t cin = p.in_channels, cout = p.out_channels, row_width = kTaps * cin + 1;
+template <int kCin>
+void winner_backward_images(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
+  const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, row_width = kTaps * cin + 1;
   const int64_t padded_size = (p.height + 2) * (p.width + 2) * cin, windows = p.out_height * p.out_width;
   float* sums = p.grad_rows + chunk * cout * row_width;
   std::vector<float> padded(padded_size), grad_padded(p.grad_input ? padded_size : 0), dy(windows * cout);
@@ -317,7 +331,7 @@ void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t 
       float* grad_row = sums + co * row_width;
       by_vectors(cin, [&](int64_t c, int64_t count) {
         whole_or_partial(count, [&](auto whole) {
-          winner_weight_windows<whole>(p, padded.data(), dy.data(), argmax, co, c, count, grad_row);
+          winner_weight_windows<kCin, whole>(p, padded.data(), dy.data(), argmax, co, c, count, grad_row);
         });
       });
       float grad_bias = 0.f;
@@ -325,7 +339,7 @@ void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t 
       grad_row[kTaps * cin] += grad_bias;
     }
     if (!p.grad_input) continue;
-    winner_input_windows(p, dy.data(), argmax, grad_padded.data());
+    winner_input_windows<kCin>(p, dy.data(), argmax, grad_padded.data());
     // The interior in input's dtype, rounded to bf16 where either the conv or the input is (a bf16 conv's
     // input gradient is bf16).
     const int64_t row = p.width * cin, padded_row = (p.width + 2) * cin;
@@ -343,6 +357,160 @@ void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t 
         store_row(values, p.grad_input, false, offset, row);
       }
     }
+  }
+}
+
+// The common channel counts of a conv net's later stages as constants, any other count at run time.
+void winner_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end, int64_t chunk) {
+  switch (p.in_channels) {
+    case 8:
+      return winner_backward_images<8>(p, begin, end, chunk);
+    case 16:
+      return winner_backward_images<16>(p, begin, end, chunk);
+    case 32:
+      return winner_backward_images<32>(p, begin, end, chunk);
+    case 64:
+      return winner_backward_images<64>(p, begin, end, chunk);
+    default:
+      return winner_backward_images<0>(p, begin, end, chunk);
+  }
+}
+
+// Winograd's F(2x2, 3x3) (Lavin and Gray, 2015), one pooling window per output tile. For the 4x4 input patch
+// d under a window and each input channel, V = B^T d B; for each input and output channel, U = G g G^T (the
+// dispatcher's winograd_taps); per position xi of the 4x4, M[xi] = sum over ci of V[xi, ci] U[xi, ci, co], 16
+// GEMMs of [windows, Cin] x [Cin, Cout]; the window's conv outputs are A^T M A + bias, pooled in registers.
+//   B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],  A^T = [1 1 1 0; 0 1 -1 -1]
+constexpr int kTransformed = kPatch * kPatch;
+
+// V of window ow's patch for input channels [c, c + count): v[xi * Cin + c], xi = 4 i + j.
+template <bool kWhole>
+inline void transform_patch(const float* patch, int64_t padded_width, int64_t cin, int64_t ow, int64_t c,
+                            int64_t count, float* v) {
+  Vec rows[kPatch][kPatch];  // B^T d
+  for (int j = 0; j < kPatch; ++j) {
+    Vec d[kPatch];
+    for (int i = 0; i < kPatch; ++i)
+      d[i] = load_lanes<kWhole>(patch + i * padded_width + (2 * ow + j) * cin + c, count);
+    rows[0][j] = d[0] - d[2];
+    rows[1][j] = d[1] + d[2];
+    rows[2][j] = d[2] - d[1];
+    rows[3][j] = d[1] - d[3];
+  }
+  for (int i = 0; i < kPatch; ++i) {
+    const Vec* t = rows[i];
+    const Vec transformed[kPatch] = {t[0] - t[2], t[1] + t[2], t[2] - t[1], t[1] - t[3]};
+    for (int j = 0; j < kPatch; ++j) transformed[j].store(v + (i * kPatch + j) * cin + c, count);
+  }
+}
+
+// For kWindows windows side by side and kVecs vectors of output channels from c, at one position xi:
+// m[w][co] = sum over ci of v[w][ci] u[ci][co] (v, u and m already at xi; a window's values are kTransformed
+// rows apart in v and m). The sums stay in registers: 8 of them for 4 windows of 2 vectors, with 2 weight
+// vectors and a broadcast, within AVX2's 16.
+template <int kWindows, int kVecs>
+inline void multiply_windows(const float* v, const float* u, float* m, int64_t cin, int64_t padded_cout,
+                             int64_t c) {
+  Vec sums[kWindows][kVecs];
+  for (auto& window : sums)
+    for (Vec& sum : window) sum = Vec(0.f);
+  for (int64_t ci = 0; ci < cin; ++ci) {
+    Vec weights[kVecs];
+    for (int k = 0; k < kVecs; ++k) weights[k] = Vec::loadu(u + ci * padded_cout + c + k * kLanes);
+    for (int w = 0; w < kWindows; ++w) {
+      const Vec value(v[w * kTransformed * cin + ci]);
+      for (int k = 0; k < kVecs; ++k) sums[w][k] = at::vec::fmadd(value, weights[k], sums[w][k]);
+    }
+  }
+  for (int w = 0; w < kWindows; ++w)
+    for (int k = 0; k < kVecs; ++k) sums[w][k].store(m + w * kTransformed * padded_cout + c + k * kLanes);
+}
+
+template <int kWindows>
+inline void multiply_windows(const float* v, const float* u, float* m, int64_t cin, int64_t padded_cout) {
+  int64_t c = 0;
+  for (; c + 2 * kLanes <= padded_cout; c += 2 * kLanes)
+    multiply_windows<kWindows, 2>(v, u, m, cin, padded_cout, c);
+  if (c < padded_cout) multiply_windows<kWindows, 1>(v, u, m, cin, padded_cout, c);
+}
+
+// M for every window of the row: the 16 GEMMs, 4 windows at a time.
+void multiply_row(const detail::ConvMaxPoolImages& p, const float* v, float* m) {
+  const int64_t cin = p.in_channels, padded_cout = p.winograd_out_channels;
+  for (int xi = 0; xi < kTransformed; ++xi) {
+    const float* u = p.winograd_taps + xi * cin * padded_cout;
+    auto at = [&](int64_t ow) {
+      return std::make_pair(v + (ow * kTransformed + xi) * cin, m + (ow * kTransformed + xi) * padded_cout);
+    };
+    int64_t ow = 0;
+    for (; ow + 4 <= p.out_width; ow += 4)
+      multiply_windows<4>(at(ow).first, u, at(ow).second, cin, padded_cout);
+    switch (p.out_width - ow) {
+      case 3:
+        multiply_windows<3>(at(ow).first, u, at(ow).second, cin, padded_cout);
+        break;
+      case 2:
+        multiply_windows<2>(at(ow).first, u, at(ow).second, cin, padded_cout);
+        break;
+      case 1:
+        multiply_windows<1>(at(ow).first, u, at(ow).second, cin, padded_cout);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// A window's four conv outputs A^T M A + bias for the output channels [c, c + kLanes) (m at the window).
+inline void transform_window(const float* m, int64_t padded_cout, int64_t c, const Vec& bias,
+                             Vec (&conv)[kWindow]) {
+  Vec rows[2][kPatch];  // A^T M
+  for (int j = 0; j < kPatch; ++j) {
+    Vec column[kPatch];
+    for (int i = 0; i < kPatch; ++i) column[i] = Vec::loadu(m + (i * kPatch + j) * padded_cout + c);
+    rows[0][j] = column[0] + column[1] + column[2];
+    rows[1][j] = column[1] - column[2] - column[3];
+  }
+  for (int dy = 0; dy < 2; ++dy) {
+    const Vec* t = rows[dy];
+    conv[2 * dy] = t[0] + t[1] + t[2] + bias;
+    conv[2 * dy + 1] = t[1] - t[2] - t[3] + bias;
+  }
+}
+
+void winograd_forward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end) {
+  const int64_t cin = p.in_channels, cout = p.out_channels, padded_cout = p.winograd_out_channels;
+  const int64_t padded_width = (p.width + 2) * cin, out_width = p.out_width * cout;
+  std::vector<float> patch(kPatch * padded_width), v(p.out_width * kTransformed * cin),
+      m(p.out_width * kTransformed * padded_cout), out_row(p.bf16 ? out_width : 0), argmax_row(out_width);
+  for (int64_t r = begin; r < end; ++r) {
+    load_patch(p, r, patch);
+    for (int64_t ow = 0; ow < p.out_width; ++ow) {
+      by_vectors(cin, [&](int64_t c, int64_t count) {
+        whole_or_partial(count, [&](auto whole) {
+          transform_patch<whole>(patch.data(), padded_width, cin, ow, c, count,
+                                 v.data() + ow * kTransformed * cin);
+        });
+      });
+    }
+    multiply_row(p, v.data(), m.data());
+    float* out = row_out(p.output, p.bf16, r * out_width, out_row);
+    by_vectors(cout, [&](int64_t c, int64_t count) {
+      const Vec bias = p.bias ? Vec::loadu(p.bias + c, count) : Vec(0.f);
+      for (int64_t ow = 0; ow < p.out_width; ++ow) {
+        Vec conv[kWindow];
+        transform_window(m.data() + ow * kTransformed * padded_cout, padded_cout, c, bias, conv);
+        if (p.bf16) {
+          for (Vec& value : conv) value = round_to_bf16(value);
+        }
+        Vec best, which;
+        pool_window(conv, best, which);
+        best.store(out + ow * cout + c, count);
+        which.store(argmax_row.data() + ow * cout + c, count);
+      }
+    });
+    if (p.bf16) store_bf16_row(out, p.output, r * out_width, out_width);  // rounded already
+    store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
   }
 }
 
@@ -372,7 +540,7 @@ void weight_backward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t 
 }  // namespace
 
 detail::ConvMaxPoolKernels conv_max_pool_kernels() {
-  return {&forward, &weight_backward, &winner_backward};
+  return {&forward, &winograd_forward, &weight_backward, &winner_backward};
 }
 
 }  // namespace fasttrain::kernels::CPU_CAPABILITY

@@ -34,7 +34,15 @@ struct ConvMaxPoolImages {
   const float* weight_rows = nullptr;  // [Cout, 3, 3, Cin] fp32 rounded as taps is: a row of Cin per tap
   void* grad_input = nullptr;          // [N, H, W, Cin] in input's dtype, or null where none is needed
   float* grad_rows = nullptr;          // [chunks][Cout][9 * Cin + 1]: each chunk's sums, the bias's last
+  // The Winograd forward's (any Cin): the weight transformed, U = G g G^T for each input and output channel,
+  // as fp32 [16][Cin][winograd_out_channels] (U's 4 x 4 positions in row order, then a row of output
+  // channels padded with zeros to a multiple of kWinogradOutChannelsMultiple, so every load is whole).
+  const float* winograd_taps = nullptr;
+  int64_t winograd_out_channels = 0;
 };
+
+// Covers every capability's vector of fp32 lanes (8 with AVX2, 16 with AVX512).
+constexpr int64_t kWinogradOutChannelsMultiple = 16;
 
 // Output rows [begin, end) of the batch * out_height: their values and argmax.
 using ConvMaxPoolForward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end);
@@ -50,8 +58,15 @@ using ConvMaxPoolWeightBackward = void (*)(const ConvMaxPoolImages& images, int6
 using ConvMaxPoolWinnerBackward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end,
                                            int64_t chunk);
 
+// Output rows [begin, end) by Winograd's F(2x2, 3x3): each pooling window is one of its 2x2 output tiles, so
+// the four conv outputs come from 16 multiply-adds per input and output channel where the direct conv takes
+// 36, and are pooled in registers (forward's argmax bytes and rule). fp32 arithmetic; the outputs differ from
+// a direct conv's by the transforms' roundings (none on small whole numbers).
+using ConvMaxPoolWinogradForward = ConvMaxPoolForward;
+
 struct ConvMaxPoolKernels {
   ConvMaxPoolForward forward;
+  ConvMaxPoolWinogradForward winograd_forward;
   ConvMaxPoolWeightBackward weight_backward;
   ConvMaxPoolWinnerBackward winner_backward;
 };
