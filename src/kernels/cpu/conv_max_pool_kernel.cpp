@@ -8,8 +8,9 @@
 //             grad bias += grad_y
 // Only the pooled maps are written (a quarter of the conv's), and only the winners are summed in backward:
 // a conv followed by a max-pool writes and reads the whole conv output in each direction. Over more input
-// channels (forward: oneDNN's conv and the max-pool kernel), winner_backward sums both the weight's and the
-// input's gradients at the winners only, vectorised over the input channels:
+// channels winograd_forward computes each window's four outputs by Winograd's F(2x2, 3x3) (or the dispatcher
+// runs oneDNN's conv and the max-pool kernel), and winner_backward sums both the weight's and the input's
+// gradients at the winners only, vectorised over the input channels:
 //   grad w[co, ky, kx, ci] += grad_y[co] x[winner(co) + (ky - 1, kx - 1), ci]
 //   grad x[winner(co) + (ky - 1, kx - 1), ci] += grad_y[co] w[co, ky, kx, ci]
 // a quarter of a dense conv backward's multiply-adds.
