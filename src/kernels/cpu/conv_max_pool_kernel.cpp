@@ -96,6 +96,19 @@ inline void pool_window(const Vec (&conv)[kWindow], Vec& best, Vec& which) {
   }
 }
 
+// A window's four conv outputs (for the output channels at `at`, `count` of them) rounded to bf16 where the
+// conv runs in it, pooled, and the maximum and which won stored at `at` of the row's outputs and argmax.
+inline void pool_and_store(const detail::ConvMaxPoolImages& p, Vec (&conv)[kWindow], int64_t at,
+                           int64_t count, float* out, float* argmax_row) {
+  if (p.bf16) {
+    for (Vec& value : conv) value = round_to_bf16(value);
+  }
+  Vec best, which;
+  pool_window(conv, best, which);
+  best.store(out + at, count);
+  which.store(argmax_row + at, count);
+}
+
 // Output columns [ow, ow + kWindows) of one row for output channels [c, c + count): their conv outputs,
 // maxima and argmax.
 template <int kCin, int kWindows>
@@ -108,16 +121,8 @@ inline void forward_windows(const detail::ConvMaxPoolImages& p, const float* pat
   for_each_tap<kCin, kWindows>(patch, padded_width, ow, [&](int w, int k, int64_t tap, const Vec& value) {
     conv[w][k] = at::vec::fmadd(value, taps[tap], conv[w][k]);
   });
-  for (int w = 0; w < kWindows; ++w) {
-    if (p.bf16) {
-      for (Vec& v : conv[w]) v = round_to_bf16(v);
-    }
-    Vec best, which;
-    pool_window(conv[w], best, which);
-    const int64_t at = (ow + w) * p.out_channels + c;
-    best.store(out + at, count);
-    which.store(argmax_row + at, count);
-  }
+  for (int w = 0; w < kWindows; ++w)
+    pool_and_store(p, conv[w], (ow + w) * p.out_channels + c, count, out, argmax_row);
 }
 
 // The input channels are a template argument: the tap arrays hold exactly the taps, and the loops over
@@ -501,13 +506,7 @@ void winograd_forward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t
       for (int64_t ow = 0; ow < p.out_width; ++ow) {
         Vec conv[kWindow];
         transform_window(m.data() + ow * kTransformed * padded_cout, padded_cout, c, bias, conv);
-        if (p.bf16) {
-          for (Vec& value : conv) value = round_to_bf16(value);
-        }
-        Vec best, which;
-        pool_window(conv, best, which);
-        best.store(out + ow * cout + c, count);
-        which.store(argmax_row.data() + ow * cout + c, count);
+        pool_and_store(p, conv, ow * cout + c, count, out, argmax_row.data());
       }
     });
     if (p.bf16) store_bf16_row(out, p.output, r * out_width, out_width);  // rounded already

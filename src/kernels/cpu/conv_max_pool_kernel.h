@@ -58,15 +58,13 @@ using ConvMaxPoolWeightBackward = void (*)(const ConvMaxPoolImages& images, int6
 using ConvMaxPoolWinnerBackward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end,
                                            int64_t chunk);
 
-// Output rows [begin, end) by Winograd's F(2x2, 3x3): each pooling window is one of its 2x2 output tiles, so
-// the four conv outputs come from 16 multiply-adds per input and output channel where the direct conv takes
-// 36, and are pooled in registers (forward's argmax bytes and rule). fp32 arithmetic; the outputs differ from
-// a direct conv's by the transforms' roundings (none on small whole numbers).
-using ConvMaxPoolWinogradForward = ConvMaxPoolForward;
-
 struct ConvMaxPoolKernels {
   ConvMaxPoolForward forward;
-  ConvMaxPoolWinogradForward winograd_forward;
+  // Output rows by Winograd's F(2x2, 3x3): each pooling window is one of its 2x2 output tiles, so the four
+  // conv outputs come from 16 multiply-adds per input and output channel where the direct conv takes 36, and
+  // are pooled in registers (forward's argmax bytes and rule). fp32 arithmetic; the outputs differ from a
+  // direct conv's by the transforms' roundings (none on small whole numbers).
+  ConvMaxPoolForward winograd_forward;
   ConvMaxPoolWeightBackward weight_backward;
   ConvMaxPoolWinnerBackward winner_backward;
 };
