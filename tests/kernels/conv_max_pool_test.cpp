@@ -130,11 +130,12 @@ TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
   // [128, 1, 28, 28] -> 16: the main job's first conv; channel counts that fill no vector evenly, odd
   // heights and widths (the conv's last row or column, which the max-pool leaves out), one window. Past
   // kConvMaxPoolInChannels (oneDNN's conv forward, the winners' backward): the main job's second conv
-  // ([N, 16, 14, 14] -> 32), input channels that fill no vector evenly (5, 20), odd sizes, one window.
+  // ([N, 16, 14, 14] -> 32), input channels that fill no vector evenly (5, 20), odd sizes, one window, and
+  // output channels past the 64 whose winners the input's gradient takes at a time (70).
   const Case cases[] = {{8, 1, 28, 28, 16, false}, {3, 3, 7, 9, 5, true},      {2, 4, 6, 5, 37, true},
                         {2, 2, 2, 2, 1, true},     {1, 1, 5, 4, 16, true},     {4, 1, 28, 28, 32, false},
                         {2, 1, 6, 11, 16, true},   {4, 16, 14, 14, 32, false}, {3, 5, 7, 9, 6, true},
-                        {2, 20, 6, 5, 3, true},    {2, 8, 2, 2, 1, true}};
+                        {2, 20, 6, 5, 3, true},    {2, 8, 2, 2, 1, true},      {2, 6, 6, 7, 70, true}};
   struct Precision {
     torch::ScalarType images, compute;
   };

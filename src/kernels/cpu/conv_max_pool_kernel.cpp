@@ -43,7 +43,7 @@ void load_input_row(const detail::ConvMaxPoolImages& p, int64_t n, int64_t h, fl
 // The kPatch input rows under output row `row` (input rows 2 oh - 1 .. 2 oh + 2) as fp32, each with a zero
 // column on either side: patch[i * padded_width + (w + 1) * Cin + ci] = x[2 oh - 1 + i, w, ci], zero outside
 // the image; rounded to bf16 where the conv runs in bf16.
-void load_patch(const detail::ConvMaxPoolImages& p, int64_t row, std::vector<float>& patch) {
+void load_patch(const detail::ConvMaxPoolImages& p, int64_t row, AlignedFloats& patch) {
   const int64_t image = row / p.out_height, out_row = row % p.out_height;
   const int64_t cin = p.in_channels, padded_width = (p.width + 2) * cin;
   std::fill(patch.begin(), patch.end(), 0.f);
@@ -131,7 +131,7 @@ template <int kCin>
 void forward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end) {
   const int64_t cout = p.out_channels, padded_width = (p.width + 2) * kCin;
   const int64_t out_width = p.out_width * cout;
-  std::vector<float> patch(kPatch * padded_width), out_row(p.bf16 ? out_width : 0), argmax_row(out_width);
+  AlignedFloats patch(kPatch * padded_width), out_row(p.bf16 ? out_width : 0), argmax_row(out_width);
   for (int64_t r = begin; r < end; ++r) {
     load_patch(p, r, patch);
     float* out = row_out(p.output, p.bf16, r * out_width, out_row);
@@ -181,7 +181,7 @@ void weight_backward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int
   const int64_t cout = p.out_channels, padded_width = (p.width + 2) * kCin;
   const int64_t out_width = p.out_width * cout, bias_row = kCin * kTaps;
   float* sums = p.grad_taps + chunk * (bias_row + 1) * cout;
-  std::vector<float> patch(kPatch * padded_width), dy_row(p.bf16 ? out_width : 0), argmax_row(out_width);
+  AlignedFloats patch(kPatch * padded_width), dy_row(p.bf16 ? out_width : 0), argmax_row(out_width);
   for (int64_t r = begin; r < end; ++r) {
     load_patch(p, r, patch);
     const float* dy = row_in(p.grad_output, p.bf16, r * out_width, out_width, dy_row);
@@ -274,49 +274,69 @@ inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const floa
   for (int t = 0; t < kTaps; ++t) grad_w[t].store(grad_row + t * cin + c, count);
 }
 
+// Which of a window's four positions won each of `count` (at most 64) output channels, as bit sets: bit i of
+// won[k] is set where position k won channel i. Compares of 32 bytes at a time where there are vector
+// registers: a counting sort of the channels by position kept its four counters in memory, and each
+// increment waited on the store before it (a third of the input gradient's time).
+inline void winners_of(const uint8_t* argmax, int64_t count, uint64_t (&won)[kWindow]) {
+  for (uint64_t& bits : won) bits = 0;
+  int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  for (; i + 32 <= count; i += 32) {
+    const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(argmax + i));
+    for (int k = 0; k < kWindow; ++k) {
+      const auto equal =
+          _mm256_movemask_epi8(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi8(static_cast<char>(k))));
+      won[k] |= static_cast<uint64_t>(static_cast<uint32_t>(equal)) << i;
+    }
+  }
+#endif
+  for (; i < count; ++i) {
+    for (int k = 0; k < kWindow; ++k) won[k] |= static_cast<uint64_t>(argmax[i] == k) << i;
+  }
+}
+
 // One image's input gradient, window by window: grad_x[winner(co) + (ky - 1, kx - 1)] += g[co] w[co, ky, kx].
-// The window's output channels are bucketed by which of the four positions won; each bucket's sum over its
-// channels is kept in nine registers and added once into that position's 3x3 neighbourhood: 36 stores a
-// window, where a scatter per output channel stores 9 * Cout and each store waits on the one before it.
+// For each of the window's four positions, the sum over the output channels it won is kept in nine
+// registers and added once into that position's 3x3 neighbourhood: 36 stores a window, where a scatter per
+// output channel stores 9 * Cout and each store waits on the one before it. The channels are taken in
+// increasing order, 64 at a time.
 template <int kCin>
 void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, const uint8_t* argmax,
                           float* grad_padded) {
   const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, padded_width = p.width + 2;
-  std::vector<int32_t> bucketed(cout);
   for (int64_t oh = 0; oh < p.out_height; ++oh) {
     for (int64_t ow = 0; ow < p.out_width; ++ow) {
       const int64_t at = (oh * p.out_width + ow) * cout;
-      int64_t starts[kWindow + 1] = {};
-      for (int64_t co = 0; co < cout; ++co) ++starts[argmax[at + co] + 1];
-      for (int k = 0; k < kWindow; ++k) starts[k + 1] += starts[k];
-      int64_t next[kWindow];
-      std::copy(starts, starts + kWindow, next);
-      for (int64_t co = 0; co < cout; ++co) bucketed[next[argmax[at + co]]++] = static_cast<int32_t>(co);
-      for (int k = 0; k < kWindow; ++k) {
-        if (starts[k] == starts[k + 1]) continue;
-        const int64_t winner = winner_neighbourhood(p, cin, oh, ow, k);
-        by_vectors(cin, [&](int64_t c, int64_t count) {
-          whole_or_partial(count, [&](auto whole) {
-            Vec sums[kTaps];
-            for (Vec& sum : sums) sum = Vec(0.f);
-            for (int64_t i = starts[k]; i < starts[k + 1]; ++i) {
-              const int64_t co = bucketed[i];
-              const Vec grad(dy[at + co]);
-              const float* weight_row = p.weight_rows + co * kTaps * cin + c;
+      for (int64_t first = 0; first < cout; first += 64) {
+        uint64_t won[kWindow];
+        winners_of(argmax + at + first, std::min<int64_t>(64, cout - first), won);
+        for (int k = 0; k < kWindow; ++k) {
+          if (won[k] == 0) continue;
+          const int64_t winner = winner_neighbourhood(p, cin, oh, ow, k);
+          by_vectors(cin, [&](int64_t c, int64_t count) {
+            whole_or_partial(count, [&](auto whole) {
+              Vec sums[kTaps];
+              for (Vec& sum : sums) sum = Vec(0.f);
+              for (uint64_t bits = won[k]; bits != 0; bits &= bits - 1) {
+                const int64_t co = first + __builtin_ctzll(bits);
+                const Vec grad(dy[at + co]);
+                const float* weight_row = p.weight_rows + co * kTaps * cin + c;
 #pragma GCC unroll 9
-              for (int t = 0; t < kTaps; ++t)
-                sums[t] = at::vec::fmadd(grad, load_lanes<whole>(weight_row + t * cin, count), sums[t]);
-            }
-#pragma GCC unroll 3
-            for (int ky = 0; ky < 3; ++ky) {
-#pragma GCC unroll 3
-              for (int kx = 0; kx < 3; ++kx) {
-                float* at_tap = grad_padded + winner + (ky * padded_width + kx) * cin + c;
-                (sums[ky * 3 + kx] + Vec::loadu(at_tap, count)).store(at_tap, count);
+                for (int t = 0; t < kTaps; ++t)
+                  sums[t] = at::vec::fmadd(grad, load_lanes<whole>(weight_row + t * cin, count), sums[t]);
               }
-            }
+#pragma GCC unroll 3
+              for (int ky = 0; ky < 3; ++ky) {
+#pragma GCC unroll 3
+                for (int kx = 0; kx < 3; ++kx) {
+                  float* at_tap = grad_padded + winner + (ky * padded_width + kx) * cin + c;
+                  (sums[ky * 3 + kx] + Vec::loadu(at_tap, count)).store(at_tap, count);
+                }
+              }
+            });
           });
-        });
+        }
       }
     }
   }
@@ -327,7 +347,7 @@ void winner_backward_images(const detail::ConvMaxPoolImages& p, int64_t begin, i
   const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, row_width = kTaps * cin + 1;
   const int64_t padded_size = (p.height + 2) * (p.width + 2) * cin, windows = p.out_height * p.out_width;
   float* sums = p.grad_rows + chunk * cout * row_width;
-  std::vector<float> padded(padded_size), grad_padded(p.grad_input ? padded_size : 0), dy(windows * cout);
+  AlignedFloats padded(padded_size), grad_padded(p.grad_input ? padded_size : 0), dy(windows * cout);
   for (int64_t n = begin; n < end; ++n) {
     load_padded_image(p, n, padded.data());
     load_row(p.grad_output, p.bf16, n * windows * cout, windows * cout, dy.data());
@@ -340,10 +360,15 @@ void winner_backward_images(const detail::ConvMaxPoolImages& p, int64_t begin, i
           winner_weight_windows<kCin, whole>(p, padded.data(), dy.data(), argmax, co, c, count, grad_row);
         });
       });
-      float grad_bias = 0.f;
-      for (int64_t w = 0; w < windows; ++w) grad_bias += dy[w * cout + co];
-      grad_row[kTaps * cin] += grad_bias;
     }
+    // The bias's gradient, every output channel at once: the sum of each one's gradients over the windows.
+    by_vectors(cout, [&](int64_t co, int64_t count) {
+      Vec sum(0.f);
+      for (int64_t w = 0; w < windows; ++w) sum = sum + Vec::loadu(dy.data() + w * cout + co, count);
+      float lanes[kLanes];
+      sum.store(lanes);
+      for (int64_t l = 0; l < count; ++l) sums[(co + l) * row_width + kTaps * cin] += lanes[l];
+    });
     if (!p.grad_input) continue;
     winner_input_windows<kCin>(p, dy.data(), argmax, grad_padded.data());
     // The interior in input's dtype, rounded to bf16 where either the conv or the input is (a bf16 conv's
@@ -487,7 +512,7 @@ inline void transform_window(const float* m, int64_t padded_cout, int64_t c, con
 void winograd_forward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end) {
   const int64_t cin = p.in_channels, cout = p.out_channels, padded_cout = p.winograd_out_channels;
   const int64_t padded_width = (p.width + 2) * cin, out_width = p.out_width * cout;
-  std::vector<float> patch(kPatch * padded_width), v(p.out_width * kTransformed * cin),
+  AlignedFloats patch(kPatch * padded_width), v(p.out_width * kTransformed * cin),
       m(p.out_width * kTransformed * padded_cout), out_row(p.bf16 ? out_width : 0), argmax_row(out_width);
   for (int64_t r = begin; r < end; ++r) {
     load_patch(p, r, patch);
