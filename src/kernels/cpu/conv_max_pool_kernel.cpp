@@ -277,7 +277,7 @@ inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const floa
 // Which of a window's four positions won each of `count` (at most 64) output channels, as bit sets: bit i of
 // won[k] is set where position k won channel i. Compares of 32 bytes at a time where there are vector
 // registers: a counting sort of the channels by position kept its four counters in memory, and each
-// increment waited on the store before it (a third of the input gradient's time).
+// increment waited on the store before it (a quarter of the input gradient's time).
 inline void winners_of(const uint8_t* argmax, int64_t count, uint64_t (&won)[kWindow]) {
   for (uint64_t& bits : won) bits = 0;
   int64_t i = 0;
@@ -299,8 +299,8 @@ inline void winners_of(const uint8_t* argmax, int64_t count, uint64_t (&won)[kWi
 // One image's input gradient, window by window: grad_x[winner(co) + (ky - 1, kx - 1)] += g[co] w[co, ky, kx].
 // For each of the window's four positions, the sum over the output channels it won is kept in nine
 // registers and added once into that position's 3x3 neighbourhood: 36 stores a window, where a scatter per
-// output channel stores 9 * Cout and each store waits on the one before it. The channels are taken in
-// increasing order, 64 at a time.
+// output channel stores 9 * Cout and each store waits on the one before it. The channels are taken 64 at a
+// time (a position's sum is added once per 64), each 64 in increasing order.
 template <int kCin>
 void winner_input_windows(const detail::ConvMaxPoolImages& p, const float* dy, const uint8_t* argmax,
                           float* grad_padded) {
