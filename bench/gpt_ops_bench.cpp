@@ -471,6 +471,27 @@ void cnn_rows(nlohmann::json& out, int repeats) {
         },
         repeats);
   }
+  // ---- the main job's hidden Linear + ReLU in fp32 ([128, 1568] -> [128, 256]): fasttrain's linear_relu,
+  // its backward forced through the sparse sums, against ATen's linear + relu, at shares of outputs the ReLU
+  // passes (15-30% in the main job after its first 150 steps; the bias set from the outputs' quantile) ----
+  for (const int percent : {15, 30, 50, 70}) {
+    const auto x = torch::randn({128, 1568}).relu(), weight = torch::randn({256, 1568}) * 0.03;
+    const auto z = torch::linear(x, weight);
+    const auto bias = -z.flatten().quantile(1.0 - percent / 100.0).expand({256}).contiguous();
+    const auto grad = torch::randn({128, 256});
+    out["linear_relu_1568x256_fp32_pass" + std::to_string(percent)] = own_against_aten(
+        "fp32, x [128, 1568] -> [128, 256] + ReLU passing " + std::to_string(percent) +
+            "% of outputs, forward + backward (x, weight, bias), the sparse backward against dense",
+        [&](bool own) {
+          auto input = x.detach().requires_grad_(true);
+          auto w = weight.detach().requires_grad_(true), b = bias.detach().requires_grad_(true);
+          auto y =
+              own ? fasttrain::kernels::linear_relu(input, w, b, fasttrain::kernels::cpu_capability(), 1.0)
+                  : torch::linear(input, w, b).relu_();
+          y.backward(grad);
+        },
+        repeats);
+  }
   // ---- the main job's output Linear in bf16 ([128, 256] -> [128, 10]): fasttrain's narrow_linear against
   // autocast's linear (casts, oneDNN's bf16 matmul) ----
   {

@@ -107,6 +107,7 @@ struct CnnKernels {
         winograd_conv(runs_own_kernel(options.kernels(), options.aten_kernels(), "winograd_conv")),
         flatten(runs_own_kernel(options.kernels(), options.aten_kernels(), "flatten")),
         head{runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_linear"),
+             runs_own_kernel(options.kernels(), options.aten_kernels(), "linear_relu"),
              runs_own_kernel(options.kernels(), options.aten_kernels(), "narrow_linear")} {}
 };
 

@@ -61,17 +61,24 @@ int64_t output_count(const DataShape& shape, const std::string& model) {
 
 namespace {
 
-// A Linear and the ReLU after it: kernels::amx_linear where it takes them, else ATen's linear and an
-// in-place relu. It stays a Linear, with its parameters' names, for checkpoints and optimizer groups.
+// A Linear and the ReLU after it: kernels::amx_linear (bf16) or kernels::linear_relu (fp32) where the head
+// runs them and they take the input, else ATen's linear and an in-place relu. It stays a Linear, with its
+// parameters' names, for checkpoints and optimizer groups.
 class LinearReLUImpl : public torch::nn::LinearImpl {
  public:
-  LinearReLUImpl(int64_t in, int64_t out) : torch::nn::LinearImpl(in, out) {}
+  LinearReLUImpl(int64_t in, int64_t out, HeadKernels kernels)
+      : torch::nn::LinearImpl(in, out), kernels_(kernels) {}
 
   torch::Tensor forward(const torch::Tensor& x) {
-    if (kernels::amx_linear_takes(x, weight, bias))
+    if (kernels_.amx_linear && kernels::amx_linear_takes(x, weight, bias))
       return kernels::amx_linear(x, weight, bias, /*relu=*/true);
+    if (kernels_.linear_relu && kernels::linear_relu_takes(x, weight, bias))
+      return kernels::linear_relu(x, weight, bias);
     return torch::nn::LinearImpl::forward(x).relu_();
   }
+
+ private:
+  HeadKernels kernels_;
 };
 TORCH_MODULE(LinearReLU);
 
@@ -95,8 +102,8 @@ Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, doub
   Stage head;
   for (int64_t width : hidden) {
     if (dropout > 0) head->push_back(torch::nn::Dropout(dropout));
-    if (kernels.amx_linear) {
-      head->push_back(LinearReLU(features, width));
+    if (kernels.amx_linear || kernels.linear_relu) {
+      head->push_back(LinearReLU(features, width, kernels));
       head->push_back(torch::nn::Identity());
     } else {
       head->push_back(torch::nn::Linear(features, width));

@@ -294,6 +294,34 @@ TEST(Models, CnnOwnLinearKernelsMatchATensStep) {
   }
 }
 
+TEST(Models, CnnOwnLinearReluKernelMatchesATensStepInFp32) {
+  // In fp32 the hidden Linear and its ReLU run kernels::linear_relu, whose backward multiplies only the
+  // gradients the ReLU passes (or ATen's dense matmuls where most pass); model.aten_kernels = ["linear_relu"]
+  // runs ATen's linear and relu. The same losses, gradients, buffers and evaluation to fp32's rounding, and
+  // the same parameter names. The kernel's reference tests, by both paths:
+  // tests/kernels/linear_relu_test.cpp.
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  const CnnOptions options = CnnOptions().widths({8, 32}).hidden({64}).batchnorm(true).pool_first(true);
+  expect_close_to_rounding(
+      two_steps_and_an_evaluation(options, shape, false),
+      two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"linear_relu"}), shape, false), false);
+  EXPECT_EQ(
+      make_cnn(options, shape).module().named_parameters().keys(),
+      make_cnn(CnnOptions(options).aten_kernels({"linear_relu"}), shape).module().named_parameters().keys());
+  // The switch decides which runs, and only in fp32.
+  auto runs_kernel = [&](const std::vector<std::string>& aten_kernels, bool bf16) {
+    Model model = make_cnn(CnnOptions(options).aten_kernels(aten_kernels), shape);
+    model.to_channels_last();
+    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    return testing::graph_has_node(
+        forward(model, torch::randn({2, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast)),
+        "LinearReluFunction");
+  };
+  EXPECT_TRUE(runs_kernel({}, false));
+  EXPECT_FALSE(runs_kernel({"linear_relu"}, false));
+  EXPECT_FALSE(runs_kernel({}, true));
+}
+
 TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
   // With pool_first each conv and its max-pool run fasttrain's fused kernel (the second, over 8 channels,
   // in fp32 only: its winners' backward does not pay in bf16; its forward by Winograd's F(2x2, 3x3));
@@ -331,7 +359,8 @@ TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
     EXPECT_TRUE(differs) << "winograd_conv left to oneDNN changed no value";
   }
   // Each conv whose max-pool comes straight after it (pool_first) is fused; an Identity holds its max-pool's
-  // place, as one holds the ReLU's after each BatchNorm + ReLU and after the hidden Linear (amx_linear).
+  // place, as one holds the ReLU's after each BatchNorm + ReLU and after the hidden Linear (amx_linear or
+  // linear_relu).
   auto identities = [&](bool pool_first, const std::vector<std::string>& aten_kernels) {
     Model model = make_cnn(small_batchnorm_cnn(pool_first).aten_kernels(aten_kernels), shape);
     int64_t count = 0;
@@ -341,7 +370,8 @@ TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
   EXPECT_EQ(identities(true, {}), 5);
   EXPECT_EQ(identities(true, {"conv_max_pool"}), 3);
   EXPECT_EQ(identities(false, {}), 3);
-  EXPECT_EQ(identities(false, {"amx_linear"}), 2);
+  EXPECT_EQ(identities(false, {"amx_linear"}), 3);
+  EXPECT_EQ(identities(false, {"amx_linear", "linear_relu"}), 2);
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {

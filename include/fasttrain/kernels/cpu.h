@@ -157,6 +157,24 @@ bool amx_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          bool relu);
 
+// The largest share of dz = dy where y > 0 that linear_relu's backward sums nonzero by nonzero; above it a
+// dense matmul multiplies fewer wasted zeros than the sparse sums lose in speed (BENCHMARKS.md).
+constexpr double kLinearReluSparseUpTo = 0.3;
+
+// Whether linear_relu takes these: x [M, K] on the CPU in fp32, not under CPU autocast in bf16; weight fp32
+// [N, K] and bias fp32 [N]. Elsewhere the caller runs torch::linear and the ReLU (or amx_linear in bf16).
+bool linear_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
+
+// relu(x weight^T + bias) in fp32, forward as ATen's linear and an in-place ReLU, for a hidden layer whose
+// ReLU passes few outputs: its backward multiplies only dz's nonzeros (dz = dy where y > 0), each row of x's
+// gradient a sum of the weight's rows that row's nonzeros name, each row of the weight's a sum of x's rows,
+// in vectors of inputs held in registers; where more than `sparse_up_to` of dz is nonzero (0: always, 1:
+// never; tests and benchmarks pick a path so), ATen's dense matmuls. The same gradients as linear + relu up
+// to the order of fp32 sums.
+torch::Tensor linear_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                          CpuCapability capability = cpu_capability(),
+                          double sparse_up_to = kLinearReluSparseUpTo);
+
 // The most outputs narrow_linear takes: past a few dozen a matmul library's blocking pays for its call.
 constexpr int64_t kNarrowLinearMaxOutputs = 64;
 

@@ -94,18 +94,19 @@ struct CnnOptions {
       "last maps "
       "flattened for the classifier by a transpose with gathers, not ATen's strided copy; in bf16 on a CPU "
       "with AMX-BF16, each hidden Linear and its ReLU on AMX's tiles, the weight rounded and packed in "
-      "one pass and its gradient summed in fp32; in bf16, the output Linear's few outputs as dot products "
-      "in fp32 vectors) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, linear); NCHW inputs and "
+      "one pass and its gradient summed in fp32; in fp32, each hidden Linear and its ReLU with a backward "
+      "that multiplies only the gradients the ReLU passes; in bf16, the output Linear's few outputs as dot "
+      "products in fp32 vectors) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, linear); NCHW "
+      "inputs and "
       "GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
-  FT_KEY(
-      std::vector<std::string>, aten_kernels,
-      "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
-      "conv_max_pool, winograd_conv: the fused conv's forward over more than 4 input channels as oneDNN's "
-      "conv and the max-pool kernel instead of Winograd's F(2x2, 3x3), flatten, amx_linear, narrow_linear), "
-      "to measure one kernel on and off",
-      each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "winograd_conv", "flatten", "amx_linear",
-                   "narrow_linear"})) = {};
+  FT_KEY(std::vector<std::string>, aten_kernels,
+         "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
+         "conv_max_pool, winograd_conv: the fused conv's forward over more than 4 input channels as oneDNN's "
+         "conv and the max-pool kernel instead of Winograd's F(2x2, 3x3), flatten, amx_linear, linear_relu, "
+         "narrow_linear), to measure one kernel on and off",
+         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "winograd_conv", "flatten",
+                      "amx_linear", "linear_relu", "narrow_linear"})) = {};
 };
 
 struct ResnetOptions {
@@ -170,13 +171,15 @@ int64_t output_count(const DataShape& shape, const std::string& model);
 
 // Which of fasttrain's CPU kernels a classifier_head runs where they take their inputs (else ATen's).
 struct HeadKernels {
-  bool amx_linear = false;     // each hidden Linear and its ReLU: kernels::amx_linear (bf16, AMX-BF16)
+  bool amx_linear = false;   // each hidden Linear and its ReLU: kernels::amx_linear (bf16, AMX-BF16)
+  bool linear_relu = false;  // each hidden Linear and its ReLU: kernels::linear_relu (fp32, sparse backward)
   bool narrow_linear = false;  // the output Linear: kernels::narrow_linear (bf16, a few outputs)
 };
 
 // The fully connected head the image models end with: for each of `hidden`, [Dropout +] Linear + ReLU,
-// then [Dropout +] the output Linear, from `features` inputs to `outputs`. With `kernels.amx_linear` an
-// Identity holds each ReLU's place (the parameters keep their names and the modules their indices).
+// then [Dropout +] the output Linear, from `features` inputs to `outputs`. With `kernels.amx_linear` or
+// `linear_relu` an Identity holds each ReLU's place (the parameters keep their names and the modules their
+// indices).
 Stage classifier_head(int64_t features, const std::vector<int64_t>& hidden, double dropout, int64_t outputs,
                       HeadKernels kernels = {});
 

@@ -1,14 +1,16 @@
 #pragma once
 // Every kernel body's entry point, once per capability: attention_kernel.cpp, batch_norm_relu_kernel.cpp,
 // bias_gelu_kernel.cpp, conv_max_pool_kernel.cpp, cross_entropy_kernel.cpp, layer_norm_kernel.cpp,
-// matmul_kernel.cpp, max_pool_kernel.cpp, narrow_linear_kernel.cpp, newton_schulz_kernel.cpp and
-// transpose_kernel.cpp define them in the namespace of the capability they are compiled for (CMakeLists.txt).
+// linear_relu_kernel.cpp, matmul_kernel.cpp, max_pool_kernel.cpp, narrow_linear_kernel.cpp,
+// newton_schulz_kernel.cpp and transpose_kernel.cpp define them in the namespace of the capability they are
+// compiled for (CMakeLists.txt).
 #include "attention_kernel.h"
 #include "batch_norm_relu_kernel.h"
 #include "bias_gelu_kernel.h"
 #include "conv_max_pool_kernel.h"
 #include "cross_entropy_kernel.h"
 #include "layer_norm_kernel.h"
+#include "linear_relu_kernel.h"
 #include "matmul_kernel.h"
 #include "max_pool_kernel.h"
 #include "narrow_linear_kernel.h"
@@ -23,6 +25,7 @@
   detail::ConvMaxPoolKernels conv_max_pool_kernels();     \
   detail::CrossEntropyKernels cross_entropy_kernels();    \
   detail::LayerNormKernels layer_norm_kernels();          \
+  detail::LinearReluKernels linear_relu_kernels();        \
   detail::MatmulKernels matmul_kernels();                 \
   detail::MaxPoolKernels max_pool_kernels();              \
   detail::NarrowLinearKernels narrow_linear_kernels();    \
