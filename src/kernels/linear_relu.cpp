@@ -15,12 +15,12 @@ namespace fasttrain::kernels {
 
 namespace {
 
-// The inputs a parallel task takes: a multiple of every capability's run of 8 vectors (64 floats under AVX2,
-// 128 under AVX512), so that only the last task has a shorter run.
+// The inputs a parallel task takes: a multiple of every capability's run of 4 vectors (32 floats under AVX2,
+// 64 under AVX512), so that only the last task has a shorter run.
 constexpr int64_t kInputsPerTask = 128;
 
-// dz = dy where y > 0, by output and by row (detail::LinearReluMaps): one pass counts each output's nonzeros,
-// a second places them. dz's zeros are skipped wherever dy is zero too.
+// dz = dy where y > 0, by row and by output (detail::LinearReluMaps): one pass lists each row's nonzeros and
+// counts each output's, a second places them by output. Where dy is zero dz's zero is skipped too.
 struct ReluSurvivors {
   std::vector<int64_t> by_output, by_row;
   std::vector<int32_t> output_rows, row_outputs;
