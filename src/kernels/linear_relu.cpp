@@ -19,23 +19,39 @@ namespace {
 // 64 under AVX512), so that only the last task has a shorter run.
 constexpr int64_t kInputsPerTask = 128;
 
-// dz = dy where y > 0, by row and by output (detail::LinearReluMaps): one pass lists each row's nonzeros and
-// counts each output's, a second places them by output. Where dy is zero dz's zero is skipped too.
+// Whether dz = dy where y > 0 is nonzero at element `at` of [M, N].
+inline bool survives(const float* ys, const float* dys, int64_t at) {
+  return ys[at] > 0.f && dys[at] != 0.f;
+}
+
+// How many elements of dz are nonzero: what decides between the sparse sums and the dense matmuls.
+int64_t nonzeros_of(const torch::Tensor& y, const torch::Tensor& grad_y) {
+  const float* ys = y.data_ptr<float>();
+  const float* dys = grad_y.data_ptr<float>();
+  int64_t count = 0;
+  for (int64_t at = 0; at < y.numel(); ++at) count += survives(ys, dys, at) ? 1 : 0;
+  return count;
+}
+
+// dz's `nonzeros` nonzeros by row and by output (detail::LinearReluMaps): one pass lists each row's and
+// counts each output's, a second places them by output.
 struct ReluSurvivors {
   std::vector<int64_t> by_output, by_row;
   std::vector<int32_t> output_rows, row_outputs;
   std::vector<float> output_values, row_values;
 
-  ReluSurvivors(const torch::Tensor& y, const torch::Tensor& grad_y) {
+  ReluSurvivors(const torch::Tensor& y, const torch::Tensor& grad_y, int64_t nonzeros) {
     const int64_t rows = y.size(0), outputs = y.size(1);
     const float* ys = y.data_ptr<float>();
     const float* dys = grad_y.data_ptr<float>();
     by_output.assign(outputs + 1, 0);
     by_row.assign(rows + 1, 0);
+    row_outputs.reserve(nonzeros);
+    row_values.reserve(nonzeros);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t o = 0; o < outputs; ++o) {
         const int64_t at = r * outputs + o;
-        if (ys[at] > 0.f && dys[at] != 0.f) {
+        if (survives(ys, dys, at)) {
           ++by_output[o + 1];
           row_outputs.push_back(static_cast<int32_t>(o));
           row_values.push_back(dys[at]);
@@ -44,8 +60,8 @@ struct ReluSurvivors {
       by_row[r + 1] = static_cast<int64_t>(row_outputs.size());
     }
     for (int64_t o = 0; o < outputs; ++o) by_output[o + 1] += by_output[o];
-    output_rows.resize(row_outputs.size());
-    output_values.resize(row_values.size());
+    output_rows.resize(nonzeros);
+    output_values.resize(nonzeros);
     std::vector<int64_t> next(by_output.begin(), by_output.end() - 1);
     for (int64_t r = 0; r < rows; ++r) {
       for (int64_t e = by_row[r]; e < by_row[r + 1]; ++e) {
@@ -54,10 +70,6 @@ struct ReluSurvivors {
         output_values[place] = row_values[e];
       }
     }
-  }
-
-  double density(int64_t rows, int64_t outputs) const {
-    return static_cast<double>(row_values.size()) / static_cast<double>(rows * outputs);
   }
 };
 
@@ -108,19 +120,21 @@ class LinearReluFunction : public torch::autograd::Function<LinearReluFunction> 
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor &x = saved[0], &weight = saved[1], &y = saved[2];
     const torch::Tensor grad_y = grads[0].contiguous();  // [M, N]
-    const ReluSurvivors dz(y, grad_y);
+    const int64_t nonzeros = nonzeros_of(y, grad_y);
     torch::autograd::variable_list out(5);
+    if (nonzeros > ctx->saved_data["sparse_up_to"].toDouble() * static_cast<double>(y.numel())) {
+      const torch::Tensor dense = torch::threshold_backward(grad_y, y, 0);
+      if (ctx->needs_input_grad(0)) out[0] = dense.mm(weight);
+      if (ctx->needs_input_grad(1)) out[1] = dense.t().mm(x);
+      if (ctx->needs_input_grad(2)) out[2] = dense.sum(0);
+      return out;
+    }
+    const ReluSurvivors dz(y, grad_y, nonzeros);
     if (ctx->needs_input_grad(2)) {  // db[o]: output o's nonzeros summed in row order
       out[2] = torch::zeros({weight.size(0)}, weight.options());
       float* db = out[2].data_ptr<float>();
       for (int64_t o = 0; o < weight.size(0); ++o)
         for (int64_t e = dz.by_output[o]; e < dz.by_output[o + 1]; ++e) db[o] += dz.output_values[e];
-    }
-    if (dz.density(y.size(0), y.size(1)) > ctx->saved_data["sparse_up_to"].toDouble()) {
-      const torch::Tensor dense = torch::threshold_backward(grad_y, y, 0);
-      if (ctx->needs_input_grad(0)) out[0] = dense.mm(weight);
-      if (ctx->needs_input_grad(1)) out[1] = dense.t().mm(x);
-      return out;
     }
     detail::LinearReluMaps m = describe(x, weight, dz);
     const auto kernels = FASTTRAIN_BODIES_FOR(

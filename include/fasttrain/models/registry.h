@@ -97,8 +97,7 @@ struct CnnOptions {
       "one pass and its gradient summed in fp32; in fp32, each hidden Linear and its ReLU with a backward "
       "that multiplies only the gradients the ReLU passes; in bf16, the output Linear's few outputs as dot "
       "products in fp32 vectors) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, linear); NCHW "
-      "inputs and "
-      "GPUs run aten",
+      "inputs and GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
