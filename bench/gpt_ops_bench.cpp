@@ -410,6 +410,47 @@ void cnn_rows(nlohmann::json& out, int repeats) {
         },
         repeats);
   }
+  // ---- the same conv in bf16 on AMX's tiles (where this CPU lends them): the implicit GEMM with the
+  // max-pool in its epilogue, backward oneDNN's from the winners' gradient, against what the cnn runs with
+  // aten_kernels = ["amx_conv"] (oneDNN's conv, the max-pool kernel, oneDNN's conv backward); and the forward
+  // alone, as an evaluation runs it ----
+  if (fasttrain::kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16)) {
+    using fasttrain::kernels::WideConvForward;
+    const auto maps =
+        torch::randn({128, 16, 14, 14}).to(torch::kBFloat16).contiguous(torch::MemoryFormat::ChannelsLast);
+    auto weight =
+        torch::randn({32, 16, 3, 3}).contiguous(torch::MemoryFormat::ChannelsLast).requires_grad_(true);
+    const auto grad =
+        torch::randn({128, 32, 7, 7}).to(torch::kBFloat16).contiguous(torch::MemoryFormat::ChannelsLast);
+    out["amx_conv_max_pool_16to32x14_bf16"] = own_against_aten(
+        "NHWC [128, 16, 14, 14] bf16 -> conv 3x3 to 32 channels -> 2x2 max-pool, forward + backward (weight, "
+        "input): AMX's forward against oneDNN's conv and the max-pool kernel",
+        [&](bool own) {
+          auto x = maps.detach().requires_grad_(true);
+          const auto y =
+              own ? fasttrain::kernels::conv3x3_max_pool2x2(x, weight, {}, torch::kBFloat16,
+                                                            fasttrain::kernels::cpu_capability(),
+                                                            WideConvForward::amx)
+                  : fasttrain::kernels::max_pool2x2(torch::conv2d(x, weight.to(torch::kBFloat16), {}, 1, 1));
+          y.backward(grad);
+        },
+        repeats);
+    out["amx_conv_forward_16to32x14_bf16"] = own_against_aten(
+        "NHWC [128, 16, 14, 14] bf16 -> conv 3x3 to 32 channels -> 2x2 max-pool, forward (no gradient): "
+        "AMX's "
+        "against oneDNN's conv and the max-pool kernel",
+        [&](bool own) {
+          const torch::NoGradGuard no_gradient;
+          if (own) {
+            fasttrain::kernels::conv3x3_max_pool2x2(maps, weight, {}, torch::kBFloat16,
+                                                    fasttrain::kernels::cpu_capability(),
+                                                    WideConvForward::amx);
+          } else {
+            fasttrain::kernels::max_pool2x2(torch::conv2d(maps, weight.to(torch::kBFloat16), {}, 1, 1));
+          }
+        },
+        repeats);
+  }
   // ---- the main job's BatchNorm + ReLU after each pool (pool_first: [128, 16, 14, 14] and [128, 32, 7, 7]),
   // training mode: fasttrain's kernel against ATen's batch_norm and relu ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {

@@ -18,45 +18,20 @@
 #include <optional>
 #include <vector>
 
+#include "amx.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
 #include "runnable.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
-#define FASTTRAIN_AMX_BUILD 1
+#if FASTTRAIN_AMX_BUILD
 #include <cpuid.h>
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
-#define FASTTRAIN_AMX_CODE __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
-#define FASTTRAIN_AVX512_CODE __attribute__((target("avx512f,avx512bw,avx512vl")))
-// GCC 12's AVX512 intrinsics fill unused lanes from _mm512_undefined_epi32() (`__Y = __Y`), which it then
-// reports as uninitialised where they are inlined into a function with a target attribute.
-// For this file alone: CMakeLists.txt keeps it out of the unity build's batches.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#else
-#define FASTTRAIN_AMX_BUILD 0
 #endif
 
 namespace fasttrain::kernels {
 
-namespace {
-
-constexpr int64_t kBlock = 32;  // an output block's rows and columns: 2 x 2 tiles of 16 x 16 fp32
-constexpr int64_t kStep = 32;   // the K values a tile row holds: 32 bf16, 64 bytes
-constexpr int64_t kTileValues = 16 * kStep;  // a packed B tile: 16 rows of 16 (k, k + 1) pairs
-
-int64_t round_up(int64_t n, int64_t multiple) {
-  return (n + multiple - 1) / multiple * multiple;
-}
-
-const uint16_t* bf16_data(const torch::Tensor& t) {
-  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
-}
-uint16_t* bf16_data(torch::Tensor& t) {
-  return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
-}
+namespace detail {
 
 #if FASTTRAIN_AMX_BUILD
 
@@ -85,12 +60,40 @@ bool amx_tiles_granted() {
   return granted;
 }
 
-struct alignas(64) TileConfig {
-  uint8_t palette = 1, start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
+#else
+
+bool amx_tiles_granted() {
+  return false;
+}
+
+#endif
+
+}  // namespace detail
+
+namespace {
+
+using detail::amx_tiles_granted;
+using detail::TileConfig;
+#if FASTTRAIN_AMX_BUILD
+using detail::round_to_bf16_lanes;
+#endif
+
+constexpr int64_t kBlock = 32;  // an output block's rows and columns: 2 x 2 tiles of 16 x 16 fp32
+constexpr int64_t kStep = 32;   // the K values a tile row holds: 32 bf16, 64 bytes
+constexpr int64_t kTileValues = 16 * kStep;  // a packed B tile: 16 rows of 16 (k, k + 1) pairs
+
+int64_t round_up(int64_t n, int64_t multiple) {
+  return (n + multiple - 1) / multiple * multiple;
+}
+
+const uint16_t* bf16_data(const torch::Tensor& t) {
+  return reinterpret_cast<const uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+uint16_t* bf16_data(torch::Tensor& t) {
+  return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>());
+}
+
+#if FASTTRAIN_AMX_BUILD
 
 // Tiles 0-3 accumulate C (fp32), 4-5 hold A's rows, 6-7 B's pairs: 16 rows of 64 bytes each.
 FASTTRAIN_AMX_CODE void configure_tiles() {
@@ -158,16 +161,6 @@ FASTTRAIN_AVX512_CODE void transpose16x16(__m512i (&r)[16]) {
     t[12 + c] = _mm512_shuffle_i32x4(high_ab, high_cd, 0xDD);
   }
   for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
-// 16 fp32 values rounded to bf16 (c10's rule), in the low halves of 16 32-bit lanes.
-FASTTRAIN_AVX512_CODE __m512i round_to_bf16_lanes(__m512 v) {
-  const __m512i bits = _mm512_castps_si512(v);
-  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
-  const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-  return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
 }
 
 // 32 bf16 of rows `first` and `second` interleaved as (first[c], second[c]) pairs: columns 0-15 in `low`,
@@ -247,10 +240,6 @@ FASTTRAIN_AVX512_CODE void relu_gradient_row(const uint16_t* y, const uint16_t* 
 }
 
 #else
-
-bool amx_tiles_granted() {
-  return false;
-}
 
 // Never called in a build without AMX code (amx_linear_runs_here() is false there): the same rules, scalar.
 void store_block_row(const float* sums, const float* add, bool relu, uint16_t* out) {

@@ -3,6 +3,11 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
 
+#include <array>
+#include <optional>
+#include <vector>
+
+#include "amx_conv.h"
 #include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
@@ -138,12 +143,30 @@ detail::Pooled conv_then_pool(const torch::Tensor& input, const torch::Tensor& w
   return detail::pool2x2(conv.to(dtype).contiguous(kChannelsLast), capability);
 }
 
-// The conv and its max-pool by the path the input channels and `wide` pick.
-detail::Pooled pooled_conv(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-                           torch::ScalarType dtype, CpuCapability capability, WideConvForward wide) {
-  if (runs_direct(input.size(1))) return direct_forward(input, weight, bias, dtype, capability);
-  if (wide == WideConvForward::winograd) return winograd_forward(input, weight, bias, dtype, capability);
-  return conv_then_pool(input, weight, bias, dtype, capability);
+// Whether the AMX forward runs: asked for, in bf16, past the direct path's channels, and taken here.
+bool runs_on_amx(const torch::Tensor& input, const torch::Tensor& weight, torch::ScalarType dtype,
+                 WideConvForward wide) {
+  return wide == WideConvForward::amx &&
+         conv3x3_max_pool2x2_runs_on_amx(input.size(1), weight.size(0), dtype);
+}
+
+// The pooled maps and argmax bytes, and whether the AMX forward gave them.
+struct PooledConv {
+  detail::Pooled pooled;
+  bool on_amx = false;
+};
+
+// The conv and its max-pool by the path the input channels and `wide` pick (oneDNN's where the AMX forward
+// is asked for and does not run, or declines the images).
+PooledConv pooled_conv(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
+                       torch::ScalarType dtype, CpuCapability capability, WideConvForward wide) {
+  if (runs_direct(input.size(1))) return {direct_forward(input, weight, bias, dtype, capability)};
+  if (runs_on_amx(input, weight, dtype, wide)) {
+    if (std::optional<detail::Pooled> pooled = detail::amx_conv_max_pool(input, weight, bias))
+      return {*pooled, true};
+  }
+  if (wide == WideConvForward::winograd) return {winograd_forward(input, weight, bias, dtype, capability)};
+  return {conv_then_pool(input, weight, bias, dtype, capability)};
 }
 
 // The weight's and bias's gradients as the rows the bodies sum them in, rounded to the compute dtype as a
@@ -187,6 +210,25 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
           total.select(1, taps).contiguous()};
 }
 
+// After the AMX forward: the gradient scattered to each window's winner and oneDNN's conv backward in bf16,
+// whose input and weight gradients run on bf16 dot products (the winners' fp32 sums are slower there).
+// Returns the input's gradient (undefined where not needed), the weight's and the bias's (where it has one),
+// each as a bf16 conv's backward gives them.
+std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, const torch::Tensor& weight,
+                                                  const torch::Tensor& grad_output,
+                                                  const torch::Tensor& argmax, bool input_gradient,
+                                                  bool has_bias, CpuCapability capability) {
+  const torch::Tensor grad_maps = detail::unpool2x2(
+      grad_output, argmax, {input.size(0), weight.size(0), input.size(2), input.size(3)}, capability);
+  const std::vector<int64_t> bias_sizes{weight.size(0)};
+  auto [grad_input, grad_weight, grad_bias] =
+      at::convolution_backward(grad_maps, input.to(torch::kBFloat16), weight.detach().to(torch::kBFloat16),
+                               has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, {1, 1}, {1, 1},
+                               {1, 1}, false, {0, 0}, 1, {input_gradient, true, has_bias});
+  if (input_gradient) grad_input = grad_input.to(input.scalar_type()).contiguous(kChannelsLast);
+  return {grad_input, grad_weight, grad_bias};
+}
+
 // Saves the input and the argmax bytes, not the conv's output: backward sums the gradients at each window's
 // winner.
 class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction> {
@@ -197,14 +239,15 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     const auto dtype = static_cast<torch::ScalarType>(dtype_code);
     const auto capability = static_cast<CpuCapability>(capability_code);
     const torch::Tensor some_bias = has_bias ? bias : torch::Tensor();
-    const detail::Pooled pooled =
-        pooled_conv(input, weight, some_bias, dtype, capability, static_cast<WideConvForward>(wide_code));
-    ctx->save_for_backward({input, weight, pooled.argmax});
+    const auto wide = static_cast<WideConvForward>(wide_code);
+    const PooledConv conv = pooled_conv(input, weight, some_bias, dtype, capability, wide);
+    ctx->save_for_backward({input, weight, conv.pooled.argmax});
+    ctx->saved_data["amx"] = conv.on_amx;
     ctx->saved_data["has_bias"] = has_bias;
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->saved_data["dtype"] = dtype_code;
     ctx->saved_data["capability"] = capability_code;
-    return pooled.output;
+    return conv.pooled.output;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -215,6 +258,19 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
     const auto capability = static_cast<CpuCapability>(ctx->saved_data["capability"].toInt());
     const torch::Tensor grad_output = grads[0].to(dtype).contiguous(kChannelsLast);
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const auto bias_dtype = static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
+    if (ctx->saved_data["amx"].toBool()) {
+      auto [grad_input, grad_weight, grad_bias] = dense_bf16_gradients(
+          input, weight, grad_output, argmax, ctx->needs_input_grad(0), has_bias, capability);
+      return {grad_input,
+              torch::empty_like(weight).copy_(grad_weight),
+              has_bias ? grad_bias.to(bias_dtype) : torch::Tensor(),
+              torch::Tensor(),
+              torch::Tensor(),
+              torch::Tensor(),
+              torch::Tensor()};
+    }
     detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
     p.input = input.data_ptr();
     p.argmax = argmax.data_ptr<uint8_t>();
@@ -229,10 +285,7 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
                                                : winner_gradients(p, weight, grad_input, capability);
     // The parameter's own layout (channels_last or not): what DDP's bucket views expect of a gradient.
     torch::Tensor grad_weight = torch::empty_like(weight).copy_(grads_of.weight);
-    torch::Tensor grad_bias =
-        ctx->saved_data["has_bias"].toBool()
-            ? grads_of.bias.to(static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt()))
-            : torch::Tensor();
+    torch::Tensor grad_bias = has_bias ? grads_of.bias.to(bias_dtype) : torch::Tensor();
     return {grad_input,      grad_weight,     grad_bias,      torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
@@ -243,6 +296,11 @@ bool is_float_or_bf16(torch::ScalarType dtype) {
 }
 
 }  // namespace
+
+bool conv3x3_max_pool2x2_runs_on_amx(int64_t in_channels, int64_t out_channels, torch::ScalarType dtype) {
+  return dtype == torch::kBFloat16 && !runs_direct(in_channels) &&
+         detail::amx_conv_max_pool_takes(in_channels, out_channels);
+}
 
 bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& weight,
                                const torch::Tensor& bias, torch::ScalarType dtype) {

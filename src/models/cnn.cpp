@@ -39,28 +39,35 @@ TORCH_MODULE(MaxPool2x2);
 // its output transform (model.aten_kernels "winograd_conv": oneDNN's conv and the max-pool kernel), and
 // its backward, from each window's winner only, pays in fp32 (1.17-1.56x alone, 1.14x the main job's fp32
 // throughput with AVX512; even with AVX2) but not in bf16, where oneDNN's dense backward runs on bf16 dot
-// products (BENCHMARKS.md, "Own CPU kernels, sixth part"). It stays a Conv2d, with its parameters' names,
-// for checkpoints and whatever inspects the model; an Identity holds the max-pool's place.
+// products (BENCHMARKS.md, "Own CPU kernels, sixth part"): there, on a CPU with AMX-BF16, the forward is an
+// implicit GEMM on AMX's tiles with the max-pool in its epilogue and the backward oneDNN's
+// (model.aten_kernels "amx_conv": oneDNN's conv and MaxPool2x2; "twenty-sixth part"). It stays a Conv2d, with
+// its parameters' names, for checkpoints and whatever inspects the model; an Identity holds the max-pool's
+// place.
 class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
  public:
-  ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool, kernels::WideConvForward wide)
-      : torch::nn::Conv2dImpl(options), pool_(own_max_pool), wide_(wide) {}
+  ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool, kernels::WideConvForward wide,
+                    bool amx)
+      : torch::nn::Conv2dImpl(options), pool_(own_max_pool), wide_(wide), amx_(amx) {}
 
   torch::Tensor forward(const torch::Tensor& images) {
     const torch::ScalarType dtype = kernels::cpu_compute_dtype(images);
     // Over one channel NCHW images are NHWC too; the kernel's channels_last maps are what conv2d would
     // give only where the weight is laid out channels_last (train.channels_last).
     const bool channels_last = weight.suggest_memory_format() == torch::MemoryFormat::ChannelsLast;
-    const bool pays = images.size(1) <= kernels::kConvMaxPoolInChannels || dtype == torch::kFloat;
+    const bool amx = amx_ && kernels::conv3x3_max_pool2x2_runs_on_amx(images.size(1), weight.size(0), dtype);
+    const bool pays = images.size(1) <= kernels::kConvMaxPoolInChannels || dtype == torch::kFloat || amx;
     if (channels_last && pays && kernels::conv3x3_max_pool2x2_takes(images, weight, bias, dtype)) {
-      return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, kernels::cpu_capability(), wide_);
+      return kernels::conv3x3_max_pool2x2(images, weight, bias, dtype, kernels::cpu_capability(),
+                                          amx ? kernels::WideConvForward::amx : wide_);
     }
     return pool_->forward(torch::nn::Conv2dImpl::forward(images));
   }
 
  private:
-  MaxPool2x2 pool_;  // not registered: it holds nothing
-  kernels::WideConvForward wide_;
+  MaxPool2x2 pool_;                // not registered: it holds nothing
+  kernels::WideConvForward wide_;  // fp32's
+  bool amx_;                       // bf16's: on AMX's tiles where they are lent
 };
 TORCH_MODULE(ConvMaxPool2d);
 
@@ -97,7 +104,7 @@ TORCH_MODULE(BatchNormReLU2d);
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
 struct CnnKernels {
   bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, winograd_conv = false,
-       flatten = false;
+       amx_conv = false, flatten = false;
   HeadKernels head;
 
   explicit CnnKernels(const CnnOptions& options)
@@ -105,6 +112,7 @@ struct CnnKernels {
         batch_norm_relu(runs_own_kernel(options.kernels(), options.aten_kernels(), "batch_norm_relu")),
         conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")),
         winograd_conv(runs_own_kernel(options.kernels(), options.aten_kernels(), "winograd_conv")),
+        amx_conv(runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_conv")),
         flatten(runs_own_kernel(options.kernels(), options.aten_kernels(), "flatten")),
         head{runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_linear"),
              runs_own_kernel(options.kernels(), options.aten_kernels(), "linear_relu"),
@@ -125,7 +133,8 @@ class Cnn : public torch::nn::Module {
       if (options.pool_first() && own.conv_max_pool) {
         features_->push_back(ConvMaxPool2d(
             conv, own.max_pool,
-            own.winograd_conv ? kernels::WideConvForward::winograd : kernels::WideConvForward::onednn));
+            own.winograd_conv ? kernels::WideConvForward::winograd : kernels::WideConvForward::onednn,
+            own.amx_conv));
         features_->push_back(torch::nn::Identity());
       } else {
         features_->push_back(torch::nn::Conv2d(conv));

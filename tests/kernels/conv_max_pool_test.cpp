@@ -12,6 +12,7 @@
 #include <limits>
 #include <string>
 
+#include "amx_conv.h"  // src/kernels: whether the AMX forward ran
 #include "fasttrain/kernels/cpu.h"
 #include "kernels/compare.h"
 #include "support.h"
@@ -111,11 +112,17 @@ void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
   EXPECT_TRUE(close("grad_weight without the input's", weight_only.grad_weight, want.grad_weight, 0, 0));
 }
 
-// Over both of the wide forwards (the direct path over few channels ignores `wide`).
+std::string to_string(WideConvForward wide) {
+  return wide == WideConvForward::winograd ? "Winograd" : wide == WideConvForward::onednn ? "oneDNN" : "AMX";
+}
+
+// Over each of the wide forwards (the direct path over few channels ignores `wide`; AMX's runs only in bf16
+// where the tiles are lent and the channels fit, and is oneDNN's path elsewhere).
 void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
                            kernels::CpuCapability capability) {
-  for (const WideConvForward wide : {WideConvForward::winograd, WideConvForward::onednn}) {
-    SCOPED_TRACE(wide == WideConvForward::winograd ? "Winograd" : "oneDNN");
+  for (const WideConvForward wide :
+       {WideConvForward::winograd, WideConvForward::onednn, WideConvForward::amx}) {
+    SCOPED_TRACE(to_string(wide));
     expect_matches_double(in, dtype, capability, wide);
   }
 }
@@ -149,6 +156,78 @@ TEST(CpuConvMaxPool, MatchesConvThenMaxPoolInDoubleOnEveryCapability) {
         expect_matches_double(c, precision.images, precision.compute, capability);
       }
     }
+  }
+}
+
+bool amx_conv_runs_here() {
+  return kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16);
+}
+
+TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
+  if (!amx_conv_runs_here()) GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
+  // The main job's second conv ([N, 16, 14, 14] -> 32); 48 output channels (a pair of channel tiles, then one
+  // alone); odd heights and widths (the conv's last row or column, which the max-pool leaves out); one
+  // window; 34 conv columns (tiles of 16, 16 and 2 x's); 32 and 64 input channels (a tap's 32 channels per
+  // tile row, where 16 channels put two taps in one). Every sum is exact (make_inputs), so the pooled maps,
+  // the winners and the weight's gradient (oneDNN's bf16 backward, one rounding of an exact sum) equal the
+  // reference's; the tie rule is tested where windows tie, as integer maps often do.
+  torch::manual_seed(12);
+  const Case cases[] = {{4, 16, 14, 14, 32, false},
+                        {2, 16, 5, 7, 48, true},
+                        {1, 16, 2, 2, 16, true},
+                        {2, 32, 6, 35, 32, true},
+                        {2, 64, 3, 4, 16, false}};
+  for (const auto images_dtype : {torch::kBFloat16, torch::kFloat}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE("images " + std::string(c10::toString(images_dtype)) + " " + describe(c));
+      EXPECT_TRUE(kernels::conv3x3_max_pool2x2_runs_on_amx(c.in_channels, c.out_channels, torch::kBFloat16));
+      const ConvMaxPoolInputs in = make_inputs(c, images_dtype);
+      expect_matches_double(in, torch::kBFloat16, kernels::cpu_capability(), WideConvForward::amx);
+      // The AMX forward itself gives these maps (and does not decline the images).
+      const auto amx = kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias);
+      ASSERT_TRUE(amx.has_value());
+      EXPECT_TRUE(close("AMX's y", amx->output, run_reference(in, torch::kBFloat16).y, 0, 0));
+    }
+  }
+  // Where it does not run, the same call is oneDNN's path: fp32, and channels the tiles do not fit.
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kFloat));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(24, 32, torch::kBFloat16));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(16, 40, torch::kBFloat16));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(4, 32, torch::kBFloat16));  // the direct path's
+  expect_matches_double(make_inputs(Case{2, 24, 6, 6, 40, true}, torch::kFloat), torch::kBFloat16,
+                        kernels::cpu_capability(), WideConvForward::amx);
+}
+
+TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
+  if (!amx_conv_runs_here()) GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
+  // Normal values, whose sums round: the tiles sum in another order than oneDNN's conv, so a conv output may
+  // round to the next bf16 value. A NaN in the image reaches each output whose 3x3 field holds it and the
+  // max-pool passes it on: over 32 channels through the tiles, over 16 (whose tile rows read a fourth
+  // column times zero weights, which would spread it) through oneDNN's conv, the AMX forward declining them.
+  torch::manual_seed(13);
+  for (const Case& c : {Case{4, 16, 14, 14, 32, false}, Case{2, 32, 7, 9, 48, true}}) {
+    SCOPED_TRACE(describe(c));
+    ConvMaxPoolInputs in;
+    in.images = torch::randn({c.batch, c.in_channels, c.height, c.width}).contiguous(kChannelsLast);
+    in.weight = torch::randn({c.out_channels, c.in_channels, 3, 3}) / 3;
+    in.bias = c.bias ? torch::randn({c.out_channels}) : torch::Tensor();
+    in.grad_y = torch::randn({c.batch, c.out_channels, c.height / 2, c.width / 2});
+    const ConvMaxPoolResult amx =
+        run_kernel(in, torch::kBFloat16, kernels::cpu_capability(), WideConvForward::amx);
+    const ConvMaxPoolResult onednn =
+        run_kernel(in, torch::kBFloat16, kernels::cpu_capability(), WideConvForward::onednn);
+    EXPECT_TRUE(close("y", amx.y, onednn.y, 1.0 / 64, 1.0 / 64));
+    in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::quiet_NaN());
+    const auto with_nan = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kBFloat16,
+                                                       kernels::cpu_capability(), WideConvForward::amx);
+    const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
+    EXPECT_TRUE(torch::equal(with_nan.isnan(), want.isnan()));
+    EXPECT_GT(with_nan.isnan().sum().item<int64_t>(), 0);
+    EXPECT_EQ(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value(),
+              c.in_channels != 16);
+    in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::infinity());
+    EXPECT_EQ(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value(),
+              c.in_channels != 16);
   }
 }
 

@@ -374,6 +374,37 @@ TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
   EXPECT_EQ(identities(false, {"amx_linear", "linear_relu"}), 2);
 }
 
+TEST(Models, CnnOwnAmxConvMatchesOneDnnsStepInBf16) {
+  // In bf16 on a CPU that lends AMX-BF16 tiles, a conv over 16 input channels (the main job's second) and its
+  // max-pool run the fused kernel's AMX forward (backward: oneDNN's conv backward from the winners'
+  // gradient); model.aten_kernels = ["amx_conv"] runs oneDNN's conv and the max-pool kernel. The same losses,
+  // gradients, buffers and evaluation to bf16's rounding, and the same parameter names. The kernel's
+  // reference tests: tests/kernels/conv_max_pool_test.cpp (CpuConvMaxPool.Amx*).
+  if (!kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16)) {
+    GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
+  }
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  const CnnOptions options = CnnOptions().widths({16, 32}).hidden({32}).batchnorm(true).pool_first(true);
+  expect_close_to_rounding(
+      two_steps_and_an_evaluation(options, shape, true),
+      two_steps_and_an_evaluation(CnnOptions(options).aten_kernels({"amx_conv"}), shape, true), true);
+  EXPECT_EQ(
+      make_cnn(options, shape).module().named_parameters().keys(),
+      make_cnn(CnnOptions(options).aten_kernels({"amx_conv"}), shape).module().named_parameters().keys());
+  // The switch decides which runs, and only in bf16: with it, no ATen conv is left in the graph (the first
+  // conv, over one channel, is the fused kernel's direct path either way).
+  auto runs_aten_conv = [&](const std::vector<std::string>& aten_kernels, bool bf16) {
+    Model model = make_cnn(CnnOptions(options).aten_kernels(aten_kernels), shape);
+    model.to_channels_last();
+    AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+    const auto y = forward(model, torch::randn({2, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast));
+    return testing::graph_has_node(y, "ConvolutionBackward");
+  };
+  EXPECT_FALSE(runs_aten_conv({}, true));
+  EXPECT_TRUE(runs_aten_conv({"amx_conv"}, true));
+  EXPECT_FALSE(runs_aten_conv({}, false));  // fp32: Winograd's forward, the winners' backward
+}
+
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
   for (const Model& model : {make_cnn(CnnOptions().widths({8, 16}).batchnorm(true), kFashion),
                              make_resnet(ResnetOptions().widths({8, 16}), kFashion)}) {

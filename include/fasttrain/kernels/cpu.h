@@ -223,8 +223,15 @@ constexpr int64_t kConvMaxPoolInChannels = 4;
 // where a direct conv takes 36; only the pooled maps written), or oneDNN's conv and then max_pool2x2's
 // kernel. Winograd's transforms round (a relative 1e-6 or so in fp32; none on small whole numbers), so near
 // ties may pool another winner than oneDNN's conv; they take differences of the input, so an infinite input
-// may give NaN where a direct conv gives an infinity (a NaN goes where it goes in a direct conv).
-enum class WideConvForward { winograd, onednn };
+// may give NaN where a direct conv gives an infinity (a NaN goes where it goes in a direct conv). `amx`: in
+// bf16 on AMX's tiles where they are lent to this process, over 16 input channels or a multiple of 32 and a
+// multiple of 16 output channels (an implicit GEMM with the max-pool in its epilogue: only the pooled maps
+// written; backward is oneDNN's bf16 conv backward from the winners' gradient); elsewhere `onednn`'s path.
+enum class WideConvForward { winograd, onednn, amx };
+
+// Whether conv3x3_max_pool2x2 with WideConvForward::amx runs on AMX's tiles for a conv from `in_channels` to
+// `out_channels` in `dtype` (past kConvMaxPoolInChannels).
+bool conv3x3_max_pool2x2_runs_on_amx(int64_t in_channels, int64_t out_channels, torch::ScalarType dtype);
 
 // Whether conv3x3_max_pool2x2 takes these: images [N, C, H, W] with H and W at least 2, laid out
 // channels_last (NHWC) on the CPU in fp32 or bf16; weight [Cout, C, 3, 3] and bias [Cout] (or undefined) on

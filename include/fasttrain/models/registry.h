@@ -87,24 +87,24 @@ struct CnnOptions {
       "CPU kernels: fasttrain (its own 2x2 max-pool for channels_last inputs: a byte per output kept for "
       "backward, which writes each input gradient once, ATen's values bit for bit; BatchNorm with the "
       "ReLU after it in one kernel, keeping x alone for backward; and with pool_first, each conv fused with "
-      "its max-pool, "
-      "writing only the pooled maps (over at most 4 input channels a direct conv, over more Winograd's "
-      "F(2x2, "
-      "3x3), whose output tiles are the pooling windows) and summing backward from the winners only; the "
-      "last maps "
-      "flattened for the classifier by a transpose with gathers, not ATen's strided copy; in bf16 on a CPU "
-      "with AMX-BF16, each hidden Linear and its ReLU on AMX's tiles, the weight rounded and packed in "
-      "one pass and its gradient summed in fp32; in fp32, each hidden Linear and its ReLU with a backward "
-      "that multiplies only the gradients the ReLU passes; in bf16, the output Linear's few outputs as dot "
-      "products in fp32 vectors) or aten (conv2d, max_pool2d, batch_norm, relu, flatten, linear); NCHW "
+      "its max-pool, writing only the pooled maps (over at most 4 input channels a direct conv, over more "
+      "Winograd's F(2x2, 3x3), whose output tiles are the pooling windows) and summing backward from the "
+      "winners only, or in bf16 on a CPU with AMX-BF16 an implicit GEMM on AMX's tiles with the max-pool in "
+      "its epilogue and oneDNN's bf16 backward; the last maps flattened for the classifier by a transpose "
+      "with gathers, not ATen's strided copy; in bf16 on a CPU with AMX-BF16, each hidden Linear and its "
+      "ReLU on AMX's tiles, the weight rounded and packed in one pass and its gradient summed in fp32; in "
+      "fp32, each hidden Linear and its ReLU with a backward that multiplies only the gradients the ReLU "
+      "passes; in bf16, the output Linear's few outputs as dot products in fp32 vectors) or aten (conv2d, "
+      "max_pool2d, batch_norm, relu, flatten, linear); NCHW "
       "inputs and GPUs run aten",
       one_of({"fasttrain", "aten"})) = "fasttrain";
   FT_KEY(std::vector<std::string>, aten_kernels,
          "With kernels = fasttrain: those of its CPU kernels to leave to ATen (max_pool, batch_norm_relu, "
          "conv_max_pool, winograd_conv: the fused conv's forward over more than 4 input channels as oneDNN's "
-         "conv and the max-pool kernel instead of Winograd's F(2x2, 3x3), flatten, amx_linear, linear_relu, "
-         "narrow_linear), to measure one kernel on and off",
-         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "winograd_conv", "flatten",
+         "conv and the max-pool kernel instead of Winograd's F(2x2, 3x3), amx_conv: the same in bf16 "
+         "instead of the fused conv on AMX's tiles, flatten, amx_linear, linear_relu, narrow_linear), to "
+         "measure one kernel on and off",
+         each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "winograd_conv", "amx_conv", "flatten",
                       "amx_linear", "linear_relu", "narrow_linear"})) = {};
 };
 

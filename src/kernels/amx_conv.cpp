@@ -1,0 +1,263 @@
+// The 3x3 conv (stride 1, padding 1) and the 2x2 max-pool after it, forward, in bf16 on AMX's tile units:
+// an implicit GEMM, with the max-pool in its epilogue.
+//   conv[n, y, x, co] = sum over K blocks b of A_b[(y, x), 0:32] . B_b[0:32, co]          fp32 sums
+//   A_b's row for (y, x) is 32 bf16 read straight from the zero-padded input (channels_last): two adjacent
+//   taps of 16 channels where Cin is 16 (the third tap's pair is the fourth column's, with zero weights), or
+//   32 channels of one tap; rows of consecutive x are one stride apart, so no im2col copy is made.
+//   An accumulator tile is 16 x's of one row by 16 output channels. A pooling window's two rows run together:
+//   2 rows x 2 channel tiles = 4 accumulators, each B tile loaded once for both rows.
+//   y[n, oh, ow, co] = max over the window of bf16(conv + bias), and which of the four won (a byte)
+// oneDNN's bf16 conv writes all four outputs of every window for the max-pool kernel to read back; here the
+// sums go from the tiles to a 4 KiB scratch in L1 and only the pooled maps are written.
+#include "amx_conv.h"
+
+#include <ATen/Parallel.h>
+#include <torch/types.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "amx.h"
+#include "runnable.h"
+
+namespace fasttrain::kernels::detail {
+
+namespace {
+
+constexpr int64_t kTileRows = 16;                      // positions (x's) per accumulator tile
+constexpr int64_t kStep = 32;                          // K values per tile row of A: 32 bf16, 64 bytes
+constexpr int64_t kChannelTile = 16;                   // output channels per accumulator tile
+constexpr int64_t kTileValues = kChannelTile * kStep;  // a packed B tile: 16 rows of 16 (k, k + 1) pairs
+
+// Which tap (dy, dx) and input channel the K value k (0-31) of K block `block` multiplies.
+struct Tap {
+  int64_t dy, dx, channel;
+};
+Tap tap_of(int64_t in_channels, int64_t block, int64_t k) {
+  if (in_channels == 16) return {block / 2, 2 * (block % 2) + k / 16, k % 16};  // dx 3: zero weights
+  const int64_t chunks = in_channels / kStep;
+  return {block / (3 * chunks), (block / chunks) % 3, (block % chunks) * kStep + k};
+}
+int64_t block_count(int64_t in_channels) {
+  return in_channels == 16 ? 6 : 9 * (in_channels / kStep);
+}
+
+struct AmxConvImages {
+  int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0, out_height = 0, out_width = 0;
+  int64_t padded_height = 0, padded_width = 0;  // the input with a zero border: 1 above, below and left
+  std::vector<int64_t> block_offsets;  // per K block: values from a position's top-left tap to its A row
+  const uint16_t* padded = nullptr;    // [N, padded_height, padded_width, Cin] bf16
+  const uint16_t* packed =
+      nullptr;                  // [K blocks][Cout / 16] B tiles, row r column c: (B[2 r][c], B[2 r + 1][c])
+  const float* bias = nullptr;  // [Cout] rounded to bf16, or null
+  uint16_t* output = nullptr;   // [N, out_height, out_width, Cout] bf16
+  uint8_t* argmax = nullptr;    // a byte per output value
+};
+
+AmxConvImages describe(const torch::Tensor& input, int64_t out_channels) {
+  AmxConvImages p;
+  p.batch = input.size(0);
+  p.in_channels = input.size(1);
+  p.height = input.size(2);
+  p.width = input.size(3);
+  p.out_channels = out_channels;
+  p.out_height = p.height / 2;
+  p.out_width = p.width / 2;
+  p.padded_height = p.height + 2;
+  // Over 16 channels the last pair of taps reads one column past the right border's.
+  p.padded_width = p.width + (p.in_channels == 16 ? 3 : 2);
+  for (int64_t b = 0; b < block_count(p.in_channels); ++b) {
+    const Tap first = tap_of(p.in_channels, b, 0);
+    p.block_offsets.push_back((first.dy * p.padded_width + first.dx) * p.in_channels + first.channel);
+  }
+  return p;
+}
+
+// The weight [Cout, Cin, 3, 3] rounded to bf16 as B tiles: tile (b, t) row r, column c holds the weights of
+// output channel 16 t + c for K values 2 r and 2 r + 1 of block b.
+torch::Tensor pack_weight(const torch::Tensor& weight, const AmxConvImages& p) {
+  const torch::Tensor w = weight.detach().to(torch::kBFloat16).contiguous();
+  const auto* values = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const int64_t blocks = block_count(p.in_channels), tiles = p.out_channels / kChannelTile;
+  torch::Tensor packed = torch::empty({blocks * tiles * kTileValues}, torch::kBFloat16);
+  auto* out = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int64_t k = 0; k < kStep; ++k) {
+      const Tap tap = tap_of(p.in_channels, b, k);
+      for (int64_t co = 0; co < p.out_channels; ++co) {
+        const int64_t at =
+            ((b * tiles + co / kChannelTile) * 16 + k / 2) * kStep + (co % kChannelTile) * 2 + k % 2;
+        out[at] = tap.dx > 2 ? 0 : values[((co * p.in_channels + tap.channel) * 3 + tap.dy) * 3 + tap.dx];
+      }
+    }
+  }
+  return packed;
+}
+
+#if FASTTRAIN_AMX_BUILD
+
+// Tiles 0-3 accumulate (fp32) and 4-5 hold A's rows, `rows` each; 6-7 hold B's 16 rows of pairs.
+FASTTRAIN_AMX_CODE void configure_tiles(int rows) {
+  // Static: GCC drops a local's stores, which ldtilecfg's builtin does not declare that it reads.
+  static thread_local TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = t < 6 ? rows : 16;
+    config.bytes_per_row[t] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// 16 bf16 (the low halves of 32-bit lanes) as fp32.
+FASTTRAIN_AVX512_CODE __m512 bf16_lanes_as_float(__m512i lanes) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(lanes, 16));
+}
+
+// 16 channels' conv outputs: their sums plus the bias (none where null), rounded to bf16 as a bf16 conv's
+// output is.
+FASTTRAIN_AVX512_CODE __m512i conv_output(const float* sums, const float* bias) {
+  const __m512 v = _mm512_loadu_ps(sums);
+  return round_to_bf16_lanes(bias != nullptr ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v);
+}
+
+// The conv's sums of a window's two rows, sums[row][x][channel] (x from the chunk's first), for `windows`
+// windows from `first_window` of pooled row `row` and `channels` channels from `first_channel`: each plus
+// the bias and rounded to bf16, then pooled by max_pool_kernel.h's rule (a later value wins where it is
+// greater or a NaN).
+FASTTRAIN_AVX512_CODE void pool_windows(const AmxConvImages& p,
+                                        const float (&sums)[2][kTileRows][2 * kChannelTile], int64_t row,
+                                        int64_t first_window, int64_t windows, int64_t first_channel,
+                                        int64_t channels) {
+  for (int64_t w = 0; w < windows; ++w) {
+    const int64_t at = (row * p.out_width + first_window + w) * p.out_channels + first_channel;
+    for (int64_t c = 0; c < channels; c += 16) {
+      const float* window[4] = {&sums[0][2 * w][c], &sums[0][2 * w + 1][c], &sums[1][2 * w][c],
+                                &sums[1][2 * w + 1][c]};
+      const float* bias = p.bias != nullptr ? p.bias + first_channel + c : nullptr;
+      __m512i best_bits = conv_output(window[0], bias), which = _mm512_setzero_si512();
+      __m512 best = bf16_lanes_as_float(best_bits);
+      for (int k = 1; k < 4; ++k) {
+        const __m512i bits = conv_output(window[k], bias);
+        const __m512 value = bf16_lanes_as_float(bits);
+        const __mmask16 wins =
+            _mm512_cmp_ps_mask(value, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
+        best = _mm512_mask_mov_ps(best, wins, value);
+        best_bits = _mm512_mask_mov_epi32(best_bits, wins, bits);
+        which = _mm512_mask_mov_epi32(which, wins, _mm512_set1_epi32(k));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.output + at + c), _mm512_cvtepi32_epi16(best_bits));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p.argmax + at + c), _mm512_cvtepi32_epi8(which));
+    }
+  }
+}
+
+// Pooled rows [begin, end) of the batch * out_height: a window row's two conv rows, 16 x's at a time, 32
+// output channels at a time (the last 16 alone where Cout is an odd multiple of 16).
+FASTTRAIN_AMX_CODE void forward_rows(const AmxConvImages& p, int64_t begin, int64_t end) {
+  alignas(64) float sums[2][kTileRows][2 * kChannelTile];
+  const int64_t row_values = p.padded_width * p.in_channels, stride = p.in_channels * 2;
+  const int64_t blocks = static_cast<int64_t>(p.block_offsets.size()), tiles = p.out_channels / kChannelTile;
+  int configured = 0;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / p.out_height, oh = r % p.out_height;
+    const uint16_t* top = p.padded + (n * p.padded_height + 2 * oh) * row_values;
+    for (int64_t x0 = 0; x0 < 2 * p.out_width; x0 += kTileRows) {
+      const int m = static_cast<int>(std::min(kTileRows, 2 * p.out_width - x0));  // even
+      if (m != configured) configure_tiles(configured = m);
+      for (int64_t t = 0; t < tiles; t += 2) {
+        const bool both = t + 1 < tiles;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t b = 0; b < blocks; ++b) {
+          const uint16_t* a = top + x0 * p.in_channels + p.block_offsets[b];
+          const uint16_t* weights = p.packed + (b * tiles + t) * kTileValues;
+          _tile_loadd(4, a, stride);
+          _tile_loadd(6, weights, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_loadd(5, a + row_values, stride);
+          _tile_dpbf16ps(2, 5, 6);
+          if (both) {
+            _tile_loadd(7, weights + kTileValues, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        _tile_stored(0, &sums[0][0][0], sizeof(sums[0][0]));
+        _tile_stored(2, &sums[1][0][0], sizeof(sums[0][0]));
+        if (both) {
+          _tile_stored(1, &sums[0][0][kChannelTile], sizeof(sums[0][0]));
+          _tile_stored(3, &sums[1][0][kChannelTile], sizeof(sums[0][0]));
+        }
+        pool_windows(p, sums, r, x0 / 2, m / 2, kChannelTile * t, both ? 2 * kChannelTile : kChannelTile);
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Whether none of `count` bf16 values is a NaN or an infinity (all exponent bits set).
+FASTTRAIN_AVX512_CODE bool all_finite(const uint16_t* values, int64_t count) {
+  const __m512i exponent = _mm512_set1_epi16(0x7F80);
+  __mmask32 any = 0;
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32)
+    any |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(values + i), exponent), exponent);
+  for (; i < count; ++i) any |= (values[i] & 0x7F80) == 0x7F80;
+  return any == 0;
+}
+
+#else
+
+// Never called in a build without AMX code (amx_tiles_granted() is false there).
+void forward_rows(const AmxConvImages&, int64_t, int64_t) {}
+bool all_finite(const uint16_t*, int64_t) {
+  return true;
+}
+
+#endif
+
+}  // namespace
+
+bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels) {
+  return amx_tiles_granted() && (in_channels == 16 || (in_channels > 0 && in_channels % kStep == 0)) &&
+         out_channels > 0 && out_channels % kChannelTile == 0;
+}
+
+std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch::Tensor& weight,
+                                        const torch::Tensor& bias) {
+  AmxConvImages p = describe(input, weight.size(0));
+  FT_CHECK(
+      amx_conv_max_pool_takes(p.in_channels, p.out_channels),
+      "the AMX conv takes 16 input channels or a multiple of 32 and a multiple of 16 output channels on a "
+      "CPU whose AMX tiles this process may use; got {} -> {}",
+      p.in_channels, p.out_channels);
+  // channels_last [N, C, H, W] is [N, H, W, C] in memory.
+  const torch::Tensor images = input.detach().to(torch::kBFloat16).permute({0, 2, 3, 1});
+  if (p.in_channels == 16 &&
+      !all_finite(reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()), images.numel()))
+    return std::nullopt;
+  const torch::Tensor padded =
+      torch::constant_pad_nd(images, {0, 0, 1, p.padded_width - p.width - 1, 1, 1}).contiguous();
+  const torch::Tensor packed = pack_weight(weight, p);
+  const torch::Tensor bias_values =
+      bias.defined() ? bias.detach().to(torch::kBFloat16).to(torch::kFloat).contiguous() : torch::Tensor();
+  Pooled pooled;
+  pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
+                               input.options().dtype(torch::kBFloat16).memory_format(kChannelsLast));
+  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  p.padded = reinterpret_cast<const uint16_t*>(padded.data_ptr<at::BFloat16>());
+  p.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
+  p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
+  p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  // A pooled row: two conv rows of 2 * out_width x's, 9 * Cin * Cout multiply-adds each.
+  const int64_t row_cost = 2 * 2 * p.out_width * 9 * p.in_channels * p.out_channels / 16;
+  at::parallel_for(0, p.batch * p.out_height, rows_per_task(row_cost),
+                   [&](int64_t begin, int64_t end) { forward_rows(p, begin, end); });
+  return pooled;
+}
+
+}  // namespace fasttrain::kernels::detail

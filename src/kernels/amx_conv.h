@@ -1,0 +1,29 @@
+#pragma once
+// conv3x3_max_pool2x2's forward in bf16 on AMX's tile units (amx_conv.cpp), for its dispatcher
+// (conv_max_pool.cpp), which runs backward from the argmax bytes.
+#include <torch/types.h>
+
+#include <optional>
+
+#include "max_pool.h"
+
+namespace fasttrain::kernels::detail {
+
+// Whether the AMX forward runs here for a conv from `in_channels` to `out_channels`: AMX tiles granted
+// (amx_tiles_granted), 16 input channels or a multiple of 32 (a tile row of A is 32 bf16: two taps of 16
+// channels, or 32 channels of one tap), and a multiple of 16 output channels (a tile's columns).
+bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
+
+// max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2) in bf16 and its argmax bytes
+// (max_pool_kernel.h's: ties to the window's first value, NaN propagates): input channels_last [N, Cin, H, W]
+// (bf16, or fp32 rounded to it), weight [Cout, Cin, 3, 3] and bias [Cout] (or undefined) rounded to bf16, as
+// autocast's conv rounds them. Each conv output is an fp32 sum of bf16 products (the tiles' TDPBF16PS) plus
+// the bias, rounded to bf16 before the max-pool compares it, as a bf16 conv's output is; only the pooled maps
+// are written, channels_last [N, Cout, H / 2, W / 2] bf16. amx_conv_max_pool_takes must hold. Over 16 input
+// channels a tile row's last pair of taps reads one column past the kernel's, times zero weights, where a NaN
+// or an infinity would make a NaN that conv2d does not: images holding one are declined (nullopt), and the
+// caller runs its other path.
+std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch::Tensor& weight,
+                                        const torch::Tensor& bias);
+
+}  // namespace fasttrain::kernels::detail
