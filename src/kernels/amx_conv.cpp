@@ -15,7 +15,9 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <vector>
 
@@ -219,6 +221,30 @@ bool all_finite(const uint16_t*, int64_t) {
 
 #endif
 
+// Rows [begin, end) of the zero-padded images (of the batch * padded_height): a border row zeros, an image
+// row its pixels between a zero pixel on the left and zeros on the right. Returns whether the image rows
+// copied hold only finite values (asked where `check_finite`).
+bool pad_rows(const AmxConvImages& p, const uint16_t* images, uint16_t* padded, int64_t begin, int64_t end,
+              bool check_finite) {
+  const int64_t channels = p.in_channels, row_values = p.padded_width * channels;
+  bool finite = true;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / p.padded_height, y = r % p.padded_height - 1;
+    uint16_t* out = padded + r * row_values;
+    if (y < 0 || y >= p.height) {
+      std::memset(out, 0, row_values * sizeof(uint16_t));
+      continue;
+    }
+    const uint16_t* in = images + (n * p.height + y) * p.width * channels;
+    std::memset(out, 0, channels * sizeof(uint16_t));
+    std::memcpy(out + channels, in, p.width * channels * sizeof(uint16_t));
+    std::memset(out + (p.width + 1) * channels, 0,
+                (p.padded_width - p.width - 1) * channels * sizeof(uint16_t));
+    if (check_finite && finite) finite = all_finite(in, p.width * channels);
+  }
+  return finite;
+}
+
 }  // namespace
 
 bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels) {
@@ -235,12 +261,18 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
       "CPU whose AMX tiles this process may use; got {} -> {}",
       p.in_channels, p.out_channels);
   // channels_last [N, C, H, W] is [N, H, W, C] in memory.
-  const torch::Tensor images = input.detach().to(torch::kBFloat16).permute({0, 2, 3, 1});
-  if (p.in_channels == 16 &&
-      !all_finite(reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()), images.numel()))
-    return std::nullopt;
-  const torch::Tensor padded =
-      torch::constant_pad_nd(images, {0, 0, 1, p.padded_width - p.width - 1, 1, 1}).contiguous();
+  const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
+  torch::Tensor padded =
+      torch::empty({p.batch, p.padded_height, p.padded_width, p.in_channels}, images.options());
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, p.batch * p.padded_height, rows_per_task(p.padded_width * p.in_channels),
+                   [&](int64_t begin, int64_t end) {
+                     if (!pad_rows(p, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
+                                   reinterpret_cast<uint16_t*>(padded.data_ptr<at::BFloat16>()), begin, end,
+                                   p.in_channels == 16))
+                       finite = false;
+                   });
+  if (!finite) return std::nullopt;
   const torch::Tensor packed = pack_weight(weight, p);
   const torch::Tensor bias_values =
       bias.defined() ? bias.detach().to(torch::kBFloat16).to(torch::kFloat).contiguous() : torch::Tensor();
