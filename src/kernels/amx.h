@@ -1,6 +1,7 @@
 #pragma once
 // What the kernels on AMX's tile units share (amx_linear.cpp, amx_conv.cpp): the build switch, the tile
-// configuration's layout, whether this process may use the tiles, and bf16 rounding in AVX-512 registers.
+// configuration's layout, whether this process may use the tiles, and bf16 rounding and (k, k + 1) pair
+// interleaving in AVX-512 registers.
 // A file that includes it is compiled alone (CMakeLists.txt keeps it out of the unity build's batches): the
 // two warnings below are off for the rest of the file.
 #include <cstdint>
@@ -42,6 +43,17 @@ FASTTRAIN_AVX512_CODE inline __m512i round_to_bf16_lanes(__m512 v) {
       _mm512_srli_epi32(_mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
   const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
   return _mm512_mask_mov_epi32(rounded, nan, _mm512_set1_epi32(0x7FC0));
+}
+
+// 32 bf16 of rows `first` and `second` interleaved as (first[c], second[c]) pairs: columns 0-15 in `low`,
+// 16-31 in `high` (a row of two adjacent tiles of (k, k + 1) pairs each).
+FASTTRAIN_AVX512_CODE inline void interleave_rows(__m512i first, __m512i second, uint16_t* low,
+                                                  uint16_t* high) {
+  const __m512i first_half = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i second_half = _mm512_add_epi16(first_half, _mm512_set1_epi16(16));
+  _mm512_storeu_si512(low, _mm512_permutex2var_epi16(first, first_half, second));
+  _mm512_storeu_si512(high, _mm512_permutex2var_epi16(first, second_half, second));
 }
 #endif
 

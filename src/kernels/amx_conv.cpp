@@ -1,5 +1,5 @@
 // The 3x3 conv (stride 1, padding 1) and the 2x2 max-pool after it, forward, in bf16 on AMX's tile units:
-// an implicit GEMM, with the max-pool in its epilogue.
+// an implicit GEMM, with the max-pool in its epilogue; and the weight's gradient (below).
 //   conv[n, y, x, co] = sum over K blocks b of A_b[(y, x), 0:32] . B_b[0:32, co]          fp32 sums
 //   A_b's row for (y, x) is 32 bf16 read straight from the zero-padded input (channels_last): two adjacent
 //   taps of 16 channels where Cin is 16 (the third tap's pair is the fourth column's, with zero weights), or
@@ -224,8 +224,7 @@ bool all_finite(const uint16_t*, int64_t) {
 // Rows [begin, end) of the zero-padded images (of the batch * padded_height): a border row zeros, an image
 // row its pixels between a zero pixel on the left and zeros on the right. Returns whether the image rows
 // copied hold only finite values (asked where `check_finite`).
-bool pad_rows(const AmxConvImages& p, const uint16_t* images, uint16_t* padded, int64_t begin, int64_t end,
-              bool check_finite) {
+bool pad_rows(const AmxConvImages& p, const uint16_t* images, uint16_t* padded, int64_t begin, int64_t end) {
   const int64_t channels = p.in_channels, row_values = p.padded_width * channels;
   bool finite = true;
   for (int64_t r = begin; r < end; ++r) {
@@ -240,7 +239,7 @@ bool pad_rows(const AmxConvImages& p, const uint16_t* images, uint16_t* padded, 
     std::memcpy(out + channels, in, p.width * channels * sizeof(uint16_t));
     std::memset(out + (p.width + 1) * channels, 0,
                 (p.padded_width - p.width - 1) * channels * sizeof(uint16_t));
-    if (check_finite && finite) finite = all_finite(in, p.width * channels);
+    if (finite) finite = all_finite(in, p.width * channels);
   }
   return finite;
 }
@@ -268,8 +267,7 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   at::parallel_for(0, p.batch * p.padded_height, rows_per_task(p.padded_width * p.in_channels),
                    [&](int64_t begin, int64_t end) {
                      if (!pad_rows(p, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
-                                   reinterpret_cast<uint16_t*>(padded.data_ptr<at::BFloat16>()), begin, end,
-                                   p.in_channels == 16))
+                                   reinterpret_cast<uint16_t*>(padded.data_ptr<at::BFloat16>()), begin, end))
                        finite = false;
                    });
   if (!finite) return std::nullopt;
@@ -290,6 +288,251 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   at::parallel_for(0, p.batch * p.out_height, rows_per_task(row_cost),
                    [&](int64_t begin, int64_t end) { forward_rows(p, begin, end); });
   return pooled;
+}
+
+// ---- The weight's gradient on the tiles ----
+//   dW[co, ci, dy, dx] = sum over positions p of x[p + (dy, dx), ci] g[p, co]       C [9 Cin, Cout] fp32
+// with g the winners' gradient (zero where a window's output lost). K runs over each image's positions on a
+// grid Wp = W + 2 wide (rounded up to even): p = y Wp + x, the columns x >= W holding g = 0. A: the input
+// channel-major and zero-padded, x_t[n, ci, plane] (a tap's 32 positions are then one contiguous row of a
+// tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[n, p / 2, co, 2], written straight from the
+// pooled gradient and the argmax bytes. Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) per
+// pass over the images, so (9 Cin / 16 + 1) / 2 passes; each thread sums its images into its own rows.
+
+namespace {
+
+struct WeightGradientImages {
+  int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0, out_height = 0, out_width = 0;
+  int64_t grid_width = 0;             // Wp
+  int64_t positions = 0;              // K per image: height * Wp rounded up to a multiple of 32
+  int64_t plane = 0;                  // values per channel of x_t: (positions / Wp rounded up + 3) * Wp
+  const uint16_t* input_t = nullptr;  // x_t [N, Cin, plane] bf16
+  uint16_t* grad_pairs = nullptr;     // [N, positions / 2, Cout, 2] bf16
+};
+
+WeightGradientImages describe_weight_gradient(c10::IntArrayRef input_sizes, int64_t out_channels) {
+  WeightGradientImages w;
+  w.batch = input_sizes[0];
+  w.in_channels = input_sizes[1];
+  w.height = input_sizes[2];
+  w.width = input_sizes[3];
+  w.out_channels = out_channels;
+  w.out_height = w.height / 2;
+  w.out_width = w.width / 2;
+  w.grid_width = (w.width + 3) / 2 * 2;
+  w.positions = (w.height * w.grid_width + kStep - 1) / kStep * kStep;
+  w.plane = ((w.positions + w.grid_width - 1) / w.grid_width + 3) * w.grid_width;
+  return w;
+}
+
+#if FASTTRAIN_AMX_BUILD
+
+// Pooled rows [begin, end) of grad [N, out_height, out_width, Cout] (bf16, Cout a multiple of 32) into the
+// zero-filled grad_pairs: a window's top pair of positions (k 0, 1) and its bottom pair (k 2, 3), each
+// channel's gradient at its winner and zero at the other three.
+FASTTRAIN_AVX512_CODE void scatter_pairs(const WeightGradientImages& w, const uint16_t* grad,
+                                         const uint8_t* argmax, int64_t begin, int64_t end) {
+  const int64_t channels = w.out_channels;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / w.out_height, oh = r % w.out_height;
+    for (int64_t ow = 0; ow < w.out_width; ++ow) {
+      const int64_t at = (r * w.out_width + ow) * channels;
+      const int64_t top = (2 * oh * w.grid_width + 2 * ow) / 2, bottom = top + w.grid_width / 2;
+      for (int64_t c = 0; c < channels; c += 32) {
+        const __m512i values = _mm512_loadu_si512(grad + at + c);
+        const __m256i which = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(argmax + at + c));
+        __m512i won[4];
+        for (int k = 0; k < 4; ++k) {
+          won[k] = _mm512_maskz_mov_epi16(
+              _mm256_cmpeq_epi8_mask(which, _mm256_set1_epi8(static_cast<char>(k))), values);
+        }
+        uint16_t* top_row = w.grad_pairs + ((n * w.positions / 2 + top) * channels + c) * 2;
+        uint16_t* bottom_row = w.grad_pairs + ((n * w.positions / 2 + bottom) * channels + c) * 2;
+        interleave_rows(won[0], won[1], top_row, top_row + 32);
+        interleave_rows(won[2], won[3], bottom_row, bottom_row + 32);
+      }
+    }
+    // Zeros where no window reaches: the pair rows' last columns, and after an image's last window row the
+    // rest of its positions.
+    uint16_t* image = w.grad_pairs + n * w.positions * channels;
+    const int64_t right = w.grid_width - 2 * w.out_width;  // columns
+    for (const int64_t y : {2 * oh, 2 * oh + 1})
+      std::memset(image + (y * w.grid_width + 2 * w.out_width) * channels, 0,
+                  right * channels * sizeof(uint16_t));
+    if (oh + 1 == w.out_height) {
+      const int64_t from = 2 * w.out_height * w.grid_width;
+      std::memset(image + from * channels, 0, (w.positions - from) * channels * sizeof(uint16_t));
+    }
+  }
+}
+
+// 16 rows of 16 bf16 transposed in registers: unpacks of 16-, 32- and 64-bit pairs within 128-bit lanes, then
+// the lanes' halves exchanged.
+FASTTRAIN_AVX512_CODE void transpose16x16(__m256i (&r)[16]) {
+  __m256i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm256_unpacklo_epi16(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi16(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm256_unpacklo_epi32(t[i], t[i + 2]);
+    r[i + 1] = _mm256_unpackhi_epi32(t[i], t[i + 2]);
+    r[i + 2] = _mm256_unpacklo_epi32(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm256_unpackhi_epi32(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 16; i += 8) {
+    for (int k = 0; k < 4; ++k) {
+      t[i + 2 * k] = _mm256_unpacklo_epi64(r[i + k], r[i + 4 + k]);
+      t[i + 2 * k + 1] = _mm256_unpackhi_epi64(r[i + k], r[i + 4 + k]);
+    }
+  }
+  for (int k = 0; k < 8; ++k) {
+    r[k] = _mm256_permute2x128_si256(t[k], t[8 + k], 0x20);
+    r[8 + k] = _mm256_permute2x128_si256(t[k], t[8 + k], 0x31);
+  }
+}
+
+// Image rows [begin, end) of the batch * height (channels_last bf16 `images`) into x_t, 16 pixels by 16
+// channels at a time, with the zeros around them: each row's first column and its last ones, and the plane's
+// rows above the first image row and below the last.
+FASTTRAIN_AVX512_CODE void transpose_rows(const WeightGradientImages& w, const uint16_t* images,
+                                          uint16_t* input_t, int64_t begin, int64_t end) {
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / w.height, y = r % w.height;
+    for (int64_t x0 = 0; x0 < w.width; x0 += 16) {
+      const int64_t count = std::min<int64_t>(16, w.width - x0);
+      const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
+      for (int64_t c0 = 0; c0 < w.in_channels; c0 += 16) {
+        __m256i rows[16];
+        for (int i = 0; i < 16; ++i) {
+          rows[i] = i < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                    images + ((r * w.width) + x0 + i) * w.in_channels + c0))
+                              : _mm256_setzero_si256();
+        }
+        transpose16x16(rows);
+        for (int c = 0; c < 16; ++c) {
+          uint16_t* out = input_t + (n * w.in_channels + c0 + c) * w.plane + (y + 1) * w.grid_width + x0 + 1;
+          _mm256_mask_storeu_epi16(out, valid, rows[c]);
+        }
+      }
+    }
+    for (int64_t c = 0; c < w.in_channels; ++c) {
+      uint16_t* plane = input_t + (n * w.in_channels + c) * w.plane;
+      uint16_t* row = plane + (y + 1) * w.grid_width;
+      row[0] = 0;
+      std::fill(row + w.width + 1, row + w.grid_width, uint16_t{0});
+      if (y == 0) std::fill(plane, plane + w.grid_width, uint16_t{0});
+      if (y + 1 == w.height) std::fill(row + w.grid_width, plane + w.plane, uint16_t{0});
+    }
+  }
+}
+
+// Images [begin, end): their sums added into sums [9 Cin, Cout] (row tap * Cin + ci), fp32. Each image's A
+// and B stay in L1 over the passes; the accumulators go to and from sums between them.
+FASTTRAIN_AMX_CODE void weight_gradient_images(const WeightGradientImages& w, int64_t begin, int64_t end,
+                                               float* sums) {
+  configure_tiles(16);
+  const int64_t ci_tiles = w.in_channels / kChannelTile, m_tiles = 9 * ci_tiles;
+  const int64_t co_tiles = w.out_channels / kChannelTile, steps = w.positions / kStep;
+  const int64_t a_stride = w.plane * 2, b_stride = w.out_channels * 4, c_stride = w.out_channels * 4;
+  auto a_of = [&](int64_t tile, int64_t n) {
+    const int64_t tap = tile / ci_tiles, ci = (tile % ci_tiles) * kChannelTile;
+    return w.input_t + (n * w.in_channels + ci) * w.plane + (tap / 3) * w.grid_width + tap % 3;
+  };
+  for (int64_t n = begin; n < end; ++n) {
+    for (int64_t m = 0; m < m_tiles; m += 2) {
+      const bool both_m = m + 1 < m_tiles;
+      for (int64_t j = 0; j < co_tiles; j += 2) {
+        const bool both_j = j + 1 < co_tiles;
+        float* c0 = sums + m * kChannelTile * w.out_channels + j * kChannelTile;
+        float* c1 = c0 + kChannelTile * w.out_channels;  // the next M tile's rows
+        _tile_loadd(0, c0, c_stride);
+        if (both_j) _tile_loadd(1, c0 + kChannelTile, c_stride);
+        if (both_m) {
+          _tile_loadd(2, c1, c_stride);
+          if (both_j) _tile_loadd(3, c1 + kChannelTile, c_stride);
+        }
+        const uint16_t* a0 = a_of(m, n);
+        const uint16_t* a1 = both_m ? a_of(m + 1, n) : a0;
+        const uint16_t* b = w.grad_pairs + (n * w.positions / 2 * w.out_channels + j * kChannelTile) * 2;
+        for (int64_t s = 0; s < steps; ++s, a0 += kStep, a1 += kStep, b += 16 * w.out_channels * 2) {
+          _tile_loadd(4, a0, a_stride);
+          _tile_loadd(6, b, b_stride);
+          _tile_dpbf16ps(0, 4, 6);
+          if (both_j) {
+            _tile_loadd(7, b + 2 * kChannelTile, b_stride);
+            _tile_dpbf16ps(1, 4, 7);
+          }
+          if (both_m) {
+            _tile_loadd(5, a1, a_stride);
+            _tile_dpbf16ps(2, 5, 6);
+            if (both_j) _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        _tile_stored(0, c0, c_stride);
+        if (both_j) _tile_stored(1, c0 + kChannelTile, c_stride);
+        if (both_m) {
+          _tile_stored(2, c1, c_stride);
+          if (both_j) _tile_stored(3, c1 + kChannelTile, c_stride);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+#else
+
+void scatter_pairs(const WeightGradientImages&, const uint16_t*, const uint8_t*, int64_t, int64_t) {}
+void transpose_rows(const WeightGradientImages&, const uint16_t*, uint16_t*, int64_t, int64_t) {}
+void weight_gradient_images(const WeightGradientImages&, int64_t, int64_t, float*) {}
+
+#endif
+
+}  // namespace
+
+bool amx_conv_weight_gradient_takes(int64_t in_channels, int64_t out_channels) {
+  return amx_tiles_granted() && in_channels > 0 && in_channels % kChannelTile == 0 && out_channels > 0 &&
+         out_channels % kStep == 0;
+}
+
+torch::Tensor amx_conv_weight_gradient(const torch::Tensor& input, const torch::Tensor& grad_output,
+                                       const torch::Tensor& argmax, int64_t out_channels) {
+  WeightGradientImages w = describe_weight_gradient(input.sizes(), out_channels);
+  FT_CHECK(
+      amx_conv_weight_gradient_takes(w.in_channels, w.out_channels),
+      "the AMX conv's weight gradient takes a multiple of 16 input channels and of 32 output channels on "
+      "a CPU whose AMX tiles this process may use; got {} -> {}",
+      w.in_channels, w.out_channels);
+  // x_t: the input channel-major, its pixel (y, x) at plane position (y + 1) Wp + x + 1.
+  torch::Tensor input_t = torch::empty({w.batch, w.in_channels, w.plane / w.grid_width, w.grid_width},
+                                       input.options().dtype(torch::kBFloat16));
+  const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
+  at::parallel_for(
+      0, w.batch * w.height, rows_per_task(w.width * w.in_channels), [&](int64_t begin, int64_t end) {
+        transpose_rows(w, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
+                       reinterpret_cast<uint16_t*>(input_t.data_ptr<at::BFloat16>()), begin, end);
+      });
+  const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
+  torch::Tensor grad_pairs = torch::empty({w.batch, w.positions / 2, w.out_channels, 2}, grad.options());
+  w.input_t = reinterpret_cast<const uint16_t*>(input_t.data_ptr<at::BFloat16>());
+  w.grad_pairs = reinterpret_cast<uint16_t*>(grad_pairs.data_ptr<at::BFloat16>());
+  at::parallel_for(0, w.batch * w.out_height, rows_per_task(w.out_width * w.out_channels * 4),
+                   [&](int64_t begin, int64_t end) {
+                     scatter_pairs(w, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                                   argmax.data_ptr<uint8_t>(), begin, end);
+                   });
+  const RowChunks chunks = row_chunks(w.batch);
+  torch::Tensor sums = torch::zeros({chunks.count, 9 * w.in_channels, w.out_channels}, torch::kFloat);
+  for_each_row_chunk(w.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
+    weight_gradient_images(w, begin, end, sums[chunk].data_ptr<float>());
+  });
+  // [9 Cin, Cout] (tap, ci) rows -> [Cout, Cin, 3, 3], rounded to bf16 as a bf16 conv's backward gives it.
+  return sums.sum(0)
+      .view({3, 3, w.in_channels, w.out_channels})
+      .permute({3, 2, 0, 1})
+      .to(torch::kBFloat16)
+      .to(torch::kFloat);
 }
 
 }  // namespace fasttrain::kernels::detail

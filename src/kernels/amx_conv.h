@@ -1,6 +1,6 @@
 #pragma once
-// conv3x3_max_pool2x2's forward in bf16 on AMX's tile units (amx_conv.cpp), for its dispatcher
-// (conv_max_pool.cpp), which runs backward from the argmax bytes.
+// conv3x3_max_pool2x2's forward and its weight's gradient in bf16 on AMX's tile units (amx_conv.cpp), for its
+// dispatcher (conv_max_pool.cpp), which runs the input's gradient by oneDNN from the argmax bytes.
 #include <torch/types.h>
 
 #include <optional>
@@ -19,11 +19,24 @@ bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
 // (bf16, or fp32 rounded to it), weight [Cout, Cin, 3, 3] and bias [Cout] (or undefined) rounded to bf16, as
 // autocast's conv rounds them. Each conv output is an fp32 sum of bf16 products (the tiles' TDPBF16PS) plus
 // the bias, rounded to bf16 before the max-pool compares it, as a bf16 conv's output is; only the pooled maps
-// are written, channels_last [N, Cout, H / 2, W / 2] bf16. amx_conv_max_pool_takes must hold. Over 16 input
-// channels a tile row's last pair of taps reads one column past the kernel's, times zero weights, where a NaN
-// or an infinity would make a NaN that conv2d does not: images holding one are declined (nullopt), and the
-// caller runs its other path.
+// are written, channels_last [N, Cout, H / 2, W / 2] bf16. amx_conv_max_pool_takes must hold. Images holding
+// a NaN or an infinity are declined (nullopt), and the caller runs its other path: over 16 input channels a
+// tile row's last pair of taps reads one column past the kernel's, times zero weights, and the weight
+// gradient's grid reads past each row, times zero gradients, where either would make a NaN that conv2d does
+// not.
 std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch::Tensor& weight,
                                         const torch::Tensor& bias);
+
+// Whether amx_conv_weight_gradient runs here for a conv from `in_channels` to `out_channels`: AMX tiles
+// granted, a multiple of 16 input channels and of 32 output channels.
+bool amx_conv_weight_gradient_takes(int64_t in_channels, int64_t out_channels);
+
+// The weight's gradient of amx_conv_max_pool, [Cout, Cin, 3, 3] fp32 holding bf16 values (the fp32 sums of
+// bf16 products rounded once, as a bf16 conv's backward gives it), from its input (channels_last, bf16 or
+// rounded to it; finite, as amx_conv_max_pool takes it), the pooled maps' gradient grad_output [N, Cout, H /
+// 2, W / 2] (channels_last) and the forward's argmax bytes: each window's gradient at its winner.
+// amx_conv_weight_gradient_takes must hold.
+torch::Tensor amx_conv_weight_gradient(const torch::Tensor& input, const torch::Tensor& grad_output,
+                                       const torch::Tensor& argmax, int64_t out_channels);
 
 }  // namespace fasttrain::kernels::detail

@@ -75,6 +75,7 @@ namespace {
 using detail::amx_tiles_granted;
 using detail::TileConfig;
 #if FASTTRAIN_AMX_BUILD
+using detail::interleave_rows;
 using detail::round_to_bf16_lanes;
 #endif
 
@@ -161,16 +162,6 @@ FASTTRAIN_AVX512_CODE void transpose16x16(__m512i (&r)[16]) {
     t[12 + c] = _mm512_shuffle_i32x4(high_ab, high_cd, 0xDD);
   }
   for (int i = 0; i < 16; ++i) r[i] = t[i];
-}
-
-// 32 bf16 of rows `first` and `second` interleaved as (first[c], second[c]) pairs: columns 0-15 in `low`,
-// 16-31 in `high` (a row of two adjacent packed tiles each).
-FASTTRAIN_AVX512_CODE void interleave_rows(__m512i first, __m512i second, uint16_t* low, uint16_t* high) {
-  const __m512i first_half = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                              39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-  const __m512i second_half = _mm512_add_epi16(first_half, _mm512_set1_epi16(16));
-  _mm512_storeu_si512(low, _mm512_permutex2var_epi16(first, first_half, second));
-  _mm512_storeu_si512(high, _mm512_permutex2var_epi16(first, second_half, second));
 }
 
 // W^T's pairs from an fp32 weight [N, K] (N, K multiples of 32): tile (step, column) row r, column n holds

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "amx_conv.h"
@@ -210,21 +211,27 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
           total.select(1, taps).contiguous()};
 }
 
-// After the AMX forward: the gradient scattered to each window's winner and oneDNN's conv backward in bf16,
-// whose input and weight gradients run on bf16 dot products (the winners' fp32 sums are slower there).
-// Returns the input's gradient (undefined where not needed), the weight's and the bias's (where it has one),
-// each as a bf16 conv's backward gives them.
+// After the AMX forward, each as a bf16 conv's backward gives it: the weight's gradient on the tiles where
+// they take the channels (from the pooled gradient and the argmax bytes); the input's (undefined where not
+// needed), and the weight's elsewhere, and the bias's (where it has one) by oneDNN's bf16 conv backward of
+// the winners' gradient, which runs on bf16 dot products (the winners' fp32 sums are slower there).
 std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, const torch::Tensor& weight,
                                                   const torch::Tensor& grad_output,
                                                   const torch::Tensor& argmax, bool input_gradient,
                                                   bool has_bias, CpuCapability capability) {
-  const torch::Tensor grad_maps = detail::unpool2x2(
-      grad_output, argmax, {input.size(0), weight.size(0), input.size(2), input.size(3)}, capability);
-  const std::vector<int64_t> bias_sizes{weight.size(0)};
-  auto [grad_input, grad_weight, grad_bias] =
-      at::convolution_backward(grad_maps, input.to(torch::kBFloat16), weight.detach().to(torch::kBFloat16),
-                               has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, {1, 1}, {1, 1},
-                               {1, 1}, false, {0, 0}, 1, {input_gradient, true, has_bias});
+  const bool weight_on_amx = detail::amx_conv_weight_gradient_takes(input.size(1), weight.size(0));
+  torch::Tensor grad_input, grad_weight, grad_bias;
+  if (input_gradient || has_bias || !weight_on_amx) {
+    const torch::Tensor grad_maps = detail::unpool2x2(
+        grad_output, argmax, {input.size(0), weight.size(0), input.size(2), input.size(3)}, capability);
+    const std::vector<int64_t> bias_sizes{weight.size(0)};
+    std::tie(grad_input, grad_weight, grad_bias) = at::convolution_backward(
+        grad_maps, input.to(torch::kBFloat16), weight.detach().to(torch::kBFloat16),
+        has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, {1, 1}, {1, 1}, {1, 1}, false, {0, 0},
+        1, {input_gradient, !weight_on_amx, has_bias});
+  }
+  if (weight_on_amx)
+    grad_weight = detail::amx_conv_weight_gradient(input, grad_output, argmax, weight.size(0));
   if (input_gradient) grad_input = grad_input.to(input.scalar_type()).contiguous(kChannelsLast);
   return {grad_input, grad_weight, grad_bias};
 }

@@ -40,10 +40,10 @@ TORCH_MODULE(MaxPool2x2);
 // its backward, from each window's winner only, pays in fp32 (1.17-1.56x alone, 1.14x the main job's fp32
 // throughput with AVX512; even with AVX2) but not in bf16, where oneDNN's dense backward runs on bf16 dot
 // products (BENCHMARKS.md, "Own CPU kernels, sixth part"): there, on a CPU with AMX-BF16, the forward is an
-// implicit GEMM on AMX's tiles with the max-pool in its epilogue and the backward oneDNN's
-// (model.aten_kernels "amx_conv": oneDNN's conv and MaxPool2x2; "twenty-sixth part"). It stays a Conv2d, with
-// its parameters' names, for checkpoints and whatever inspects the model; an Identity holds the max-pool's
-// place.
+// implicit GEMM on AMX's tiles with the max-pool in its epilogue, and so is the weight's gradient (the
+// input's is oneDNN's) (model.aten_kernels "amx_conv": oneDNN's conv and MaxPool2x2; "twenty-sixth part"). It
+// stays a Conv2d, with its parameters' names, for checkpoints and whatever inspects the model; an Identity
+// holds the max-pool's place.
 class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
  public:
   ConvMaxPool2dImpl(const torch::nn::Conv2dOptions& options, bool own_max_pool, kernels::WideConvForward wide,

@@ -168,27 +168,36 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
   // The main job's second conv ([N, 16, 14, 14] -> 32); 48 output channels (a pair of channel tiles, then one
   // alone); odd heights and widths (the conv's last row or column, which the max-pool leaves out); one
   // window; 34 conv columns (tiles of 16, 16 and 2 x's); 32 and 64 input channels (a tap's 32 channels per
-  // tile row, where 16 channels put two taps in one). Every sum is exact (make_inputs), so the pooled maps,
-  // the winners and the weight's gradient (oneDNN's bf16 backward, one rounding of an exact sum) equal the
-  // reference's; the tie rule is tested where windows tie, as integer maps often do.
+  // tile row, where 16 channels put two taps in one); the weight's gradient on the tiles where the output
+  // channels are a multiple of 32, over odd heights and widths (a grid of 38 columns for 35). Every sum is
+  // exact (make_inputs), so the pooled maps, the winners and the weight's gradient (oneDNN's bf16 backward,
+  // one rounding of an exact sum) equal the reference's; the tie rule is tested where windows tie, as integer
+  // maps often do.
   torch::manual_seed(12);
-  const Case cases[] = {{4, 16, 14, 14, 32, false},
-                        {2, 16, 5, 7, 48, true},
-                        {1, 16, 2, 2, 16, true},
-                        {2, 32, 6, 35, 32, true},
-                        {2, 64, 3, 4, 16, false}};
+  const Case cases[] = {{4, 16, 14, 14, 32, false}, {2, 16, 5, 7, 48, true},  {1, 16, 2, 2, 16, true},
+                        {2, 32, 6, 35, 32, true},   {2, 64, 3, 4, 16, false}, {2, 16, 7, 9, 64, true}};
+  int weight_gradients = 0;  // cases whose weight gradient the tiles take (Cout a multiple of 32)
   for (const auto images_dtype : {torch::kBFloat16, torch::kFloat}) {
     for (const Case& c : cases) {
       SCOPED_TRACE("images " + std::string(c10::toString(images_dtype)) + " " + describe(c));
       EXPECT_TRUE(kernels::conv3x3_max_pool2x2_runs_on_amx(c.in_channels, c.out_channels, torch::kBFloat16));
       const ConvMaxPoolInputs in = make_inputs(c, images_dtype);
       expect_matches_double(in, torch::kBFloat16, kernels::cpu_capability(), WideConvForward::amx);
-      // The AMX forward itself gives these maps (and does not decline the images).
+      // The AMX forward itself gives these maps (and does not decline the images), and where the output
+      // channels are a multiple of 32, the weight's gradient on the tiles is the reference's (rounded once).
       const auto amx = kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias);
       ASSERT_TRUE(amx.has_value());
-      EXPECT_TRUE(close("AMX's y", amx->output, run_reference(in, torch::kBFloat16).y, 0, 0));
+      const ConvMaxPoolResult want = run_reference(in, torch::kBFloat16);
+      EXPECT_TRUE(close("AMX's y", amx->output, want.y, 0, 0));
+      if (kernels::detail::amx_conv_weight_gradient_takes(c.in_channels, c.out_channels)) {
+        const auto grad_weight = kernels::detail::amx_conv_weight_gradient(
+            in.images, in.grad_y.to(torch::kBFloat16).contiguous(kChannelsLast), amx->argmax, c.out_channels);
+        EXPECT_TRUE(close("AMX's grad_weight", grad_weight, want.grad_weight, 0, 0));
+        ++weight_gradients;
+      }
     }
   }
+  EXPECT_EQ(weight_gradients, 6);
   // Where it does not run, the same call is oneDNN's path: fp32, and channels the tiles do not fit.
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kFloat));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(24, 32, torch::kBFloat16));
@@ -201,9 +210,11 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
 TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
   if (!amx_conv_runs_here()) GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
   // Normal values, whose sums round: the tiles sum in another order than oneDNN's conv, so a conv output may
-  // round to the next bf16 value. A NaN in the image reaches each output whose 3x3 field holds it and the
-  // max-pool passes it on: over 32 channels through the tiles, over 16 (whose tile rows read a fourth
-  // column times zero weights, which would spread it) through oneDNN's conv, the AMX forward declining them.
+  // round to the next bf16 value, and the weight's gradient sums in another order. A NaN in the image reaches
+  // each output whose 3x3 field holds it and the max-pool passes it on, through oneDNN's conv: the AMX
+  // forward declines images holding a NaN or an infinity (over 16 channels its tile rows read a fourth column
+  // times zero weights, and the weight gradient's grid reads past each row times zero gradients: either would
+  // spread it).
   torch::manual_seed(13);
   for (const Case& c : {Case{4, 16, 14, 14, 32, false}, Case{2, 32, 7, 9, 48, true}}) {
     SCOPED_TRACE(describe(c));
@@ -217,17 +228,16 @@ TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
     const ConvMaxPoolResult onednn =
         run_kernel(in, torch::kBFloat16, kernels::cpu_capability(), WideConvForward::onednn);
     EXPECT_TRUE(close("y", amx.y, onednn.y, 1.0 / 64, 1.0 / 64));
+    EXPECT_TRUE(close("grad_weight", amx.grad_weight, onednn.grad_weight, 1.0 / 64, 1.0 / 64));
     in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::quiet_NaN());
     const auto with_nan = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kBFloat16,
                                                        kernels::cpu_capability(), WideConvForward::amx);
     const auto want = torch::max_pool2d(torch::conv2d(in.images, in.weight, in.bias, 1, 1), 2);
     EXPECT_TRUE(torch::equal(with_nan.isnan(), want.isnan()));
     EXPECT_GT(with_nan.isnan().sum().item<int64_t>(), 0);
-    EXPECT_EQ(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value(),
-              c.in_channels != 16);
+    EXPECT_FALSE(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value());
     in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::infinity());
-    EXPECT_EQ(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value(),
-              c.in_channels != 16);
+    EXPECT_FALSE(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value());
   }
 }
 

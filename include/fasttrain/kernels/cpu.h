@@ -226,7 +226,8 @@ constexpr int64_t kConvMaxPoolInChannels = 4;
 // may give NaN where a direct conv gives an infinity (a NaN goes where it goes in a direct conv). `amx`: in
 // bf16 on AMX's tiles where they are lent to this process, over 16 input channels or a multiple of 32 and a
 // multiple of 16 output channels (an implicit GEMM with the max-pool in its epilogue: only the pooled maps
-// written; backward is oneDNN's bf16 conv backward from the winners' gradient); elsewhere `onednn`'s path.
+// written; backward: the weight's gradient on the tiles too, the input's oneDNN's bf16 conv backward of the
+// winners' gradient); elsewhere, and for images holding a NaN or an infinity, `onednn`'s path.
 enum class WideConvForward { winograd, onednn, amx };
 
 // Whether conv3x3_max_pool2x2 with WideConvForward::amx runs on AMX's tiles for a conv from `in_channels` to
