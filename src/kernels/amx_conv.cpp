@@ -48,11 +48,12 @@ int64_t block_count(int64_t in_channels) {
 
 struct AmxConvImages {
   int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0, out_height = 0, out_width = 0;
-  int64_t padded_height = 0, padded_width = 0;  // the input with a zero border: 1 above, below and left
+  // The input with a zero border: a row above and below, a column left, and right one (two over 16 channels).
+  int64_t padded_height = 0, padded_width = 0;
   std::vector<int64_t> block_offsets;  // per K block: values from a position's top-left tap to its A row
   const uint16_t* padded = nullptr;    // [N, padded_height, padded_width, Cin] bf16
-  const uint16_t* packed =
-      nullptr;                  // [K blocks][Cout / 16] B tiles, row r column c: (B[2 r][c], B[2 r + 1][c])
+  // [K blocks][Cout / 16] B tiles, row r column c: (B[2 r][c], B[2 r + 1][c]).
+  const uint16_t* packed = nullptr;
   const float* bias = nullptr;  // [Cout] rounded to bf16, or null
   uint16_t* output = nullptr;   // [N, out_height, out_width, Cout] bf16
   uint8_t* argmax = nullptr;    // a byte per output value
@@ -296,8 +297,9 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
 // grid Wp = W + 2 wide (rounded up to even): p = y Wp + x, the columns x >= W holding g = 0. A: the input
 // channel-major and zero-padded, x_t[n, ci, plane] (a tap's 32 positions are then one contiguous row of a
 // tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[n, p / 2, co, 2], written straight from the
-// pooled gradient and the argmax bytes. Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) per
-// pass over the images, so (9 Cin / 16 + 1) / 2 passes; each thread sums its images into its own rows.
+// pooled gradient and the argmax bytes. Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) a
+// pass, (9 Cin / 16 + 1) / 2 passes an image, loaded from and stored to the thread's own fp32 rows between
+// passes, so that each image's A and B stay in L1 over its passes.
 
 namespace {
 
