@@ -109,6 +109,8 @@ FASTTRAIN_AMX_CODE void configure_tiles(int rows) {
     config.rows[t] = t < 6 ? rows : 16;
     config.bytes_per_row[t] = 64;
   }
+  // ldtilecfg's builtin declares no read of the rows and widths above: they must be in memory before it.
+  asm volatile("" ::: "memory");
   _tile_loadconfig(&config);
 }
 
@@ -275,6 +277,11 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   const torch::Tensor packed = pack_weight(weight, p);
   const torch::Tensor bias_values =
       bias.defined() ? bias.detach().to(torch::kBFloat16).to(torch::kFloat).contiguous() : torch::Tensor();
+  // The zero border times an infinite weight (or bias) would be a NaN where conv2d's padding adds nothing.
+  const bool finite_parameters =
+      all_finite(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), packed.numel()) &&
+      (!bias_values.defined() || torch::isfinite(bias_values).all().item<bool>());
+  if (!finite_parameters) return std::nullopt;
   Pooled pooled;
   pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
                                input.options().dtype(torch::kBFloat16).memory_format(kChannelsLast));
@@ -298,8 +305,8 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
 // channel-major and zero-padded, x_t[n, ci, plane] (a tap's 32 positions are then one contiguous row of a
 // tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[n, p / 2, co, 2], written straight from the
 // pooled gradient and the argmax bytes. Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) a
-// pass, (9 Cin / 16 + 1) / 2 passes an image, loaded from and stored to the thread's own fp32 rows between
-// passes, so that each image's A and B stay in L1 over its passes.
+// pass, (9 Cin / 16 + 1) / 2 x Cout / 32 passes an image, loaded from and stored to the thread's own fp32
+// rows between passes, so that each image's A and B stay in L1 over its passes.
 
 namespace {
 
@@ -498,8 +505,9 @@ bool amx_conv_weight_gradient_takes(int64_t in_channels, int64_t out_channels) {
          out_channels % kStep == 0;
 }
 
-torch::Tensor amx_conv_weight_gradient(const torch::Tensor& input, const torch::Tensor& grad_output,
-                                       const torch::Tensor& argmax, int64_t out_channels) {
+std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input,
+                                                      const torch::Tensor& grad_output,
+                                                      const torch::Tensor& argmax, int64_t out_channels) {
   WeightGradientImages w = describe_weight_gradient(input.sizes(), out_channels);
   FT_CHECK(
       amx_conv_weight_gradient_takes(w.in_channels, w.out_channels),
@@ -516,6 +524,8 @@ torch::Tensor amx_conv_weight_gradient(const torch::Tensor& input, const torch::
                        reinterpret_cast<uint16_t*>(input_t.data_ptr<at::BFloat16>()), begin, end);
       });
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
+  if (!all_finite(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), grad.numel()))
+    return std::nullopt;
   torch::Tensor grad_pairs = torch::empty({w.batch, w.positions / 2, w.out_channels, 2}, grad.options());
   w.input_t = reinterpret_cast<const uint16_t*>(input_t.data_ptr<at::BFloat16>());
   w.grad_pairs = reinterpret_cast<uint16_t*>(grad_pairs.data_ptr<at::BFloat16>());

@@ -19,11 +19,11 @@ bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
 // (bf16, or fp32 rounded to it), weight [Cout, Cin, 3, 3] and bias [Cout] (or undefined) rounded to bf16, as
 // autocast's conv rounds them. Each conv output is an fp32 sum of bf16 products (the tiles' TDPBF16PS) plus
 // the bias, rounded to bf16 before the max-pool compares it, as a bf16 conv's output is; only the pooled maps
-// are written, channels_last [N, Cout, H / 2, W / 2] bf16. amx_conv_max_pool_takes must hold. Images holding
-// a NaN or an infinity are declined (nullopt), and the caller runs its other path: over 16 input channels a
-// tile row's last pair of taps reads one column past the kernel's, times zero weights, and the weight
-// gradient's grid reads past each row, times zero gradients, where either would make a NaN that conv2d does
-// not.
+// are written, channels_last [N, Cout, H / 2, W / 2] bf16. amx_conv_max_pool_takes must hold. Images, weights
+// or a bias holding a NaN or an infinity are declined (nullopt), and the caller runs its other path: over 16
+// input channels a tile row's last pair of taps reads one column past the kernel's, times zero weights; the
+// zero border is multiplied by every weight; and the weight gradient's grid reads past each row, times zero
+// gradients: each would make a NaN where conv2d gives none.
 std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch::Tensor& weight,
                                         const torch::Tensor& bias);
 
@@ -35,8 +35,10 @@ bool amx_conv_weight_gradient_takes(int64_t in_channels, int64_t out_channels);
 // bf16 products rounded once, as a bf16 conv's backward gives it), from its input (channels_last, bf16 or
 // rounded to it; finite, as amx_conv_max_pool takes it), the pooled maps' gradient grad_output [N, Cout, H /
 // 2, W / 2] (channels_last) and the forward's argmax bytes: each window's gradient at its winner.
-// amx_conv_weight_gradient_takes must hold.
-torch::Tensor amx_conv_weight_gradient(const torch::Tensor& input, const torch::Tensor& grad_output,
-                                       const torch::Tensor& argmax, int64_t out_channels);
+// amx_conv_weight_gradient_takes must hold. A gradient holding a NaN or an infinity is declined (nullopt):
+// the input's zero border times it would be a NaN where conv2d's backward adds nothing.
+std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input,
+                                                      const torch::Tensor& grad_output,
+                                                      const torch::Tensor& argmax, int64_t out_channels);
 
 }  // namespace fasttrain::kernels::detail

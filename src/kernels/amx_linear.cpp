@@ -104,6 +104,8 @@ FASTTRAIN_AMX_CODE void configure_tiles() {
     config.rows[t] = 16;
     config.bytes_per_row[t] = 64;
   }
+  // ldtilecfg's builtin declares no read of the rows and widths above: they must be in memory before it.
+  asm volatile("" ::: "memory");
   _tile_loadconfig(&config);
 }
 

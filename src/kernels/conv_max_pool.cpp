@@ -212,26 +212,28 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
 }
 
 // After the AMX forward, each as a bf16 conv's backward gives it: the weight's gradient on the tiles where
-// they take the channels (from the pooled gradient and the argmax bytes); the input's (undefined where not
-// needed), and the weight's elsewhere, and the bias's (where it has one) by oneDNN's bf16 conv backward of
-// the winners' gradient, which runs on bf16 dot products (the winners' fp32 sums are slower there).
+// they take the channels and the gradient is finite (from the pooled gradient and the argmax bytes); the
+// input's (undefined where not needed), and the weight's elsewhere, and the bias's (where it has one) by
+// oneDNN's bf16 conv backward of the winners' gradient, which runs on bf16 dot products (the winners' fp32
+// sums are slower there).
 std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, const torch::Tensor& weight,
                                                   const torch::Tensor& grad_output,
                                                   const torch::Tensor& argmax, bool input_gradient,
                                                   bool has_bias, CpuCapability capability) {
-  const bool weight_on_amx = detail::amx_conv_weight_gradient_takes(input.size(1), weight.size(0));
+  std::optional<torch::Tensor> weight_on_tiles;
+  if (detail::amx_conv_weight_gradient_takes(input.size(1), weight.size(0)))
+    weight_on_tiles = detail::amx_conv_weight_gradient(input, grad_output, argmax, weight.size(0));
   torch::Tensor grad_input, grad_weight, grad_bias;
-  if (input_gradient || has_bias || !weight_on_amx) {
+  if (input_gradient || has_bias || !weight_on_tiles) {
     const torch::Tensor grad_maps = detail::unpool2x2(
         grad_output, argmax, {input.size(0), weight.size(0), input.size(2), input.size(3)}, capability);
     const std::vector<int64_t> bias_sizes{weight.size(0)};
     std::tie(grad_input, grad_weight, grad_bias) = at::convolution_backward(
         grad_maps, input.to(torch::kBFloat16), weight.detach().to(torch::kBFloat16),
         has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, {1, 1}, {1, 1}, {1, 1}, false, {0, 0},
-        1, {input_gradient, !weight_on_amx, has_bias});
+        1, {input_gradient, !weight_on_tiles, has_bias});
   }
-  if (weight_on_amx)
-    grad_weight = detail::amx_conv_weight_gradient(input, grad_output, argmax, weight.size(0));
+  if (weight_on_tiles) grad_weight = *weight_on_tiles;
   if (input_gradient) grad_input = grad_input.to(input.scalar_type()).contiguous(kChannelsLast);
   return {grad_input, grad_weight, grad_bias};
 }

@@ -192,7 +192,8 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
       if (kernels::detail::amx_conv_weight_gradient_takes(c.in_channels, c.out_channels)) {
         const auto grad_weight = kernels::detail::amx_conv_weight_gradient(
             in.images, in.grad_y.to(torch::kBFloat16).contiguous(kChannelsLast), amx->argmax, c.out_channels);
-        EXPECT_TRUE(close("AMX's grad_weight", grad_weight, want.grad_weight, 0, 0));
+        ASSERT_TRUE(grad_weight.has_value());
+        EXPECT_TRUE(close("AMX's grad_weight", *grad_weight, want.grad_weight, 0, 0));
         ++weight_gradients;
       }
     }
@@ -238,6 +239,22 @@ TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
     EXPECT_FALSE(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value());
     in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::infinity());
     EXPECT_FALSE(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value());
+    // An infinite weight (the zero border times it) and an infinite gradient (the weight gradient's grid
+    // times it) are declined too; finite ones are not.
+    in.images.index_put_({0, 0, 2, 3}, 0.5);
+    const auto finite = kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias);
+    ASSERT_TRUE(finite.has_value());
+    auto infinite_weight = in.weight.clone();
+    infinite_weight.index_put_({0, 0, 0, 0}, std::numeric_limits<float>::infinity());
+    EXPECT_FALSE(kernels::detail::amx_conv_max_pool(in.images, infinite_weight, in.bias).has_value());
+    if (kernels::detail::amx_conv_weight_gradient_takes(c.in_channels, c.out_channels)) {
+      const auto grad = in.grad_y.to(torch::kBFloat16).contiguous(kChannelsLast);
+      EXPECT_TRUE(kernels::detail::amx_conv_weight_gradient(in.images, grad, finite->argmax, c.out_channels));
+      auto infinite_grad = grad.clone();
+      infinite_grad.index_put_({0, 0, 1, 1}, std::numeric_limits<float>::infinity());
+      EXPECT_FALSE(kernels::detail::amx_conv_weight_gradient(in.images, infinite_grad, finite->argmax,
+                                                             c.out_channels));
+    }
   }
 }
 

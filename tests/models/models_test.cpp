@@ -376,10 +376,11 @@ TEST(Models, CnnOwnConvMaxPoolKernelMatchesATensStep) {
 
 TEST(Models, CnnOwnAmxConvMatchesOneDnnsStepInBf16) {
   // In bf16 on a CPU that lends AMX-BF16 tiles, a conv over 16 input channels (the main job's second) and its
-  // max-pool run the fused kernel's AMX forward (backward: oneDNN's conv backward from the winners'
-  // gradient); model.aten_kernels = ["amx_conv"] runs oneDNN's conv and the max-pool kernel. The same losses,
-  // gradients, buffers and evaluation to bf16's rounding, and the same parameter names. The kernel's
-  // reference tests: tests/kernels/conv_max_pool_test.cpp (CpuConvMaxPool.Amx*).
+  // max-pool run the fused kernel's AMX forward (backward: the weight's gradient on the tiles too, the
+  // input's oneDNN's conv backward from the winners' gradient); model.aten_kernels = ["amx_conv"] runs
+  // oneDNN's conv and the max-pool kernel. The same losses, gradients, buffers and evaluation to bf16's
+  // rounding, and the same parameter names. The kernel's reference tests:
+  // tests/kernels/conv_max_pool_test.cpp (CpuConvMaxPool.Amx*).
   if (!kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16)) {
     GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
   }

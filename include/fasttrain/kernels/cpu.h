@@ -226,8 +226,9 @@ constexpr int64_t kConvMaxPoolInChannels = 4;
 // may give NaN where a direct conv gives an infinity (a NaN goes where it goes in a direct conv). `amx`: in
 // bf16 on AMX's tiles where they are lent to this process, over 16 input channels or a multiple of 32 and a
 // multiple of 16 output channels (an implicit GEMM with the max-pool in its epilogue: only the pooled maps
-// written; backward: the weight's gradient on the tiles too, the input's oneDNN's bf16 conv backward of the
-// winners' gradient); elsewhere, and for images holding a NaN or an infinity, `onednn`'s path.
+// written; backward: the weight's gradient on the tiles too where the output channels are a multiple of 32
+// and the gradient is finite, else oneDNN's, and the input's oneDNN's bf16 conv backward of the winners'
+// gradient); elsewhere, and for images or parameters holding a NaN or an infinity, `onednn`'s path.
 enum class WideConvForward { winograd, onednn, amx };
 
 // Whether conv3x3_max_pool2x2 with WideConvForward::amx runs on AMX's tiles for a conv from `in_channels` to
@@ -251,7 +252,8 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
 // fp32, rounded to `dtype` as a conv's backward in it rounds them and returned in the parameters' own dtype
 // and layout. The input's gradient, where it needs one, is over few channels the transposed conv (ATen's
 // conv2d with the kernel flipped) and over more scattered from the winners in the same pass (fp32 sums,
-// rounded to bf16 where either `dtype` or the input is). Differentiable once (its backward is not itself
+// rounded to bf16 where either `dtype` or the input is). After WideConvForward::amx's forward, the gradients
+// are a bf16 conv backward's (see there). Differentiable once (its backward is not itself
 // differentiable, and says so where asked to be). A conv output that wins no window (an odd last row or
 // column, and over more channels every loser) is not read by backward: an infinite or NaN input seen only
 // by such outputs leaves the gradients finite, where conv2d's backward multiplies it by a zero gradient.
