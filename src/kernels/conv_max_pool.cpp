@@ -269,29 +269,26 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     const torch::Tensor grad_output = grads[0].to(dtype).contiguous(kChannelsLast);
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const auto bias_dtype = static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
-    if (ctx->saved_data["amx"].toBool()) {
-      auto [grad_input, grad_weight, grad_bias] = dense_bf16_gradients(
-          input, weight, grad_output, argmax, ctx->needs_input_grad(0), has_bias, capability);
-      return {grad_input,
-              torch::empty_like(weight).copy_(grad_weight),
-              has_bias ? grad_bias.to(bias_dtype) : torch::Tensor(),
-              torch::Tensor(),
-              torch::Tensor(),
-              torch::Tensor(),
-              torch::Tensor()};
-    }
-    detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
-    p.input = input.data_ptr();
-    p.argmax = argmax.data_ptr<uint8_t>();
-    p.grad_output = grad_output.data_ptr();
-    const bool direct = runs_direct(p.in_channels);
     torch::Tensor grad_input;
-    if (ctx->needs_input_grad(0)) {
-      grad_input = direct ? input_gradient(input, grad_output, argmax, weight, dtype, capability)
-                          : torch::empty(input.sizes(), input.options().memory_format(kChannelsLast));
+    ParameterGradients grads_of;
+    if (ctx->saved_data["amx"].toBool()) {
+      auto [input_grad, weight_grad, bias_grad] = dense_bf16_gradients(
+          input, weight, grad_output, argmax, ctx->needs_input_grad(0), has_bias, capability);
+      grad_input = input_grad;
+      grads_of = {weight_grad, bias_grad};
+    } else {
+      detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
+      p.input = input.data_ptr();
+      p.argmax = argmax.data_ptr<uint8_t>();
+      p.grad_output = grad_output.data_ptr();
+      const bool direct = runs_direct(p.in_channels);
+      if (ctx->needs_input_grad(0)) {
+        grad_input = direct ? input_gradient(input, grad_output, argmax, weight, dtype, capability)
+                            : torch::empty(input.sizes(), input.options().memory_format(kChannelsLast));
+      }
+      grads_of = direct ? direct_parameter_gradients(p, capability)
+                        : winner_gradients(p, weight, grad_input, capability);
     }
-    const ParameterGradients grads_of = direct ? direct_parameter_gradients(p, capability)
-                                               : winner_gradients(p, weight, grad_input, capability);
     // The parameter's own layout (channels_last or not): what DDP's bucket views expect of a gradient.
     torch::Tensor grad_weight = torch::empty_like(weight).copy_(grads_of.weight);
     torch::Tensor grad_bias = has_bias ? grads_of.bias.to(bias_dtype) : torch::Tensor();
