@@ -451,6 +451,36 @@ void cnn_rows(nlohmann::json& out, int repeats) {
         },
         repeats);
   }
+  // ---- the main job's first conv in bf16 on AMX's tiles (a pooling window's 4x4 patch per tile row): its
+  // forward against the direct forward (model.aten_kernels = ["amx_conv"]), both with the winners' weight
+  // gradient, and the forward alone, as an evaluation runs it ----
+  if (fasttrain::kernels::conv3x3_max_pool2x2_runs_on_amx(1, 16, torch::kBFloat16)) {
+    using fasttrain::kernels::WideConvForward;
+    auto channels_last = [](const torch::Tensor& t) {
+      return torch::empty(t.sizes(), t.options().memory_format(torch::MemoryFormat::ChannelsLast)).copy_(t);
+    };
+    const auto images = channels_last(torch::randn({128, 1, 28, 28}));
+    auto weight = channels_last(torch::randn({16, 1, 3, 3})).requires_grad_(true);
+    const auto grad =
+        torch::randn({128, 16, 14, 14}).to(torch::kBFloat16).contiguous(torch::MemoryFormat::ChannelsLast);
+    const auto conv = [&](bool amx) {
+      return fasttrain::kernels::conv3x3_max_pool2x2(images, weight, {}, torch::kBFloat16,
+                                                     fasttrain::kernels::cpu_capability(),
+                                                     amx ? WideConvForward::amx : WideConvForward::onednn);
+    };
+    out["amx_conv_max_pool_1to16x28_bf16"] = own_against_aten(
+        "NHWC [128, 1, 28, 28] -> conv 3x3 to 16 channels -> 2x2 max-pool in bf16, forward + backward "
+        "(weight): AMX's forward against the direct one",
+        [&](bool own) { conv(own).backward(grad); }, repeats);
+    out["amx_conv_forward_1to16x28_bf16"] = own_against_aten(
+        "NHWC [128, 1, 28, 28] -> conv 3x3 to 16 channels -> 2x2 max-pool in bf16, forward (no gradient): "
+        "AMX's against the direct one",
+        [&](bool own) {
+          const torch::NoGradGuard no_gradient;
+          conv(own);
+        },
+        repeats);
+  }
   // ---- the main job's BatchNorm + ReLU after each pool (pool_first: [128, 16, 14, 14] and [128, 32, 7, 7]),
   // training mode: fasttrain's kernel against ATen's batch_norm and relu ----
   for (auto dtype : {torch::kFloat, torch::kBFloat16}) {

@@ -11,6 +11,7 @@
 #include <immintrin.h>
 #define FASTTRAIN_AMX_CODE __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
 #define FASTTRAIN_AVX512_CODE __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define FASTTRAIN_AVX512_BF16_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 // GCC 12's AVX512 intrinsics fill unused lanes from _mm512_undefined_epi32() (`__Y = __Y`), which it then
 // reports as uninitialised where they are inlined into a function with a target attribute.
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -21,8 +22,8 @@
 
 namespace fasttrain::kernels::detail {
 
-// Whether this CPU has AMX-BF16 tiles (and AVX-512BW/VL for the epilogues, whose state the OS saves) and
-// Linux lends them to this process; asked once. False in a build without AMX code.
+// Whether this CPU has AMX-BF16 tiles (and AVX-512BW/VL and AVX-512 BF16 for the epilogues, whose state the
+// OS saves) and Linux lends them to this process; asked once. False in a build without AMX code.
 bool amx_tiles_granted();
 
 // ldtilecfg's 64 bytes: palette 1, then each tile's bytes per row and rows.

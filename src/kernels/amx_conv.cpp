@@ -71,6 +71,7 @@ AmxConvImages describe(const torch::Tensor& input, int64_t out_channels) {
   p.padded_height = p.height + 2;
   // Over 16 channels the last pair of taps reads one column past the right border's.
   p.padded_width = p.width + (p.in_channels == 16 ? 3 : 2);
+  if (p.in_channels == 1) return p;  // the one-channel path reads the images unpadded (below)
   for (int64_t b = 0; b < block_count(p.in_channels); ++b) {
     const Tap first = tap_of(p.in_channels, b, 0);
     p.block_offsets.push_back((first.dy * p.padded_width + first.dx) * p.in_channels + first.channel);
@@ -99,6 +100,39 @@ torch::Tensor pack_weight(const torch::Tensor& weight, const AmxConvImages& p) {
   return packed;
 }
 
+// ---- One input channel: a pooling window per tile row ----
+//   A's row for window (oh, ow) is the 4x4 input patch under it, x-major: 16 bf16 q[(2 ow + i) * 4 + j] =
+//   x[2 oh - 1 + j, 2 ow - 1 + i] (zero outside the image), read from a pooled row's patch rows, in which
+//   consecutive windows are 8 values apart.
+//   B_k [16 (i, j), Cout] for window position k = 2 dy + dx: w[co, j - dy, i - dx], zero off the kernel.
+//   conv[k] of each window = A . B_k: four accumulators, one per position, which the epilogue pools.
+// A K of 16 where the tiles take 32, but a direct conv over one channel spends a multiply-add on 16
+// channels per tap and position, and the tiles' one instruction covers 16 windows' 9 taps.
+constexpr int64_t kPatchValues = 16;                                // 4 x 4, a tile row of A
+constexpr int64_t kWindowTileValues = kPatchValues * kChannelTile;  // a packed B_k: 8 rows of 16 pairs
+
+// The weight [Cout, 1, 3, 3] rounded to bf16 as the B_k tiles, [Cout / 16][4 positions][8 rows][16 pairs].
+torch::Tensor pack_window_weight(const torch::Tensor& weight, int64_t out_channels) {
+  const torch::Tensor w = weight.detach().to(torch::kBFloat16).contiguous();
+  const auto* values = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  torch::Tensor packed =
+      torch::zeros({out_channels / kChannelTile * 4 * kWindowTileValues}, torch::kBFloat16);
+  auto* out = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+  for (int64_t co = 0; co < out_channels; ++co) {
+    for (int64_t k = 0; k < 4; ++k) {
+      const int64_t dy = k / 2, dx = k % 2;
+      for (int64_t v = 0; v < kPatchValues; ++v) {  // v = 4 i + j: column 2 ow - 1 + i, row 2 oh - 1 + j
+        const int64_t ky = v % 4 - dy, kx = v / 4 - dx;
+        if (ky < 0 || ky > 2 || kx < 0 || kx > 2) continue;
+        const int64_t tile = co / kChannelTile * 4 + k;
+        out[tile * kWindowTileValues + v / 2 * 2 * kChannelTile + co % kChannelTile * 2 + v % 2] =
+            values[co * 9 + ky * 3 + kx];
+      }
+    }
+  }
+  return packed;
+}
+
 #if FASTTRAIN_AMX_BUILD
 
 // Tiles 0-3 accumulate (fp32) and 4-5 hold A's rows, `rows` each; 6-7 hold B's 16 rows of pairs.
@@ -114,45 +148,49 @@ FASTTRAIN_AMX_CODE void configure_tiles(int rows) {
   _tile_loadconfig(&config);
 }
 
-// 16 bf16 (the low halves of 32-bit lanes) as fp32.
-FASTTRAIN_AVX512_CODE __m512 bf16_lanes_as_float(__m512i lanes) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(lanes, 16));
+// 16 channels' conv outputs: their sums plus the bias (none where null), rounded to bf16 as a bf16 conv's
+// output is (AVX-512 BF16's conversion, as oneDNN's bf16 conv rounds: to nearest even, a NaN stays NaN; it
+// flushes values under 2^-126 to zero, where c10's rounding keeps bf16's subnormals), as fp32.
+FASTTRAIN_AVX512_BF16_CODE __m512 conv_output(const float* sums, const float* bias) {
+  const __m512 v = _mm512_loadu_ps(sums);
+  return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(bias != nullptr ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v));
 }
 
-// 16 channels' conv outputs: their sums plus the bias (none where null), rounded to bf16 as a bf16 conv's
-// output is.
-FASTTRAIN_AVX512_CODE __m512i conv_output(const float* sums, const float* bias) {
-  const __m512 v = _mm512_loadu_ps(sums);
-  return round_to_bf16_lanes(bias != nullptr ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v);
-}
+// A scratch of conv sums as pool_windows reads them: [2 conv rows][x][channel] fp32, x from a chunk's first.
+struct WindowSums {
+  const float* values;
+  int64_t x_stride, row_stride;  // in floats
+  const float* at(int64_t conv_row, int64_t x, int64_t channel) const {
+    return values + conv_row * row_stride + x * x_stride + channel;
+  }
+};
 
 // The conv's sums of a window's two rows, sums[row][x][channel] (x from the chunk's first), for `windows`
 // windows from `first_window` of pooled row `row` and `channels` channels from `first_channel`: each plus
 // the bias and rounded to bf16, then pooled by max_pool_kernel.h's rule (a later value wins where it is
 // greater or a NaN).
-FASTTRAIN_AVX512_CODE void pool_windows(const AmxConvImages& p,
-                                        const float (&sums)[2][kTileRows][2 * kChannelTile], int64_t row,
-                                        int64_t first_window, int64_t windows, int64_t first_channel,
-                                        int64_t channels) {
+FASTTRAIN_AVX512_BF16_CODE void pool_windows(const AmxConvImages& p, const WindowSums& sums, int64_t row,
+                                             int64_t first_window, int64_t windows, int64_t first_channel,
+                                             int64_t channels) {
   for (int64_t w = 0; w < windows; ++w) {
     const int64_t at = (row * p.out_width + first_window + w) * p.out_channels + first_channel;
     for (int64_t c = 0; c < channels; c += 16) {
-      const float* window[4] = {&sums[0][2 * w][c], &sums[0][2 * w + 1][c], &sums[1][2 * w][c],
-                                &sums[1][2 * w + 1][c]};
+      const float* window[4] = {sums.at(0, 2 * w, c), sums.at(0, 2 * w + 1, c), sums.at(1, 2 * w, c),
+                                sums.at(1, 2 * w + 1, c)};
       const float* bias = p.bias != nullptr ? p.bias + first_channel + c : nullptr;
-      __m512i best_bits = conv_output(window[0], bias), which = _mm512_setzero_si512();
-      __m512 best = bf16_lanes_as_float(best_bits);
+      __m512 best = conv_output(window[0], bias);
+      __m128i which = _mm_setzero_si128();
       for (int k = 1; k < 4; ++k) {
-        const __m512i bits = conv_output(window[k], bias);
-        const __m512 value = bf16_lanes_as_float(bits);
+        const __m512 value = conv_output(window[k], bias);
         const __mmask16 wins =
             _mm512_cmp_ps_mask(value, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
         best = _mm512_mask_mov_ps(best, wins, value);
-        best_bits = _mm512_mask_mov_epi32(best_bits, wins, bits);
-        which = _mm512_mask_mov_epi32(which, wins, _mm512_set1_epi32(k));
+        which = _mm_mask_mov_epi8(which, wins, _mm_set1_epi8(static_cast<char>(k)));
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.output + at + c), _mm512_cvtepi32_epi16(best_bits));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(p.argmax + at + c), _mm512_cvtepi32_epi8(which));
+      // best holds bf16 values: converting it again is exact.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.output + at + c),
+                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(best)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(p.argmax + at + c), which);
     }
   }
 }
@@ -196,8 +234,96 @@ FASTTRAIN_AMX_CODE void forward_rows(const AmxConvImages& p, int64_t begin, int6
           _tile_stored(1, &sums[0][0][kChannelTile], sizeof(sums[0][0]));
           _tile_stored(3, &sums[1][0][kChannelTile], sizeof(sums[0][0]));
         }
-        pool_windows(p, sums, r, x0 / 2, m / 2, kChannelTile * t, both ? 2 * kChannelTile : kChannelTile);
+        pool_windows(p, {&sums[0][0][0], 2 * kChannelTile, kTileRows * 2 * kChannelTile}, r, x0 / 2, m / 2,
+                     kChannelTile * t, both ? 2 * kChannelTile : kChannelTile);
       }
+    }
+  }
+  _tile_release();
+}
+
+// Tiles 0-3 accumulate the four window positions and 4 holds A, `windows` rows each; 5-7 hold B_k's 8 rows.
+FASTTRAIN_AMX_CODE void configure_window_tiles(int windows) {
+  static thread_local TileConfig config;  // static: as configure_tiles's
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = t < 5 ? windows : kPatchValues / 2;
+    config.bytes_per_row[t] = t == 4 ? kPatchValues * 2 : 64;
+  }
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&config);
+}
+
+// Pooled row `row`'s patch rows: q[x * 4 + j] = x[2 oh - 1 + j, x - 1] for x in [0, W + 2), zero outside the
+// image; 32 columns at a time (four rows' masked loads, interleaved in registers).
+FASTTRAIN_AVX512_CODE void patch_rows(const AmxConvImages& p, const uint16_t* images, int64_t row,
+                                      uint16_t* q) {
+  const int64_t n = row / p.out_height, oh = row % p.out_height;
+  const __m512i pairs_low = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39,
+                                             7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+  const __m512i pairs_high = _mm512_add_epi16(pairs_low, _mm512_set1_epi16(16));
+  const __m512i quads_low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i quads_high = _mm512_add_epi32(quads_low, _mm512_set1_epi32(8));
+  for (int64_t x0 = 0; x0 < p.width + 2; x0 += 32) {
+    // Lanes x0 + l with 1 <= x0 + l <= W hold pixel x0 + l - 1.
+    const int64_t first = std::max<int64_t>(1, x0), last = std::min<int64_t>(p.width, x0 + 31);
+    const __mmask32 inside =
+        last < first ? 0 : static_cast<__mmask32>(((uint64_t{1} << (last - first + 1)) - 1) << (first - x0));
+    __m512i rows[4];
+    for (int64_t j = 0; j < 4; ++j) {
+      const int64_t y = 2 * oh - 1 + j;
+      rows[j] = y < 0 || y >= p.height
+                    ? _mm512_setzero_si512()
+                    : _mm512_maskz_loadu_epi16(inside, images + (n * p.height + y) * p.width + x0 - 1);
+    }
+    const __m512i top[2] = {_mm512_permutex2var_epi16(rows[0], pairs_low, rows[1]),
+                            _mm512_permutex2var_epi16(rows[0], pairs_high, rows[1])};
+    const __m512i bottom[2] = {_mm512_permutex2var_epi16(rows[2], pairs_low, rows[3]),
+                               _mm512_permutex2var_epi16(rows[2], pairs_high, rows[3])};
+    for (int h = 0; h < 2; ++h) {
+      _mm512_storeu_si512(q + (x0 + 16 * h) * 4, _mm512_permutex2var_epi32(top[h], quads_low, bottom[h]));
+      _mm512_storeu_si512(q + (x0 + 16 * h + 8) * 4,
+                          _mm512_permutex2var_epi32(top[h], quads_high, bottom[h]));
+    }
+  }
+}
+
+// Pooled rows [begin, end) of the batch * out_height over one input channel: up to 16 windows a tile, the
+// last chunk of a row overlapping the one before it where out_width is past 16 (the same sums again).
+FASTTRAIN_AMX_CODE void one_channel_rows(const AmxConvImages& p, const uint16_t* images, int64_t begin,
+                                         int64_t end) {
+  const int64_t windows = std::min(kTileRows, p.out_width), tiles = p.out_channels / kChannelTile;
+  alignas(64) float sums[2][2 * kTileRows][kChannelTile];
+  std::vector<uint16_t> q(static_cast<size_t>((p.width + 2 + 31) / 32 * 32 * 4));
+  configure_window_tiles(static_cast<int>(windows));
+  for (int64_t r = begin; r < end; ++r) {
+    patch_rows(p, images, r, q.data());
+    for (int64_t w0 = 0;; w0 += windows) {
+      w0 = std::min(w0, p.out_width - windows);
+      _tile_loadd(4, q.data() + 2 * w0 * 4, 2 * 4 * sizeof(uint16_t));
+      for (int64_t t = 0; t < tiles; ++t) {
+        const uint16_t* b = p.packed + t * 4 * kWindowTileValues;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, b + kWindowTileValues, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, b + 2 * kWindowTileValues, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, b + 3 * kWindowTileValues, 64);
+        _tile_dpbf16ps(3, 4, 5);
+        // Position (dy, dx) of window m is x 2 m + dx of conv row dy.
+        constexpr int64_t x_stride = kChannelTile * sizeof(float), row_bytes = 2 * x_stride;
+        _tile_stored(0, &sums[0][0][0], row_bytes);
+        _tile_stored(1, &sums[0][1][0], row_bytes);
+        _tile_stored(2, &sums[1][0][0], row_bytes);
+        _tile_stored(3, &sums[1][1][0], row_bytes);
+        pool_windows(p, {&sums[0][0][0], kChannelTile, 2 * kTileRows * kChannelTile}, r, w0, windows,
+                     kChannelTile * t, kChannelTile);
+      }
+      if (w0 + windows >= p.out_width) break;
     }
   }
   _tile_release();
@@ -218,6 +344,7 @@ FASTTRAIN_AVX512_CODE bool all_finite(const uint16_t* values, int64_t count) {
 
 // Never called in a build without AMX code (amx_tiles_granted() is false there).
 void forward_rows(const AmxConvImages&, int64_t, int64_t) {}
+void one_channel_rows(const AmxConvImages&, const uint16_t*, int64_t, int64_t) {}
 bool all_finite(const uint16_t*, int64_t) {
   return true;
 }
@@ -247,10 +374,61 @@ bool pad_rows(const AmxConvImages& p, const uint16_t* images, uint16_t* padded, 
   return finite;
 }
 
+// The bias rounded to bf16, as fp32 (undefined where there is none).
+torch::Tensor rounded_bias(const torch::Tensor& bias) {
+  return bias.defined() ? bias.detach().to(torch::kBFloat16).to(torch::kFloat).contiguous() : torch::Tensor();
+}
+
+// Whether the packed weights and the bias hold no NaN or infinity: the zero border (and over one channel, the
+// patch's pixels off a position's kernel) times an infinite weight would be a NaN where conv2d gives none.
+bool finite_parameters(const torch::Tensor& packed, const torch::Tensor& bias_values) {
+  return all_finite(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), packed.numel()) &&
+         (!bias_values.defined() || torch::isfinite(bias_values).all().item<bool>());
+}
+
+Pooled pooled_maps(const AmxConvImages& p, const torch::Tensor& input) {
+  Pooled pooled;
+  pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
+                               input.options().dtype(torch::kBFloat16).memory_format(kChannelsLast));
+  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  return pooled;
+}
+
+// A pooled row's cost for at::parallel_for's grain: two conv rows of 2 * out_width x's, 9 * Cin * Cout
+// multiply-adds each, 16 to a tile's column.
+int64_t pooled_row_cost(const AmxConvImages& p) {
+  return 2 * 2 * p.out_width * 9 * p.in_channels * p.out_channels / 16;
+}
+
+// The one-channel path: the images unpadded as bf16, a pooled row's patch rows built where it runs. A NaN
+// or an infinity anywhere in a window's 4x4 patch reaches all four of its sums (times zero weights off each
+// position's kernel), so such images are declined.
+std::optional<Pooled> one_channel_max_pool(AmxConvImages& p, const torch::Tensor& input,
+                                           const torch::Tensor& weight, const torch::Tensor& bias) {
+  const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
+  const auto* pixels = reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>());
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, images.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    if (!all_finite(pixels + begin, end - begin)) finite = false;
+  });
+  if (!finite) return std::nullopt;
+  const torch::Tensor packed = pack_window_weight(weight, p.out_channels), bias_values = rounded_bias(bias);
+  if (!finite_parameters(packed, bias_values)) return std::nullopt;
+  Pooled pooled = pooled_maps(p, input);
+  p.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
+  p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
+  p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  at::parallel_for(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
+                   [&](int64_t begin, int64_t end) { one_channel_rows(p, pixels, begin, end); });
+  return pooled;
+}
+
 }  // namespace
 
 bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels) {
-  return amx_tiles_granted() && (in_channels == 16 || (in_channels > 0 && in_channels % kStep == 0)) &&
+  return amx_tiles_granted() &&
+         (in_channels == 1 || in_channels == 16 || (in_channels > 0 && in_channels % kStep == 0)) &&
          out_channels > 0 && out_channels % kChannelTile == 0;
 }
 
@@ -259,9 +437,10 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   AmxConvImages p = describe(input, weight.size(0));
   FT_CHECK(
       amx_conv_max_pool_takes(p.in_channels, p.out_channels),
-      "the AMX conv takes 16 input channels or a multiple of 32 and a multiple of 16 output channels on a "
-      "CPU whose AMX tiles this process may use; got {} -> {}",
+      "the AMX conv takes 1 or 16 input channels or a multiple of 32 and a multiple of 16 output channels "
+      "on a CPU whose AMX tiles this process may use; got {} -> {}",
       p.in_channels, p.out_channels);
+  if (p.in_channels == 1) return one_channel_max_pool(p, input, weight, bias);
   // channels_last [N, C, H, W] is [N, H, W, C] in memory.
   const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
   torch::Tensor padded =
@@ -274,26 +453,15 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
                        finite = false;
                    });
   if (!finite) return std::nullopt;
-  const torch::Tensor packed = pack_weight(weight, p);
-  const torch::Tensor bias_values =
-      bias.defined() ? bias.detach().to(torch::kBFloat16).to(torch::kFloat).contiguous() : torch::Tensor();
-  // The zero border times an infinite weight (or bias) would be a NaN where conv2d's padding adds nothing.
-  const bool finite_parameters =
-      all_finite(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), packed.numel()) &&
-      (!bias_values.defined() || torch::isfinite(bias_values).all().item<bool>());
-  if (!finite_parameters) return std::nullopt;
-  Pooled pooled;
-  pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
-                               input.options().dtype(torch::kBFloat16).memory_format(kChannelsLast));
-  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  const torch::Tensor packed = pack_weight(weight, p), bias_values = rounded_bias(bias);
+  if (!finite_parameters(packed, bias_values)) return std::nullopt;
+  Pooled pooled = pooled_maps(p, input);
   p.padded = reinterpret_cast<const uint16_t*>(padded.data_ptr<at::BFloat16>());
   p.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  // A pooled row: two conv rows of 2 * out_width x's, 9 * Cin * Cout multiply-adds each.
-  const int64_t row_cost = 2 * 2 * p.out_width * 9 * p.in_channels * p.out_channels / 16;
-  at::parallel_for(0, p.batch * p.out_height, rows_per_task(row_cost),
+  at::parallel_for(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
                    [&](int64_t begin, int64_t end) { forward_rows(p, begin, end); });
   return pooled;
 }

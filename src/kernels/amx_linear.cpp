@@ -52,7 +52,9 @@ bool amx_tiles_granted() {
     if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
     const bool tiles = (edx & (1u << 24)) != 0, bf16 = (edx & (1u << 22)) != 0;
     const bool avx512bw = (ebx & (1u << 30)) != 0 && (ebx & (1u << 31)) != 0;  // and VL
-    if (!tiles || !bf16 || !avx512bw || !os_saves_avx512_state()) return false;
+    // AVX-512 BF16 (leaf 7, subleaf 1): every CPU with AMX-BF16 so far has it.
+    const bool avx512_bf16 = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 5)) != 0;
+    if (!tiles || !bf16 || !avx512bw || !avx512_bf16 || !os_saves_avx512_state()) return false;
     // Linux lends a process the tiles' 8 KiB of state only when asked (ARCH_REQ_XCOMP_PERM, XTILEDATA).
     constexpr long kRequestPermission = 0x1023, kTileData = 18;
     return syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;

@@ -161,11 +161,11 @@ struct PooledConv {
 // is asked for and does not run, or declines the images).
 PooledConv pooled_conv(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
                        torch::ScalarType dtype, CpuCapability capability, WideConvForward wide) {
-  if (runs_direct(input.size(1))) return {direct_forward(input, weight, bias, dtype, capability)};
   if (runs_on_amx(input, weight, dtype, wide)) {
     if (std::optional<detail::Pooled> pooled = detail::amx_conv_max_pool(input, weight, bias))
       return {*pooled, true};
   }
+  if (runs_direct(input.size(1))) return {direct_forward(input, weight, bias, dtype, capability)};
   if (wide == WideConvForward::winograd) return {winograd_forward(input, weight, bias, dtype, capability)};
   return {conv_then_pool(input, weight, bias, dtype, capability)};
 }
@@ -271,7 +271,8 @@ class ConvMaxPoolFunction : public torch::autograd::Function<ConvMaxPoolFunction
     const auto bias_dtype = static_cast<torch::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
     torch::Tensor grad_input;
     ParameterGradients grads_of;
-    if (ctx->saved_data["amx"].toBool()) {
+    // Over an image's few channels the winners' sums are the direct path's, whichever forward ran.
+    if (ctx->saved_data["amx"].toBool() && !runs_direct(input.size(1))) {
       auto [input_grad, weight_grad, bias_grad] = dense_bf16_gradients(
           input, weight, grad_output, argmax, ctx->needs_input_grad(0), has_bias, capability);
       grad_input = input_grad;
@@ -304,8 +305,7 @@ bool is_float_or_bf16(torch::ScalarType dtype) {
 }  // namespace
 
 bool conv3x3_max_pool2x2_runs_on_amx(int64_t in_channels, int64_t out_channels, torch::ScalarType dtype) {
-  return dtype == torch::kBFloat16 && !runs_direct(in_channels) &&
-         detail::amx_conv_max_pool_takes(in_channels, out_channels);
+  return dtype == torch::kBFloat16 && detail::amx_conv_max_pool_takes(in_channels, out_channels);
 }
 
 bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& weight,

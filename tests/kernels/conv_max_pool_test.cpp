@@ -172,10 +172,14 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
   // channels are a multiple of 32, over odd heights and widths (a grid of 38 columns for 35). Every sum is
   // exact (make_inputs), so the pooled maps, the winners and the weight's gradient (oneDNN's bf16 backward,
   // one rounding of an exact sum) equal the reference's; the tie rule is tested where windows tie, as integer
-  // maps often do.
+  // maps often do. One input channel (a window's 4x4 patch per tile row): the main job's first conv ([N, 1,
+  // 28, 28] -> 16), 18 windows a row (a tile of 16, then one overlapping it), one window, odd sizes with
+  // three channel tiles, and 68 patch columns (built 32 at a time).
   torch::manual_seed(12);
   const Case cases[] = {{4, 16, 14, 14, 32, false}, {2, 16, 5, 7, 48, true},  {1, 16, 2, 2, 16, true},
-                        {2, 32, 6, 35, 32, true},   {2, 64, 3, 4, 16, false}, {2, 16, 7, 9, 64, true}};
+                        {2, 32, 6, 35, 32, true},   {2, 64, 3, 4, 16, false}, {2, 16, 7, 9, 64, true},
+                        {4, 1, 28, 28, 16, false},  {2, 1, 35, 37, 32, true}, {3, 1, 2, 2, 16, true},
+                        {2, 1, 7, 9, 48, true},     {1, 1, 70, 66, 16, false}};
   int weight_gradients = 0;  // cases whose weight gradient the tiles take (Cout a multiple of 32)
   for (const auto images_dtype : {torch::kBFloat16, torch::kFloat}) {
     for (const Case& c : cases) {
@@ -204,6 +208,7 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(24, 32, torch::kBFloat16));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(16, 40, torch::kBFloat16));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(4, 32, torch::kBFloat16));  // the direct path's
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(1, 8, torch::kBFloat16));
   expect_matches_double(make_inputs(Case{2, 24, 6, 6, 40, true}, torch::kFloat), torch::kBFloat16,
                         kernels::cpu_capability(), WideConvForward::amx);
 }
@@ -215,9 +220,11 @@ TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
   // each output whose 3x3 field holds it and the max-pool passes it on, through oneDNN's conv: the AMX
   // forward declines images holding a NaN or an infinity (over 16 channels its tile rows read a fourth column
   // times zero weights, and the weight gradient's grid reads past each row times zero gradients: either would
-  // spread it).
+  // spread it; over one channel a tile row is a window's whole 4x4 patch, times zero weights off each
+  // position's kernel). oneDNN's path over one channel is the direct forward.
   torch::manual_seed(13);
-  for (const Case& c : {Case{4, 16, 14, 14, 32, false}, Case{2, 32, 7, 9, 48, true}}) {
+  for (const Case& c : {Case{4, 16, 14, 14, 32, false}, Case{2, 32, 7, 9, 48, true},
+                        Case{4, 1, 28, 28, 16, false}, Case{2, 1, 9, 11, 32, true}}) {
     SCOPED_TRACE(describe(c));
     ConvMaxPoolInputs in;
     in.images = torch::randn({c.batch, c.in_channels, c.height, c.width}).contiguous(kChannelsLast);

@@ -228,11 +228,15 @@ constexpr int64_t kConvMaxPoolInChannels = 4;
 // multiple of 16 output channels (an implicit GEMM with the max-pool in its epilogue: only the pooled maps
 // written; backward: the weight's gradient on the tiles too where the output channels are a multiple of 32
 // and the gradient is finite, else oneDNN's, and the input's oneDNN's bf16 conv backward of the winners'
-// gradient); elsewhere, and for images or parameters holding a NaN or an infinity, `onednn`'s path.
+// gradient); elsewhere, and for images or parameters holding a NaN or an infinity, `onednn`'s path. `amx`
+// also takes over the direct forward over one input channel (a pooling window's 4x4 patch per tile row, its
+// four positions in four accumulators; backward the direct path's), and declines the same values to it.
+// On the tiles each conv output is rounded to bf16 by AVX-512 BF16's conversion, as oneDNN's bf16 conv
+// rounds it, which flushes values under 2^-126 to zero.
 enum class WideConvForward { winograd, onednn, amx };
 
 // Whether conv3x3_max_pool2x2 with WideConvForward::amx runs on AMX's tiles for a conv from `in_channels` to
-// `out_channels` in `dtype` (past kConvMaxPoolInChannels).
+// `out_channels` in `dtype` (one input channel, or past kConvMaxPoolInChannels).
 bool conv3x3_max_pool2x2_runs_on_amx(int64_t in_channels, int64_t out_channels, torch::ScalarType dtype);
 
 // Whether conv3x3_max_pool2x2 takes these: images [N, C, H, W] with H and W at least 2, laid out
