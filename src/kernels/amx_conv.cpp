@@ -263,17 +263,24 @@ FASTTRAIN_AVX512_CODE void patch_rows(const AmxConvImages& p, const uint16_t* im
   const __m512i pairs_high = _mm512_add_epi16(pairs_low, _mm512_set1_epi16(16));
   const __m512i quads_low = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i quads_high = _mm512_add_epi32(quads_low, _mm512_set1_epi32(8));
+  // Lane l of the first chunk is pixel l - 1: loaded from the row's start and moved up a lane.
+  const __m512i up_one = _mm512_set_epi16(30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14,
+                                          13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0, 0);
   for (int64_t x0 = 0; x0 < p.width + 2; x0 += 32) {
     // Lanes x0 + l with 1 <= x0 + l <= W hold pixel x0 + l - 1.
     const int64_t first = std::max<int64_t>(1, x0), last = std::min<int64_t>(p.width, x0 + 31);
-    const __mmask32 inside =
-        last < first ? 0 : static_cast<__mmask32>(((uint64_t{1} << (last - first + 1)) - 1) << (first - x0));
+    const int64_t count = std::max<int64_t>(0, last - first + 1),
+                  from = first - 1;  // pixels [from, from + count)
+    const __mmask32 loaded = static_cast<__mmask32>((uint64_t{1} << count) - 1);
     __m512i rows[4];
     for (int64_t j = 0; j < 4; ++j) {
       const int64_t y = 2 * oh - 1 + j;
-      rows[j] = y < 0 || y >= p.height
-                    ? _mm512_setzero_si512()
-                    : _mm512_maskz_loadu_epi16(inside, images + (n * p.height + y) * p.width + x0 - 1);
+      if (y < 0 || y >= p.height) {
+        rows[j] = _mm512_setzero_si512();
+        continue;
+      }
+      const __m512i pixels = _mm512_maskz_loadu_epi16(loaded, images + (n * p.height + y) * p.width + from);
+      rows[j] = x0 == 0 ? _mm512_maskz_permutexvar_epi16(~__mmask32{1}, up_one, pixels) : pixels;
     }
     const __m512i top[2] = {_mm512_permutex2var_epi16(rows[0], pairs_low, rows[1]),
                             _mm512_permutex2var_epi16(rows[0], pairs_high, rows[1])};
@@ -713,6 +720,206 @@ std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input
       .permute({3, 2, 0, 1})
       .to(torch::kBFloat16)
       .to(torch::kFloat);
+}
+
+// ---- The input's gradient on the tiles ----
+//   dx[n, y, x, ci] = sum over taps (ky, kx) and co of g_p[n, y + 2 - ky, x + 2 - kx, co] w[co, ci, ky, kx]
+// with g_p the winners' gradient (zero where a window's output lost) inside a zero border of one row and
+// column, written in one pass from the pooled gradient and the argmax bytes, each position once (oneDNN's
+// path unpools the same values and then runs its conv backward). An implicit GEMM as the forward's: A's rows
+// are 32 co of g_p at consecutive x, one stride apart; B a tap's [32 co, 16 ci] in (co, co + 1) pairs; four
+// accumulators are four rows of dx, which share each B tile.
+
+namespace {
+
+struct InputGradientImages {
+  int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0, out_height = 0, out_width = 0;
+  const uint16_t* winners = nullptr;  // g_p [N, H + 2, W + 2, Cout] bf16
+  const uint16_t* packed = nullptr;   // [9 taps][Cout / 32][Cin / 16] B tiles
+  uint16_t* grad_input = nullptr;     // [N, H, W, Cin] bf16
+  int64_t padded_width() const { return width + 2; }
+  int64_t padded_height() const { return height + 2; }
+};
+
+// The weight [Cout, Cin, 3, 3] rounded to bf16 as B tiles: tile (tap, b, j) row r, column c holds
+// w[32 b + 2 r, 16 j + c, tap] and w[32 b + 2 r + 1, 16 j + c, tap].
+torch::Tensor pack_transposed_weight(const torch::Tensor& weight) {
+  const torch::Tensor w = weight.detach().to(torch::kBFloat16).contiguous();
+  const auto* values = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  const int64_t cout = weight.size(0), cin = weight.size(1), blocks = cout / kStep,
+                tiles = cin / kChannelTile;
+  torch::Tensor packed = torch::empty({9 * blocks * tiles * kTileValues}, torch::kBFloat16);
+  auto* out = reinterpret_cast<uint16_t*>(packed.data_ptr<at::BFloat16>());
+  for (int64_t tap = 0; tap < 9; ++tap)
+    for (int64_t co = 0; co < cout; ++co)
+      for (int64_t ci = 0; ci < cin; ++ci) {
+        const int64_t tile = (tap * blocks + co / kStep) * tiles + ci / kChannelTile;
+        out[tile * kTileValues + (co % kStep) / 2 * kStep + (ci % kChannelTile) * 2 + co % 2] =
+            values[(co * cin + ci) * 9 + tap];
+      }
+  return packed;
+}
+
+#if FASTTRAIN_AMX_BUILD
+
+// Rows [begin, end) of g_p (of the batch * (H + 2)): the border and an odd last row or column zero, elsewhere
+// each channel's pooled gradient where its window's winner is this position and zero where it lost.
+FASTTRAIN_AVX512_CODE void winner_rows(const InputGradientImages& g, const uint16_t* grad,
+                                       const uint8_t* argmax, uint16_t* winners, int64_t begin, int64_t end) {
+  const int64_t channels = g.out_channels, row_values = g.padded_width() * channels;
+  for (int64_t r = begin; r < end; ++r) {
+    const int64_t n = r / g.padded_height(), y = r % g.padded_height() - 1;
+    uint16_t* out = winners + r * row_values;
+    if (y < 0 || y >= 2 * g.out_height) {
+      std::memset(out, 0, row_values * sizeof(uint16_t));
+      continue;
+    }
+    std::memset(out, 0, channels * sizeof(uint16_t));  // the left border
+    const int64_t pooled_row = (n * g.out_height + y / 2) * g.out_width;
+    for (int64_t ow = 0; ow < g.out_width; ++ow) {
+      for (int64_t c = 0; c < channels; c += 32) {
+        const int64_t at = (pooled_row + ow) * channels + c;
+        const __m512i values = _mm512_loadu_si512(grad + at);
+        const __m256i which = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(argmax + at));
+        for (int64_t dx = 0; dx < 2; ++dx) {
+          const __mmask32 won =
+              _mm256_cmpeq_epi8_mask(which, _mm256_set1_epi8(static_cast<char>(2 * (y % 2) + dx)));
+          _mm512_storeu_si512(out + (2 * ow + dx + 1) * channels + c, _mm512_maskz_mov_epi16(won, values));
+        }
+      }
+    }
+    const int64_t right = g.padded_width() - 2 * g.out_width - 1;  // the right border and an odd last column
+    std::memset(out + (2 * g.out_width + 1) * channels, 0, right * channels * sizeof(uint16_t));
+  }
+}
+
+// Tiles 0-3 accumulate and 4-5 hold A's rows, `rows` each (x's); 6-7 hold B's 16 rows of pairs.
+FASTTRAIN_AMX_CODE void configure_gradient_tiles(int rows) {
+  static thread_local TileConfig config;  // static: as configure_tiles's
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = t < 6 ? rows : 16;
+    config.bytes_per_row[t] = 64;
+  }
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&config);
+}
+
+// 16 fp32 sums rounded to bf16 (AVX-512 BF16's conversion) and stored.
+FASTTRAIN_AVX512_BF16_CODE void store_bf16_row(const float* sums, uint16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
+                      reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(sums))));
+}
+
+// Images [begin, end): four rows of dx at a time (the last four overlapping the ones before where H is not a
+// multiple of four), up to 16 x's at a time (likewise), 16 input channels at a time.
+FASTTRAIN_AMX_CODE void input_gradient_images(const InputGradientImages& g, int64_t begin, int64_t end) {
+  const int64_t x_count = std::min(kTileRows, g.width), group = std::min<int64_t>(4, g.height);
+  const int64_t blocks = g.out_channels / kStep, tiles = g.in_channels / kChannelTile;
+  const int64_t stride = g.out_channels * sizeof(uint16_t), row_values = g.padded_width() * g.out_channels;
+  alignas(64) float sums[4][kTileRows][kChannelTile];
+  configure_gradient_tiles(static_cast<int>(x_count));
+  for (int64_t n = begin; n < end; ++n) {
+    const uint16_t* image = g.winners + n * g.padded_height() * row_values;
+    for (int64_t y0 = 0;; y0 += group) {
+      y0 = std::min(y0, g.height - group);
+      for (int64_t x0 = 0;; x0 += x_count) {
+        x0 = std::min(x0, g.width - x_count);
+        for (int64_t j = 0; j < tiles; ++j) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t tap = 0; tap < 9; ++tap) {
+            const int64_t ky = tap / 3, kx = tap % 3;
+            // dx row y0 + i reads g_p row y0 + i + 2 - ky, from column x0 + 2 - kx.
+            const uint16_t* a = image + (y0 + 2 - ky) * row_values + (x0 + 2 - kx) * g.out_channels;
+            for (int64_t b = 0; b < blocks; ++b, a += kStep) {
+              _tile_loadd(6, g.packed + ((tap * blocks + b) * tiles + j) * kTileValues, 64);
+              _tile_loadd(4, a, stride);
+              _tile_dpbf16ps(0, 4, 6);
+              if (group > 1) {
+                _tile_loadd(5, a + row_values, stride);
+                _tile_dpbf16ps(1, 5, 6);
+              }
+              if (group > 2) {
+                _tile_loadd(4, a + 2 * row_values, stride);
+                _tile_dpbf16ps(2, 4, 6);
+              }
+              if (group > 3) {
+                _tile_loadd(5, a + 3 * row_values, stride);
+                _tile_dpbf16ps(3, 5, 6);
+              }
+            }
+          }
+          constexpr int64_t row_bytes = kChannelTile * sizeof(float);
+          _tile_stored(0, &sums[0][0][0], row_bytes);
+          _tile_stored(1, &sums[1][0][0], row_bytes);
+          _tile_stored(2, &sums[2][0][0], row_bytes);
+          _tile_stored(3, &sums[3][0][0], row_bytes);
+          for (int64_t i = 0; i < group; ++i)
+            for (int64_t x = 0; x < x_count; ++x)
+              store_bf16_row(&sums[i][x][0],
+                             g.grad_input + ((n * g.height + y0 + i) * g.width + x0 + x) * g.in_channels +
+                                 j * kChannelTile);
+        }
+        if (x0 + x_count >= g.width) break;
+      }
+      if (y0 + group >= g.height) break;
+    }
+  }
+  _tile_release();
+}
+
+#else
+
+void winner_rows(const InputGradientImages&, const uint16_t*, const uint8_t*, uint16_t*, int64_t, int64_t) {}
+void input_gradient_images(const InputGradientImages&, int64_t, int64_t) {}
+
+#endif
+
+}  // namespace
+
+bool amx_conv_input_gradient_takes(int64_t in_channels, int64_t out_channels) {
+  return amx_conv_weight_gradient_takes(in_channels, out_channels);
+}
+
+std::optional<torch::Tensor> amx_conv_input_gradient(const torch::Tensor& grad_output,
+                                                     const torch::Tensor& argmax, const torch::Tensor& weight,
+                                                     c10::IntArrayRef input_sizes) {
+  InputGradientImages g;
+  g.batch = input_sizes[0];
+  g.in_channels = input_sizes[1];
+  g.height = input_sizes[2];
+  g.width = input_sizes[3];
+  g.out_channels = weight.size(0);
+  g.out_height = g.height / 2;
+  g.out_width = g.width / 2;
+  FT_CHECK(
+      amx_conv_input_gradient_takes(g.in_channels, g.out_channels),
+      "the AMX conv's input gradient takes a multiple of 16 input channels and of 32 output channels on a "
+      "CPU whose AMX tiles this process may use; got {} -> {}",
+      g.in_channels, g.out_channels);
+  const torch::Tensor packed = pack_transposed_weight(weight);
+  // The zero border and the losers' zeros times an infinite weight would be a NaN where conv2d's backward
+  // gives none.
+  if (!all_finite(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), packed.numel()))
+    return std::nullopt;
+  const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
+  torch::Tensor winners =
+      torch::empty({g.batch, g.padded_height(), g.padded_width(), g.out_channels}, grad.options());
+  at::parallel_for(0, g.batch * g.padded_height(), rows_per_task(g.padded_width() * g.out_channels),
+                   [&](int64_t begin, int64_t end) {
+                     winner_rows(g, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                                 argmax.data_ptr<uint8_t>(),
+                                 reinterpret_cast<uint16_t*>(winners.data_ptr<at::BFloat16>()), begin, end);
+                   });
+  torch::Tensor grad_input =
+      torch::empty({g.batch, g.in_channels, g.height, g.width}, grad.options().memory_format(kChannelsLast));
+  g.winners = reinterpret_cast<const uint16_t*>(winners.data_ptr<at::BFloat16>());
+  g.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
+  g.grad_input = reinterpret_cast<uint16_t*>(grad_input.data_ptr<at::BFloat16>());
+  at::parallel_for(0, g.batch, 1, [&](int64_t begin, int64_t end) { input_gradient_images(g, begin, end); });
+  return grad_input;
 }
 
 }  // namespace fasttrain::kernels::detail

@@ -41,4 +41,18 @@ std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input
                                                       const torch::Tensor& grad_output,
                                                       const torch::Tensor& argmax, int64_t out_channels);
 
+// Whether amx_conv_input_gradient runs here for a conv from `in_channels` to `out_channels`: as the weight
+// gradient's rule.
+bool amx_conv_input_gradient_takes(int64_t in_channels, int64_t out_channels);
+
+// The input's gradient of amx_conv_max_pool, channels_last [N, Cin, H, W] bf16 (the fp32 sums of bf16
+// products rounded once, as a bf16 conv's backward gives it), from the pooled maps' gradient grad_output [N,
+// Cout, H / 2, W / 2] (channels_last), the forward's argmax bytes and the weight [Cout, Cin, 3, 3] (rounded
+// to bf16): each window's gradient at its winner, through the transposed conv. amx_conv_input_gradient_takes
+// must hold. A weight holding a NaN or an infinity is declined (nullopt): the zero border times it would be a
+// NaN where conv2d's backward adds nothing.
+std::optional<torch::Tensor> amx_conv_input_gradient(const torch::Tensor& grad_output,
+                                                     const torch::Tensor& argmax, const torch::Tensor& weight,
+                                                     c10::IntArrayRef input_sizes);
+
 }  // namespace fasttrain::kernels::detail

@@ -211,18 +211,21 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
           total.select(1, taps).contiguous()};
 }
 
-// After the AMX forward, each as a bf16 conv's backward gives it: the weight's gradient on the tiles where
-// they take the channels and the gradient is finite (from the pooled gradient and the argmax bytes); the
-// input's (undefined where not needed), and the weight's elsewhere, and the bias's (where it has one) by
-// oneDNN's bf16 conv backward of the winners' gradient, which runs on bf16 dot products (the winners' fp32
-// sums are slower there).
+// After the AMX forward, each as a bf16 conv's backward gives it, from the pooled gradient and the argmax
+// bytes: the weight's and the input's gradients on the tiles where they take the channels (the weight's where
+// the gradient is finite, the input's where the weight is); elsewhere, and the bias's (where it has one),
+// by oneDNN's bf16 conv backward of the winners' gradient, which runs on bf16 dot products (the winners' fp32
+// sums are slower there). The input's is undefined where not needed.
 std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, const torch::Tensor& weight,
                                                   const torch::Tensor& grad_output,
                                                   const torch::Tensor& argmax, bool input_gradient,
                                                   bool has_bias, CpuCapability capability) {
-  std::optional<torch::Tensor> weight_on_tiles;
+  std::optional<torch::Tensor> weight_on_tiles, input_on_tiles;
   if (detail::amx_conv_weight_gradient_takes(input.size(1), weight.size(0)))
     weight_on_tiles = detail::amx_conv_weight_gradient(input, grad_output, argmax, weight.size(0));
+  if (input_gradient && detail::amx_conv_input_gradient_takes(input.size(1), weight.size(0)))
+    input_on_tiles = detail::amx_conv_input_gradient(grad_output, argmax, weight, input.sizes());
+  input_gradient = input_gradient && !input_on_tiles;  // what is left to oneDNN
   torch::Tensor grad_input, grad_weight, grad_bias;
   if (input_gradient || has_bias || !weight_on_tiles) {
     const torch::Tensor grad_maps = detail::unpool2x2(
@@ -234,7 +237,8 @@ std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, co
         1, {input_gradient, !weight_on_tiles, has_bias});
   }
   if (weight_on_tiles) grad_weight = *weight_on_tiles;
-  if (input_gradient) grad_input = grad_input.to(input.scalar_type()).contiguous(kChannelsLast);
+  if (input_on_tiles) grad_input = *input_on_tiles;
+  if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type()).contiguous(kChannelsLast);
   return {grad_input, grad_weight, grad_bias};
 }
 

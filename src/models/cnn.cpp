@@ -40,9 +40,9 @@ TORCH_MODULE(MaxPool2x2);
 // its backward, from each window's winner only, pays in fp32 (1.17-1.56x alone, 1.14x the main job's fp32
 // throughput with AVX512; even with AVX2) but not in bf16, where oneDNN's dense backward runs on bf16 dot
 // products (BENCHMARKS.md, "Own CPU kernels, sixth part"): there, on a CPU with AMX-BF16, the forward is an
-// implicit GEMM on AMX's tiles with the max-pool in its epilogue, and so is the weight's gradient (the
-// input's is oneDNN's) (model.aten_kernels "amx_conv": oneDNN's conv and MaxPool2x2; "twenty-sixth part"); and
-// over one input channel so is the forward (a window's 4x4 patch per tile row; "twenty-seventh part"). It
+// implicit GEMM on AMX's tiles with the max-pool in its epilogue, and so are the weight's and the input's
+// gradients (model.aten_kernels "amx_conv": oneDNN's conv and MaxPool2x2; "twenty-sixth part"); and over one
+// input channel so is the forward (a window's 4x4 patch per tile row; "twenty-seventh part"). It
 // stays a Conv2d, with its parameters' names, for checkpoints and whatever inspects the model; an Identity
 // holds the max-pool's place.
 class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {

@@ -176,11 +176,12 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
   // 28, 28] -> 16), 18 windows a row (a tile of 16, then one overlapping it), one window, odd sizes with
   // three channel tiles, and 68 patch columns (built 32 at a time).
   torch::manual_seed(12);
-  const Case cases[] = {{4, 16, 14, 14, 32, false}, {2, 16, 5, 7, 48, true},  {1, 16, 2, 2, 16, true},
-                        {2, 32, 6, 35, 32, true},   {2, 64, 3, 4, 16, false}, {2, 16, 7, 9, 64, true},
-                        {4, 1, 28, 28, 16, false},  {2, 1, 35, 37, 32, true}, {3, 1, 2, 2, 16, true},
-                        {2, 1, 7, 9, 48, true},     {1, 1, 70, 66, 16, false}};
-  int weight_gradients = 0;  // cases whose weight gradient the tiles take (Cout a multiple of 32)
+  const Case cases[] = {{4, 16, 14, 14, 32, false}, {2, 16, 5, 7, 48, true},   {1, 16, 2, 2, 16, true},
+                        {2, 32, 6, 35, 32, true},   {2, 64, 3, 4, 16, false},  {2, 16, 7, 9, 64, true},
+                        {4, 1, 28, 28, 16, false},  {2, 1, 35, 37, 32, true},  {3, 1, 2, 2, 16, true},
+                        {2, 1, 7, 9, 48, true},     {1, 1, 70, 66, 16, false}, {2, 16, 3, 5, 32, true},
+                        {3, 16, 2, 2, 32, false}};
+  int weight_gradients = 0;  // cases whose weight and input gradients the tiles take (Cout a multiple of 32)
   for (const auto images_dtype : {torch::kBFloat16, torch::kFloat}) {
     for (const Case& c : cases) {
       SCOPED_TRACE("images " + std::string(c10::toString(images_dtype)) + " " + describe(c));
@@ -198,11 +199,18 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
             in.images, in.grad_y.to(torch::kBFloat16).contiguous(kChannelsLast), amx->argmax, c.out_channels);
         ASSERT_TRUE(grad_weight.has_value());
         EXPECT_TRUE(close("AMX's grad_weight", *grad_weight, want.grad_weight, 0, 0));
+        ASSERT_TRUE(kernels::detail::amx_conv_input_gradient_takes(c.in_channels, c.out_channels));
+        const auto grad_images =
+            kernels::detail::amx_conv_input_gradient(in.grad_y.to(torch::kBFloat16).contiguous(kChannelsLast),
+                                                     amx->argmax, in.weight, in.images.sizes());
+        ASSERT_TRUE(grad_images.has_value());
+        EXPECT_TRUE(grad_images->is_contiguous(kChannelsLast));
+        EXPECT_TRUE(close("AMX's grad_images", *grad_images, want.grad_images.to(torch::kBFloat16), 0, 0));
         ++weight_gradients;
       }
     }
   }
-  EXPECT_EQ(weight_gradients, 6);
+  EXPECT_EQ(weight_gradients, 10);
   // Where it does not run, the same call is oneDNN's path: fp32, and channels the tiles do not fit.
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kFloat));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_runs_on_amx(24, 32, torch::kBFloat16));
@@ -237,6 +245,7 @@ TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
         run_kernel(in, torch::kBFloat16, kernels::cpu_capability(), WideConvForward::onednn);
     EXPECT_TRUE(close("y", amx.y, onednn.y, 1.0 / 64, 1.0 / 64));
     EXPECT_TRUE(close("grad_weight", amx.grad_weight, onednn.grad_weight, 1.0 / 64, 1.0 / 64));
+    EXPECT_TRUE(close("grad_images", amx.grad_images, onednn.grad_images, 1.0 / 64, 1.0 / 64));
     in.images.index_put_({0, 0, 2, 3}, std::numeric_limits<float>::quiet_NaN());
     const auto with_nan = kernels::conv3x3_max_pool2x2(in.images, in.weight, in.bias, torch::kBFloat16,
                                                        kernels::cpu_capability(), WideConvForward::amx);
@@ -261,6 +270,11 @@ TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
       infinite_grad.index_put_({0, 0, 1, 1}, std::numeric_limits<float>::infinity());
       EXPECT_FALSE(kernels::detail::amx_conv_weight_gradient(in.images, infinite_grad, finite->argmax,
                                                              c.out_channels));
+      // The input's gradient declines an infinite weight (the zero border times it), not a finite one.
+      EXPECT_TRUE(
+          kernels::detail::amx_conv_input_gradient(grad, finite->argmax, in.weight, in.images.sizes()));
+      EXPECT_FALSE(
+          kernels::detail::amx_conv_input_gradient(grad, finite->argmax, infinite_weight, in.images.sizes()));
     }
   }
 }

@@ -226,9 +226,10 @@ constexpr int64_t kConvMaxPoolInChannels = 4;
 // may give NaN where a direct conv gives an infinity (a NaN goes where it goes in a direct conv). `amx`: in
 // bf16 on AMX's tiles where they are lent to this process, over 16 input channels or a multiple of 32 and a
 // multiple of 16 output channels (an implicit GEMM with the max-pool in its epilogue: only the pooled maps
-// written; backward: the weight's gradient on the tiles too where the output channels are a multiple of 32
-// and the gradient is finite, else oneDNN's, and the input's oneDNN's bf16 conv backward of the winners'
-// gradient); elsewhere, and for images or parameters holding a NaN or an infinity, `onednn`'s path. `amx`
+// written; backward: the weight's and the input's gradients on the tiles too where the input channels are a
+// multiple of 16 and the output channels of 32, the weight's where the gradient is finite and the input's
+// where the weight is, else oneDNN's bf16 conv backward of the winners' gradient); elsewhere, and for images
+// or parameters holding a NaN or an infinity, `onednn`'s path. `amx`
 // also takes over the direct forward over one input channel (a pooling window's 4x4 patch per tile row, its
 // four positions in four accumulators; backward the direct path's), and declines the same values to it.
 // On the tiles each conv output is rounded to bf16 by AVX-512 BF16's conversion, as oneDNN's bf16 conv
