@@ -793,11 +793,11 @@ FASTTRAIN_AVX512_CODE void winner_rows(const InputGradientImages& g, const uint1
   }
 }
 
-// Tiles 0-3 accumulate and 4-5 hold A's rows, `rows` each (x's); 6-7 hold B's 16 rows of pairs.
+// Tiles 0-3 accumulate and 4 holds A's rows, `rows` each (x's); 5-7 hold B's 16 rows of pairs.
 FASTTRAIN_AMX_CODE void configure_gradient_tiles(int rows) {
   static thread_local TileConfig config;  // static: as configure_tiles's
   for (int t = 0; t < 8; ++t) {
-    config.rows[t] = t < 6 ? rows : 16;
+    config.rows[t] = t < 5 ? rows : 16;
     config.bytes_per_row[t] = 64;
   }
   asm volatile("" ::: "memory");
@@ -829,25 +829,41 @@ FASTTRAIN_AMX_CODE void input_gradient_images(const InputGradientImages& g, int6
           _tile_zero(1);
           _tile_zero(2);
           _tile_zero(3);
-          for (int64_t tap = 0; tap < 9; ++tap) {
-            const int64_t ky = tap / 3, kx = tap % 3;
-            // dx row y0 + i reads g_p row y0 + i + 2 - ky, from column x0 + 2 - kx.
-            const uint16_t* a = image + (y0 + 2 - ky) * row_values + (x0 + 2 - kx) * g.out_channels;
+          // dx row y0 + i takes tap (ky, kx) from g_p row y0 + i + 2 - ky: each of the group's g_p rows
+          // (relative row i + 2 - ky) is loaded once per kx and block and multiplies a B tile of each ky it
+          // meets.
+          for (int64_t kx = 0; kx < 3; ++kx) {
+            const uint16_t* a = image + y0 * row_values + (x0 + 2 - kx) * g.out_channels;
             for (int64_t b = 0; b < blocks; ++b, a += kStep) {
-              _tile_loadd(6, g.packed + ((tap * blocks + b) * tiles + j) * kTileValues, 64);
-              _tile_loadd(4, a, stride);
+              const auto weights = [&](int64_t ky) {
+                return g.packed + (((ky * 3 + kx) * blocks + b) * tiles + j) * kTileValues;
+              };
+              _tile_loadd(5, weights(0), 64);
+              _tile_loadd(6, weights(1), 64);
+              _tile_loadd(7, weights(2), 64);
+              _tile_loadd(4, a, stride);  // relative row 0: (i, ky) = (0, 2)
+              _tile_dpbf16ps(0, 4, 7);
+              _tile_loadd(4, a + row_values, stride);  // 1: (0, 1), (1, 2)
               _tile_dpbf16ps(0, 4, 6);
-              if (group > 1) {
-                _tile_loadd(5, a + row_values, stride);
-                _tile_dpbf16ps(1, 5, 6);
+              if (group > 1) _tile_dpbf16ps(1, 4, 7);
+              _tile_loadd(4, a + 2 * row_values, stride);  // 2: (0, 0), (1, 1), (2, 2)
+              _tile_dpbf16ps(0, 4, 5);
+              if (group > 1) _tile_dpbf16ps(1, 4, 6);
+              if (group > 2) _tile_dpbf16ps(2, 4, 7);
+              if (group > 1) {  // 3: (1, 0), (2, 1), (3, 2)
+                _tile_loadd(4, a + 3 * row_values, stride);
+                _tile_dpbf16ps(1, 4, 5);
+                if (group > 2) _tile_dpbf16ps(2, 4, 6);
+                if (group > 3) _tile_dpbf16ps(3, 4, 7);
               }
-              if (group > 2) {
-                _tile_loadd(4, a + 2 * row_values, stride);
-                _tile_dpbf16ps(2, 4, 6);
+              if (group > 2) {  // 4: (2, 0), (3, 1)
+                _tile_loadd(4, a + 4 * row_values, stride);
+                _tile_dpbf16ps(2, 4, 5);
+                if (group > 3) _tile_dpbf16ps(3, 4, 6);
               }
-              if (group > 3) {
-                _tile_loadd(5, a + 3 * row_values, stride);
-                _tile_dpbf16ps(3, 5, 6);
+              if (group > 3) {  // 5: (3, 0)
+                _tile_loadd(4, a + 5 * row_values, stride);
+                _tile_dpbf16ps(3, 4, 5);
               }
             }
           }
