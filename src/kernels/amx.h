@@ -9,7 +9,8 @@
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
 #define FASTTRAIN_AMX_BUILD 1
 #include <immintrin.h>
-#define FASTTRAIN_AMX_CODE __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+// The AMX loops may inline the AVX-512 (BF16) epilogues: amx_tiles_granted asks for both.
+#define FASTTRAIN_AMX_CODE __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16")))
 #define FASTTRAIN_AVX512_CODE __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define FASTTRAIN_AVX512_BF16_CODE __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 // GCC 12's AVX512 intrinsics fill unused lanes from _mm512_undefined_epi32() (`__Y = __Y`), which it then

@@ -1,5 +1,6 @@
 // The 3x3 conv (stride 1, padding 1) and the 2x2 max-pool after it, forward, in bf16 on AMX's tile units:
-// an implicit GEMM, with the max-pool in its epilogue; and the weight's gradient (below).
+// an implicit GEMM, with the max-pool in its epilogue; over one input channel a window's 4x4 patch per tile
+// row (below); and the weight's and the input's gradients (further below).
 //   conv[n, y, x, co] = sum over K blocks b of A_b[(y, x), 0:32] . B_b[0:32, co]          fp32 sums
 //   A_b's row for (y, x) is 32 bf16 read straight from the zero-padded input (channels_last): two adjacent
 //   taps of 16 channels where Cin is 16 (the third tap's pair is the fourth column's, with zero weights), or
@@ -306,6 +307,7 @@ FASTTRAIN_AMX_CODE void one_channel_rows(const AmxConvImages& p, const uint16_t*
     patch_rows(p, images, r, q.data());
     for (int64_t w0 = 0;; w0 += windows) {
       w0 = std::min(w0, p.out_width - windows);
+      // A stays in tile 4 over the channel tiles (the epilogue between them touches no tile).
       _tile_loadd(4, q.data() + 2 * w0 * 4, 2 * 4 * sizeof(uint16_t));
       for (int64_t t = 0; t < tiles; ++t) {
         const uint16_t* b = p.packed + t * 4 * kWindowTileValues;
@@ -916,8 +918,7 @@ std::optional<torch::Tensor> amx_conv_input_gradient(const torch::Tensor& grad_o
       "CPU whose AMX tiles this process may use; got {} -> {}",
       g.in_channels, g.out_channels);
   const torch::Tensor packed = pack_transposed_weight(weight);
-  // The zero border and the losers' zeros times an infinite weight would be a NaN where conv2d's backward
-  // gives none.
+  // The zero border times an infinite weight would be a NaN where conv2d's backward gives none.
   if (!all_finite(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), packed.numel()))
     return std::nullopt;
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);

@@ -1,6 +1,7 @@
 #pragma once
-// conv3x3_max_pool2x2's forward and its weight's gradient in bf16 on AMX's tile units (amx_conv.cpp), for its
-// dispatcher (conv_max_pool.cpp), which runs the input's gradient by oneDNN from the argmax bytes.
+// conv3x3_max_pool2x2's forward and its weight's and input's gradients in bf16 on AMX's tile units
+// (amx_conv.cpp), for its dispatcher (conv_max_pool.cpp), which sums a bias's gradient itself and runs oneDNN
+// where these decline or do not take the channels.
 #include <torch/types.h>
 
 #include <optional>
@@ -10,8 +11,9 @@
 namespace fasttrain::kernels::detail {
 
 // Whether the AMX forward runs here for a conv from `in_channels` to `out_channels`: AMX tiles granted
-// (amx_tiles_granted), 16 input channels or a multiple of 32 (a tile row of A is 32 bf16: two taps of 16
-// channels, or 32 channels of one tap), and a multiple of 16 output channels (a tile's columns).
+// (amx_tiles_granted), 1 or 16 input channels or a multiple of 32 (a tile row of A is a window's 4x4 patch of
+// one channel, or 32 bf16: two taps of 16 channels, or 32 channels of one tap), and a multiple of 16 output
+// channels (a tile's columns).
 bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
 
 // max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2) in bf16 and its argmax bytes

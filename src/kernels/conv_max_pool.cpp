@@ -144,7 +144,8 @@ detail::Pooled conv_then_pool(const torch::Tensor& input, const torch::Tensor& w
   return detail::pool2x2(conv.to(dtype).contiguous(kChannelsLast), capability);
 }
 
-// Whether the AMX forward runs: asked for, in bf16, past the direct path's channels, and taken here.
+// Whether the AMX forward runs: asked for, in bf16, over channels the tiles take (one, or past the direct
+// path's), and taken here.
 bool runs_on_amx(const torch::Tensor& input, const torch::Tensor& weight, torch::ScalarType dtype,
                  WideConvForward wide) {
   return wide == WideConvForward::amx &&
@@ -157,8 +158,8 @@ struct PooledConv {
   bool on_amx = false;
 };
 
-// The conv and its max-pool by the path the input channels and `wide` pick (oneDNN's where the AMX forward
-// is asked for and does not run, or declines the images).
+// The conv and its max-pool by the path the input channels and `wide` pick (where the AMX forward is asked
+// for and does not run, or declines the values: the direct path over few channels, oneDNN's over more).
 PooledConv pooled_conv(const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
                        torch::ScalarType dtype, CpuCapability capability, WideConvForward wide) {
   if (runs_on_amx(input, weight, dtype, wide)) {
@@ -213,9 +214,11 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
 
 // After the AMX forward, each as a bf16 conv's backward gives it, from the pooled gradient and the argmax
 // bytes: the weight's and the input's gradients on the tiles where they take the channels (the weight's where
-// the gradient is finite, the input's where the weight is); elsewhere, and the bias's (where it has one),
-// by oneDNN's bf16 conv backward of the winners' gradient, which runs on bf16 dot products (the winners' fp32
-// sums are slower there). The input's is undefined where not needed.
+// the gradient is finite, the input's where the weight is: the forward has declined such weights already);
+// elsewhere by oneDNN's bf16 conv backward of the winners' gradient, which runs on bf16 dot products (the
+// winners' fp32 sums are slower there). The bias's (where it has one) is the pooled gradient's sum over the
+// positions (the winners' gradient holds the same values and zeros), in fp32 rounded to bf16: asked of
+// oneDNN's backward, it would compute the weight's gradient too. The input's is undefined where not needed.
 std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, const torch::Tensor& weight,
                                                   const torch::Tensor& grad_output,
                                                   const torch::Tensor& argmax, bool input_gradient,
@@ -225,20 +228,20 @@ std::array<torch::Tensor, 3> dense_bf16_gradients(const torch::Tensor& input, co
     weight_on_tiles = detail::amx_conv_weight_gradient(input, grad_output, argmax, weight.size(0));
   if (input_gradient && detail::amx_conv_input_gradient_takes(input.size(1), weight.size(0)))
     input_on_tiles = detail::amx_conv_input_gradient(grad_output, argmax, weight, input.sizes());
-  input_gradient = input_gradient && !input_on_tiles;  // what is left to oneDNN
-  torch::Tensor grad_input, grad_weight, grad_bias;
-  if (input_gradient || has_bias || !weight_on_tiles) {
+  const bool onednn_input = input_gradient && !input_on_tiles, onednn_weight = !weight_on_tiles;
+  torch::Tensor grad_input, grad_weight;
+  if (onednn_input || onednn_weight) {
     const torch::Tensor grad_maps = detail::unpool2x2(
         grad_output, argmax, {input.size(0), weight.size(0), input.size(2), input.size(3)}, capability);
-    const std::vector<int64_t> bias_sizes{weight.size(0)};
-    std::tie(grad_input, grad_weight, grad_bias) = at::convolution_backward(
-        grad_maps, input.to(torch::kBFloat16), weight.detach().to(torch::kBFloat16),
-        has_bias ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt, {1, 1}, {1, 1}, {1, 1}, false, {0, 0},
-        1, {input_gradient, !weight_on_tiles, has_bias});
+    std::tie(grad_input, grad_weight, std::ignore) = at::convolution_backward(
+        grad_maps, input.to(torch::kBFloat16), weight.detach().to(torch::kBFloat16), c10::nullopt, {1, 1},
+        {1, 1}, {1, 1}, false, {0, 0}, 1, {onednn_input, onednn_weight, false});
   }
   if (weight_on_tiles) grad_weight = *weight_on_tiles;
   if (input_on_tiles) grad_input = *input_on_tiles;
   if (grad_input.defined()) grad_input = grad_input.to(input.scalar_type()).contiguous(kChannelsLast);
+  const torch::Tensor grad_bias =
+      has_bias ? rounded_to(grad_output.to(torch::kFloat).sum({0, 2, 3}), torch::kBFloat16) : torch::Tensor();
   return {grad_input, grad_weight, grad_bias};
 }
 
