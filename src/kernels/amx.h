@@ -4,6 +4,7 @@
 // interleaving in AVX-512 registers.
 // A file that includes it is compiled alone (CMakeLists.txt keeps it out of the unity build's batches): the
 // two warnings below are off for the rest of the file.
+#include <array>
 #include <cstdint>
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11
@@ -36,6 +37,20 @@ struct alignas(64) TileConfig {
 };
 
 #if FASTTRAIN_AMX_BUILD
+// This thread's tile configuration: tile t gets rows[t] rows of bytes_per_row[t] bytes.
+FASTTRAIN_AMX_CODE inline void load_tile_config(const std::array<int, 8>& rows,
+                                                const std::array<int, 8>& bytes_per_row) {
+  // Static: GCC drops a local's stores, which ldtilecfg's builtin does not declare that it reads.
+  static thread_local TileConfig config;
+  for (int t = 0; t < 8; ++t) {
+    config.rows[t] = static_cast<uint8_t>(rows[t]);
+    config.bytes_per_row[t] = static_cast<uint16_t>(bytes_per_row[t]);
+  }
+  // ldtilecfg's builtin declares no read of the rows and widths above: they must be in memory before it.
+  asm volatile("" ::: "memory");
+  _tile_loadconfig(&config);
+}
+
 // 16 fp32 values rounded to bf16 (c10's rule: to nearest, ties to even; a NaN stays a quiet NaN), in the
 // low halves of 16 32-bit lanes.
 FASTTRAIN_AVX512_CODE inline __m512i round_to_bf16_lanes(__m512 v) {

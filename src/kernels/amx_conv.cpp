@@ -138,15 +138,7 @@ torch::Tensor pack_window_weight(const torch::Tensor& weight, int64_t out_channe
 
 // Tiles 0-3 accumulate (fp32) and 4-5 hold A's rows, `rows` each; 6-7 hold B's 16 rows of pairs.
 FASTTRAIN_AMX_CODE void configure_tiles(int rows) {
-  // Static: GCC drops a local's stores, which ldtilecfg's builtin does not declare that it reads.
-  static thread_local TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = t < 6 ? rows : 16;
-    config.bytes_per_row[t] = 64;
-  }
-  // ldtilecfg's builtin declares no read of the rows and widths above: they must be in memory before it.
-  asm volatile("" ::: "memory");
-  _tile_loadconfig(&config);
+  load_tile_config({rows, rows, rows, rows, rows, rows, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 // 16 channels' conv outputs: their sums plus the bias (none where null), rounded to bf16 as a bf16 conv's
@@ -155,6 +147,11 @@ FASTTRAIN_AMX_CODE void configure_tiles(int rows) {
 FASTTRAIN_AVX512_BF16_CODE __m512 conv_output(const float* sums, const float* bias) {
   const __m512 v = _mm512_loadu_ps(sums);
   return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(bias != nullptr ? _mm512_add_ps(v, _mm512_loadu_ps(bias)) : v));
+}
+
+// 16 fp32 values rounded to bf16 (AVX-512 BF16's conversion) and stored.
+FASTTRAIN_AVX512_BF16_CODE void store_bf16(__m512 values, uint16_t* out) {
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(values)));
 }
 
 // A scratch of conv sums as pool_windows reads them: [2 conv rows][x][channel] fp32, x from a chunk's first.
@@ -189,8 +186,7 @@ FASTTRAIN_AVX512_BF16_CODE void pool_windows(const AmxConvImages& p, const Windo
         which = _mm_mask_mov_epi8(which, wins, _mm_set1_epi8(static_cast<char>(k)));
       }
       // best holds bf16 values: converting it again is exact.
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.output + at + c),
-                          reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(best)));
+      store_bf16(best, p.output + at + c);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(p.argmax + at + c), which);
     }
   }
@@ -245,13 +241,9 @@ FASTTRAIN_AMX_CODE void forward_rows(const AmxConvImages& p, int64_t begin, int6
 
 // Tiles 0-3 accumulate the four window positions and 4 holds A, `windows` rows each; 5-7 hold B_k's 8 rows.
 FASTTRAIN_AMX_CODE void configure_window_tiles(int windows) {
-  static thread_local TileConfig config;  // static: as configure_tiles's
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = t < 5 ? windows : kPatchValues / 2;
-    config.bytes_per_row[t] = t == 4 ? kPatchValues * 2 : 64;
-  }
-  asm volatile("" ::: "memory");
-  _tile_loadconfig(&config);
+  constexpr int b_rows = kPatchValues / 2, a_bytes = kPatchValues * 2;
+  load_tile_config({windows, windows, windows, windows, windows, b_rows, b_rows, b_rows},
+                   {64, 64, 64, 64, a_bytes, 64, 64, 64});
 }
 
 // Pooled row `row`'s patch rows: q[x * 4 + j] = x[2 oh - 1 + j, x - 1] for x in [0, W + 2), zero outside the
@@ -797,19 +789,7 @@ FASTTRAIN_AVX512_CODE void winner_rows(const InputGradientImages& g, const uint1
 
 // Tiles 0-3 accumulate and 4 holds A's rows, `rows` each (x's); 5-7 hold B's 16 rows of pairs.
 FASTTRAIN_AMX_CODE void configure_gradient_tiles(int rows) {
-  static thread_local TileConfig config;  // static: as configure_tiles's
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = t < 5 ? rows : 16;
-    config.bytes_per_row[t] = 64;
-  }
-  asm volatile("" ::: "memory");
-  _tile_loadconfig(&config);
-}
-
-// 16 fp32 sums rounded to bf16 (AVX-512 BF16's conversion) and stored.
-FASTTRAIN_AVX512_BF16_CODE void store_bf16_row(const float* sums, uint16_t* out) {
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out),
-                      reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(_mm512_loadu_ps(sums))));
+  load_tile_config({rows, rows, rows, rows, rows, 16, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 // Images [begin, end): four rows of dx at a time (the last four overlapping the ones before where H is not a
@@ -876,9 +856,9 @@ FASTTRAIN_AMX_CODE void input_gradient_images(const InputGradientImages& g, int6
           _tile_stored(3, &sums[3][0][0], row_bytes);
           for (int64_t i = 0; i < group; ++i)
             for (int64_t x = 0; x < x_count; ++x)
-              store_bf16_row(&sums[i][x][0],
-                             g.grad_input + ((n * g.height + y0 + i) * g.width + x0 + x) * g.in_channels +
-                                 j * kChannelTile);
+              store_bf16(_mm512_loadu_ps(&sums[i][x][0]),
+                         g.grad_input + ((n * g.height + y0 + i) * g.width + x0 + x) * g.in_channels +
+                             j * kChannelTile);
         }
         if (x0 + x_count >= g.width) break;
       }

@@ -75,7 +75,6 @@ bool amx_tiles_granted() {
 namespace {
 
 using detail::amx_tiles_granted;
-using detail::TileConfig;
 #if FASTTRAIN_AMX_BUILD
 using detail::interleave_rows;
 using detail::round_to_bf16_lanes;
@@ -100,15 +99,7 @@ uint16_t* bf16_data(torch::Tensor& t) {
 
 // Tiles 0-3 accumulate C (fp32), 4-5 hold A's rows, 6-7 B's pairs: 16 rows of 64 bytes each.
 FASTTRAIN_AMX_CODE void configure_tiles() {
-  // Static: GCC drops a local's stores, which ldtilecfg's builtin does not declare that it reads.
-  static thread_local TileConfig config;
-  for (int t = 0; t < 8; ++t) {
-    config.rows[t] = 16;
-    config.bytes_per_row[t] = 64;
-  }
-  // ldtilecfg's builtin declares no read of the rows and widths above: they must be in memory before it.
-  asm volatile("" ::: "memory");
-  _tile_loadconfig(&config);
+  detail::load_tile_config({16, 16, 16, 16, 16, 16, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
 FASTTRAIN_AMX_CODE void release_tiles() {

@@ -229,11 +229,11 @@ constexpr int64_t kConvMaxPoolInChannels = 4;
 // written; backward: the weight's and the input's gradients on the tiles too where the input channels are a
 // multiple of 16 and the output channels of 32, the weight's where the gradient is finite and the input's
 // where the weight is, else oneDNN's bf16 conv backward of the winners' gradient); elsewhere, and for images
-// or parameters holding a NaN or an infinity, `onednn`'s path. `amx`
-// also takes over the direct forward over one input channel (a pooling window's 4x4 patch per tile row, its
-// four positions in four accumulators; backward the direct path's), and declines the same values to it.
-// On the tiles each conv output is rounded to bf16 by AVX-512 BF16's conversion, as oneDNN's bf16 conv
-// rounds it, which flushes values under 2^-126 to zero.
+// or parameters holding a NaN or an infinity, `onednn`'s path. `amx` also takes over the direct forward over
+// one input channel (a pooling window's 4x4 patch per tile row, its four positions in four accumulators;
+// backward the direct path's), and declines the same values to it. On the tiles each conv output is rounded
+// to bf16 by AVX-512 BF16's conversion, as oneDNN's bf16 conv rounds it, which flushes values under 2^-126 to
+// zero.
 enum class WideConvForward { winograd, onednn, amx };
 
 // Whether conv3x3_max_pool2x2 with WideConvForward::amx runs on AMX's tiles for a conv from `in_channels` to
