@@ -409,7 +409,7 @@ std::optional<Pooled> one_channel_max_pool(AmxConvImages& p, const torch::Tensor
   const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
   const auto* pixels = reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>());
   std::atomic<bool> finite{true};
-  at::parallel_for(0, images.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+  parallel_pieces(0, images.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
     if (!all_finite(pixels + begin, end - begin)) finite = false;
   });
   if (!finite) return std::nullopt;
@@ -420,8 +420,8 @@ std::optional<Pooled> one_channel_max_pool(AmxConvImages& p, const torch::Tensor
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  at::parallel_for(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
-                   [&](int64_t begin, int64_t end) { one_channel_rows(p, pixels, begin, end); });
+  parallel_pieces(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
+                  [&](int64_t begin, int64_t end) { one_channel_rows(p, pixels, begin, end); });
   return pooled;
 }
 
@@ -447,12 +447,12 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   torch::Tensor padded =
       torch::empty({p.batch, p.padded_height, p.padded_width, p.in_channels}, images.options());
   std::atomic<bool> finite{true};
-  at::parallel_for(0, p.batch * p.padded_height, rows_per_task(p.padded_width * p.in_channels),
-                   [&](int64_t begin, int64_t end) {
-                     if (!pad_rows(p, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
-                                   reinterpret_cast<uint16_t*>(padded.data_ptr<at::BFloat16>()), begin, end))
-                       finite = false;
-                   });
+  parallel_pieces(0, p.batch * p.padded_height, rows_per_task(p.padded_width * p.in_channels),
+                  [&](int64_t begin, int64_t end) {
+                    if (!pad_rows(p, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
+                                  reinterpret_cast<uint16_t*>(padded.data_ptr<at::BFloat16>()), begin, end))
+                      finite = false;
+                  });
   if (!finite) return std::nullopt;
   const torch::Tensor packed = pack_weight(weight, p), bias_values = rounded_bias(bias);
   if (!finite_parameters(packed, bias_values)) return std::nullopt;
@@ -462,8 +462,8 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  at::parallel_for(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
-                   [&](int64_t begin, int64_t end) { forward_rows(p, begin, end); });
+  parallel_pieces(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
+                  [&](int64_t begin, int64_t end) { forward_rows(p, begin, end); });
   return pooled;
 }
 
@@ -687,23 +687,23 @@ std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input
   torch::Tensor input_t = torch::empty({w.batch, w.in_channels, w.plane / w.grid_width, w.grid_width},
                                        input.options().dtype(torch::kBFloat16));
   const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
-  at::parallel_for(
-      0, w.batch * w.height, rows_per_task(w.width * w.in_channels), [&](int64_t begin, int64_t end) {
-        transpose_rows(w, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
-                       reinterpret_cast<uint16_t*>(input_t.data_ptr<at::BFloat16>()), begin, end);
-      });
+  parallel_pieces(0, w.batch * w.height, rows_per_task(w.width * w.in_channels),
+                  [&](int64_t begin, int64_t end) {
+                    transpose_rows(w, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
+                                   reinterpret_cast<uint16_t*>(input_t.data_ptr<at::BFloat16>()), begin, end);
+                  });
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
   if (!all_finite(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), grad.numel()))
     return std::nullopt;
   torch::Tensor grad_pairs = torch::empty({w.batch, w.positions / 2, w.out_channels, 2}, grad.options());
   w.input_t = reinterpret_cast<const uint16_t*>(input_t.data_ptr<at::BFloat16>());
   w.grad_pairs = reinterpret_cast<uint16_t*>(grad_pairs.data_ptr<at::BFloat16>());
-  at::parallel_for(0, w.batch * w.out_height, rows_per_task(w.out_width * w.out_channels * 4),
-                   [&](int64_t begin, int64_t end) {
-                     scatter_pairs(w, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
-                                   argmax.data_ptr<uint8_t>(), begin, end);
-                   });
-  const RowChunks chunks = row_chunks(w.batch);
+  parallel_pieces(0, w.batch * w.out_height, rows_per_task(w.out_width * w.out_channels * 4),
+                  [&](int64_t begin, int64_t end) {
+                    scatter_pairs(w, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                                  argmax.data_ptr<uint8_t>(), begin, end);
+                  });
+  const RowChunks chunks = row_chunks(w.batch, kPiecesPerThread);
   torch::Tensor sums = torch::zeros({chunks.count, 9 * w.in_channels, w.out_channels}, torch::kFloat);
   for_each_row_chunk(w.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
     weight_gradient_images(w, begin, end, sums[chunk].data_ptr<float>());
@@ -904,18 +904,18 @@ std::optional<torch::Tensor> amx_conv_input_gradient(const torch::Tensor& grad_o
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
   torch::Tensor winners =
       torch::empty({g.batch, g.padded_height(), g.padded_width(), g.out_channels}, grad.options());
-  at::parallel_for(0, g.batch * g.padded_height(), rows_per_task(g.padded_width() * g.out_channels),
-                   [&](int64_t begin, int64_t end) {
-                     winner_rows(g, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
-                                 argmax.data_ptr<uint8_t>(),
-                                 reinterpret_cast<uint16_t*>(winners.data_ptr<at::BFloat16>()), begin, end);
-                   });
+  parallel_pieces(0, g.batch * g.padded_height(), rows_per_task(g.padded_width() * g.out_channels),
+                  [&](int64_t begin, int64_t end) {
+                    winner_rows(g, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
+                                argmax.data_ptr<uint8_t>(),
+                                reinterpret_cast<uint16_t*>(winners.data_ptr<at::BFloat16>()), begin, end);
+                  });
   torch::Tensor grad_input =
       torch::empty({g.batch, g.in_channels, g.height, g.width}, grad.options().memory_format(kChannelsLast));
   g.winners = reinterpret_cast<const uint16_t*>(winners.data_ptr<at::BFloat16>());
   g.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   g.grad_input = reinterpret_cast<uint16_t*>(grad_input.data_ptr<at::BFloat16>());
-  at::parallel_for(0, g.batch, 1, [&](int64_t begin, int64_t end) { input_gradient_images(g, begin, end); });
+  parallel_pieces(0, g.batch, 1, [&](int64_t begin, int64_t end) { input_gradient_images(g, begin, end); });
   return grad_input;
 }
 

@@ -267,7 +267,7 @@ PackedB pack_transposed(const torch::Tensor& weight, PackedB* row_pairs) {
   uint16_t* pairs = row_pairs != nullptr ? row_pairs->values() : nullptr;
   const int64_t pair_tiles_per_step = row_pairs != nullptr ? row_pairs->tiles_per_step() : 0;
   // A task's tiles run along K: each of its 16 rows of W is then read front to back.
-  at::parallel_for(0, steps * n_tiles, 16, [&](int64_t begin, int64_t end) {
+  detail::parallel_pieces(0, steps * n_tiles, 16, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       pack_transposed_rows(w, packed.k, t / steps, t % steps, packed.tile(t % steps, t / steps), pairs,
                            pair_tiles_per_step);
@@ -285,7 +285,7 @@ PackedB pack_row_pairs(const torch::Tensor& rows) {
 #if FASTTRAIN_AMX_BUILD
   const uint16_t* data = bf16_data(rows);
   const int64_t steps = packed.k / kStep, chunks = packed.n / 32, valid = rows.size(0);
-  at::parallel_for(0, steps * chunks, 8, [&](int64_t begin, int64_t end) {
+  detail::parallel_pieces(0, steps * chunks, 8, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t)
       pack_row_pairs_chunk(data, valid, packed.n, t / chunks, t % chunks,
                            packed.tile(t / chunks, 2 * (t % chunks)));
@@ -313,7 +313,7 @@ void multiply(const torch::Tensor& a, PackedB& b, float* direct, const Finish& f
 #if FASTTRAIN_AMX_BUILD
   const int64_t row_blocks = a.size(0) / kBlock, column_blocks = b.n / kBlock, lda = a.size(1);
   const uint16_t* a_data = bf16_data(a);
-  at::parallel_for(0, row_blocks * column_blocks, 1, [&](int64_t begin, int64_t end) {
+  detail::parallel_pieces(0, row_blocks * column_blocks, 1, [&](int64_t begin, int64_t end) {
     configure_tiles();  // the tile configuration is each thread's own state
     alignas(64) float block[kBlock * kBlock];
     for (int64_t index = begin; index < end; ++index) {
@@ -381,7 +381,7 @@ class AmxLinearFunction : public torch::autograd::Function<AmxLinearFunction> {
     const uint16_t *dy_data = bf16_data(dy), *y_data = bf16_data(y);
     uint16_t *dz_data = bf16_data(dz), *dz_t_data = bf16_data(dz_t);
     // By blocks of 32 rows, each transposed while its lines are in L1.
-    at::parallel_for(0, (m + kBlock - 1) / kBlock, 1, [&](int64_t begin, int64_t end) {
+    detail::parallel_pieces(0, (m + kBlock - 1) / kBlock, 1, [&](int64_t begin, int64_t end) {
       for (int64_t i0 = begin * kBlock; i0 < std::min(m, end * kBlock); i0 += kBlock) {
         const int64_t rows = std::min(kBlock, m - i0);
         if (relu) {

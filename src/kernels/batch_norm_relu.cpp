@@ -48,7 +48,7 @@ struct ChunkPartials {
 
 template <typename ChunkedBody>
 ChunkPartials run_by_chunks(detail::BatchNormReluMaps m, ChunkedBody body) {
-  ChunkPartials partials{detail::row_chunks(m.rows), {}, {}};
+  ChunkPartials partials{detail::row_chunks(m.rows, detail::kPiecesPerThread), {}, {}};
   partials.first.resize(partials.chunks.count * m.channels);
   partials.second.resize(partials.chunks.count * m.channels);
   m.partial_first = partials.first.data();
@@ -128,8 +128,8 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
     }
     torch::Tensor y = torch::empty_like(x, x.options(), kChannelsLast);
     m.y = y.data_ptr();
-    at::parallel_for(0, m.rows, detail::rows_per_task(m.channels),
-                     [&](int64_t begin, int64_t end) { kernels.normalize(m, begin, end); });
+    detail::parallel_pieces(0, m.rows, detail::rows_per_task(m.channels),
+                            [&](int64_t begin, int64_t end) { kernels.normalize(m, begin, end); });
     ctx->save_for_backward({x, terms.all});
     ctx->saved_data["training"] = training;
     ctx->saved_data["capability"] = capability;
@@ -180,8 +180,8 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
     m.batch_statistics = training;
     torch::Tensor grad_x = torch::empty_like(x, x.options(), kChannelsLast);
     m.grad_x = grad_x.data_ptr();
-    at::parallel_for(0, m.rows, detail::rows_per_task(m.channels),
-                     [&](int64_t begin, int64_t end) { kernels.backward_input(m, begin, end); });
+    detail::parallel_pieces(0, m.rows, detail::rows_per_task(m.channels),
+                            [&](int64_t begin, int64_t end) { kernels.backward_input(m, begin, end); });
     return {grad_x,          grad_weight,     grad_bias,       torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }

@@ -88,8 +88,8 @@ detail::Pooled run_forward(detail::ConvMaxPoolImages p, const torch::Tensor& inp
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = pooled.output.data_ptr();
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
-  at::parallel_for(0, p.batch * p.out_height, detail::rows_per_task(row_cost),
-                   [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
+  detail::parallel_pieces(0, p.batch * p.out_height, detail::rows_per_task(row_cost),
+                          [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
   return pooled;
 }
 
@@ -181,7 +181,7 @@ struct ParameterGradients {
 // The direct path's: vectorised over the output channels, [Cin * 9 + 1, Cout] sums.
 ParameterGradients direct_parameter_gradients(detail::ConvMaxPoolImages p, CpuCapability capability) {
   const int64_t taps = p.in_channels * 9;
-  const detail::RowChunks chunks = detail::row_chunks(p.batch * p.out_height);
+  const detail::RowChunks chunks = detail::row_chunks(p.batch * p.out_height, detail::kPiecesPerThread);
   torch::Tensor sums = torch::zeros({chunks.count, taps + 1, p.out_channels}, torch::kFloat);
   p.grad_taps = sums.data_ptr<float>();
   const auto kernel = conv_max_pool_bodies(capability).weight_backward;
@@ -199,7 +199,7 @@ ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Te
                                     const torch::Tensor& grad_input, CpuCapability capability) {
   const int64_t taps = p.in_channels * 9;
   const torch::Tensor weight_rows = rounded_to(weight, compute_dtype(p)).permute({0, 2, 3, 1}).contiguous();
-  const detail::RowChunks chunks = detail::row_chunks(p.batch);
+  const detail::RowChunks chunks = detail::row_chunks(p.batch, detail::kPiecesPerThread);
   torch::Tensor sums = torch::zeros({chunks.count, p.out_channels, taps + 1}, torch::kFloat);
   p.weight_rows = weight_rows.data_ptr<float>();
   p.grad_rows = sums.data_ptr<float>();

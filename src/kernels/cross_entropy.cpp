@@ -45,8 +45,8 @@ int64_t counted_rows(const torch::Tensor& targets, int64_t classes, int64_t igno
 
 template <typename Body>
 void for_rows(const detail::CrossEntropyRows& e, const Body& body) {
-  at::parallel_for(0, e.rows, detail::rows_per_task(e.classes),
-                   [&](int64_t begin, int64_t end) { body(begin, end); });
+  detail::parallel_pieces(0, e.rows, detail::rows_per_task(e.classes),
+                          [&](int64_t begin, int64_t end) { body(begin, end); });
 }
 
 // Saves the logits, the targets and each row's maximum and log-sum-exp; backward recomputes the softmax

@@ -25,8 +25,8 @@ void transpose_samples(const torch::Tensor& src, torch::Tensor& dst, int64_t row
   b.src = src.data_ptr();
   b.dst = dst.data_ptr();
   const auto kernel = transpose_bodies(capability).run;
-  at::parallel_for(0, src.size(0), detail::rows_per_task(rows * cols),
-                   [&](int64_t begin, int64_t end) { kernel(b, begin, end); });
+  detail::parallel_pieces(0, src.size(0), detail::rows_per_task(rows * cols),
+                          [&](int64_t begin, int64_t end) { kernel(b, begin, end); });
 }
 
 class FlattenChannelsLastFunction : public torch::autograd::Function<FlattenChannelsLastFunction> {

@@ -33,7 +33,7 @@ detail::MaxPoolImages describe(c10::IntArrayRef input_sizes, bool bf16) {
 // body(begin, end) over the output rows, in parallel.
 template <typename Body>
 void for_output_rows(const detail::MaxPoolImages& p, const Body& body) {
-  at::parallel_for(0, p.batch * p.out_height, detail::rows_per_task(p.width * p.channels), body);
+  detail::parallel_pieces(0, p.batch * p.out_height, detail::rows_per_task(p.width * p.channels), body);
 }
 
 // Saves the argmax bytes, not the input: backward needs neither the input nor ATen's int64 indices.

@@ -40,8 +40,8 @@ class NarrowLinearFunction : public torch::autograd::Function<NarrowLinearFuncti
     torch::Tensor y = torch::empty({m.rows, m.outputs}, x.options().dtype(torch::kBFloat16));
     m.y = y.data_ptr();
     const auto kernel = narrow_linear_bodies(static_cast<CpuCapability>(capability)).forward;
-    at::parallel_for(0, m.rows, detail::rows_per_task(m.inputs * m.outputs / 16),
-                     [&](int64_t begin, int64_t end) { kernel(m, begin, end); });
+    detail::parallel_pieces(0, m.rows, detail::rows_per_task(m.inputs * m.outputs / 16),
+                            [&](int64_t begin, int64_t end) { kernel(m, begin, end); });
     ctx->save_for_backward({x, weight, bias});
     ctx->saved_data["capability"] = capability;
     return y;
@@ -61,14 +61,14 @@ class NarrowLinearFunction : public torch::autograd::Function<NarrowLinearFuncti
     if (ctx->needs_input_grad(0)) {
       out[0] = torch::empty_like(x);
       m.grad_x = out[0].data_ptr();
-      at::parallel_for(0, m.rows, detail::rows_per_task(m.inputs * m.outputs / 16),
-                       [&](int64_t begin, int64_t end) { kernels.input_gradient(m, begin, end); });
+      detail::parallel_pieces(0, m.rows, detail::rows_per_task(m.inputs * m.outputs / 16),
+                              [&](int64_t begin, int64_t end) { kernels.input_gradient(m, begin, end); });
     }
     if (ctx->needs_input_grad(1)) {
       out[1] = torch::empty_like(weight);
       m.grad_weight = out[1].data_ptr<float>();
-      at::parallel_for(0, m.inputs, 64,
-                       [&](int64_t begin, int64_t end) { kernels.weight_gradient(m, begin, end); });
+      detail::parallel_pieces(0, m.inputs, 64,
+                              [&](int64_t begin, int64_t end) { kernels.weight_gradient(m, begin, end); });
     }
     if (ctx->needs_input_grad(2)) {  // fp32 sums of the bf16 gradient, row by row
       out[2] = torch::zeros({m.outputs}, weight.options());

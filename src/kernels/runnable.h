@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "fasttrain/kernels/cpu.h"
@@ -51,21 +52,57 @@ inline int64_t rows_per_task(int64_t width) {
   return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
 }
 
-// Row chunks for a backward that sums over rows: one per thread, each with its own partial sums.
+// Pieces per thread for a loop whose threads may run at different paces (the cnn's kernels: calls of well
+// under a millisecond, where a vCPU that another tenant's work slows, or a worker woken late, would leave the
+// other thread waiting at the join): the threads take the pieces in turn as they finish.
+constexpr int64_t kPiecesPerThread = 4;
+
+// body(i) for each of `pieces` indices, each run once, the pool's threads taking the next index as they
+// finish the one before (at::parallel_for's split gives each thread the same share, whatever its pace).
+template <typename Body>
+void take_pieces_in_turn(int64_t pieces, const Body& body) {
+  const int64_t threads = std::min<int64_t>(at::get_num_threads(), pieces);
+  if (threads <= 1) {
+    for (int64_t i = 0; i < pieces; ++i) body(i);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < pieces; i = next.fetch_add(1)) body(i);
+  });
+}
+
+// body(begin, end) over [begin, end) in kPiecesPerThread pieces a thread (none under `grain` indices), taken
+// in turn: for loops whose pieces write disjoint outputs, so that the result does not depend on which thread
+// ran a piece.
+template <typename Body>
+void parallel_pieces(int64_t begin, int64_t end, int64_t grain, const Body& body) {
+  const int64_t n = end - begin;
+  if (n <= 0) return;
+  const int64_t wanted = at::get_num_threads() * kPiecesPerThread;
+  const int64_t piece = std::max<int64_t>({grain, int64_t{1}, (n + wanted - 1) / wanted});
+  take_pieces_in_turn((n + piece - 1) / piece,
+                      [&](int64_t i) { body(begin + i * piece, std::min(end, begin + (i + 1) * piece)); });
+}
+
+// Row chunks for a backward that sums over rows: `pieces_per_thread` a thread (kPiecesPerThread for a
+// balanced loop), none empty, each with its own partial sums, which the caller adds in chunk order: the same
+// sums whichever thread ran a chunk.
 struct RowChunks {
   int64_t count, rows_each;
 };
-inline RowChunks row_chunks(int64_t rows) {
-  const int64_t count = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows));
-  return {count, (rows + count - 1) / count};
+inline RowChunks row_chunks(int64_t rows, int64_t pieces_per_thread = 1) {
+  const int64_t wanted =
+      std::clamp<int64_t>(at::get_num_threads() * pieces_per_thread, 1, std::max<int64_t>(rows, 1));
+  const int64_t rows_each = std::max<int64_t>(1, (rows + wanted - 1) / wanted);
+  return {std::max<int64_t>(1, (rows + rows_each - 1) / rows_each), rows_each};
 }
 
-// body(begin, end, chunk) for each of `chunks`' row ranges of [0, rows), in parallel.
+// body(begin, end, chunk) for each of `chunks`' row ranges of [0, rows), in parallel, taken in turn.
 template <typename Body>
 void for_each_row_chunk(int64_t rows, const RowChunks& chunks, const Body& body) {
-  at::parallel_for(0, chunks.count, 1, [&](int64_t first, int64_t last) {
-    for (int64_t c = first; c < last; ++c)
-      body(c * chunks.rows_each, std::min(rows, (c + 1) * chunks.rows_each), c);
+  take_pieces_in_turn(chunks.count, [&](int64_t c) {
+    body(c * chunks.rows_each, std::min(rows, (c + 1) * chunks.rows_each), c);
   });
 }
 
