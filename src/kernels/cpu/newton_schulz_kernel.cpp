@@ -7,7 +7,9 @@
 // of the result); this body rounds at the same points, so the two differ only where their fp32 sums,
 // added in another order, fall on either side of a bf16 rounding boundary. For the small matrices
 // (conv kernels, a classifier) ATen's fifteen matmuls cost their dispatch many times over; here they
-// are three loops over rows that stay in L1. Compiled once per CPU capability (CMakeLists.txt).
+// are three loops over rows that stay in L1, four rows (or four dot products) at a time sharing each load,
+// every sum in the order of one row's, and vector passes for the roundings and the momentum. Compiled once
+// per CPU capability (CMakeLists.txt).
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -23,27 +25,72 @@ inline float round_bf16(float value) {
   return static_cast<float>(c10::BFloat16(value));
 }
 
+// Each value rounded to bf16 as c10::BFloat16 rounds it (a NaN stays a NaN, its payload kept).
 void round_row_bf16(float* row, int64_t width) {
-  for (int64_t i = 0; i < width; ++i) row[i] = round_bf16(row[i]);
+  by_vectors(width, [&](int64_t i, int64_t n) { round_to_bf16(Vec::loadu(row + i, n)).store(row + i, n); });
 }
 
-// out [width] = alpha (sum_k weights[k] rows[k]) + beta self, rows `stride` apart: addmm's alpha A B +
-// beta C for one row, in fp32.
-void addmm_row(float alpha, const float* weights, const float* rows, int64_t count, int64_t stride,
-               float beta, const float* self, int64_t width, float* out) {
+// out_r [width] = alpha (sum_k weights_r[k] rows[k]) + beta self_r for kRows rows r at once (weights_r
+// `count` apart, self_r and out_r `row_stride` apart, rows[k] `stride` apart): addmm's alpha A B + beta C, in
+// fp32. The rows share each load of rows[k], and their sums are independent chains; each lane's sum still
+// runs k = 0, 1, ... in order, as one row's would.
+template <int kRows>
+void addmm_rows(float alpha, const float* weights, const float* rows, int64_t count, int64_t stride,
+                float beta, const float* self, int64_t width, int64_t row_stride, float* out) {
   by_vectors(width, [&](int64_t j, int64_t n) {
-    Vec sum(0.f);
-    for (int64_t k = 0; k < count; ++k)
-      sum = at::vec::fmadd(Vec(weights[k]), Vec::loadu(rows + k * stride + j, n), sum);
-    at::vec::fmadd(Vec(alpha), sum, Vec(beta) * Vec::loadu(self + j, n)).store(out + j, n);
+    whole_or_partial(n, [&](auto whole) {
+      Vec sum[kRows];
+      for (int r = 0; r < kRows; ++r) sum[r] = Vec(0.f);
+      for (int64_t k = 0; k < count; ++k) {
+        const Vec row = load_lanes<whole.value>(rows + k * stride + j, n);
+        for (int r = 0; r < kRows; ++r) sum[r] = at::vec::fmadd(Vec(weights[r * count + k]), row, sum[r]);
+      }
+      for (int r = 0; r < kRows; ++r) {
+        const Vec kept = Vec(beta) * Vec::loadu(self + r * row_stride + j, n);
+        at::vec::fmadd(Vec(alpha), sum[r], kept).store(out + r * row_stride + j, n);
+      }
+    });
   });
+}
+
+// Rows [0, total) of out = alpha weights rows + beta self (weights [total, count]; self and out `row_stride`
+// apart), each rounded to bf16: four rows at a time, then one.
+void addmm_rounded(float alpha, const float* weights, const float* rows, int64_t count, int64_t stride,
+                   float beta, const float* self, int64_t width, int64_t row_stride, float* out,
+                   int64_t total) {
+  int64_t i = 0;
+  for (; i + 4 <= total; i += 4)
+    addmm_rows<4>(alpha, weights + i * count, rows, count, stride, beta, self + i * row_stride, width,
+                  row_stride, out + i * row_stride);
+  for (; i < total; ++i)
+    addmm_rows<1>(alpha, weights + i * count, rows, count, stride, beta, self + i * row_stride, width,
+                  row_stride, out + i * row_stride);
+  round_row_bf16(out, total * row_stride);
+}
+
+// dots[d] = a . b_d for kDots rows b_d (`width` apart), sharing each load of a: each dot's lanes and their
+// sum as row_dot's.
+template <int kDots>
+void row_dots(const float* a, const float* b, int64_t width, float* dots) {
+  Vec total[kDots];
+  for (int d = 0; d < kDots; ++d) total[d] = Vec(0.f);
+  by_vectors(width, [&](int64_t i, int64_t count) {
+    whole_or_partial(count, [&](auto whole) {
+      const Vec x = load_lanes<whole.value>(a + i, count);
+      for (int d = 0; d < kDots; ++d)
+        total[d] = at::vec::fmadd(x, load_lanes<whole.value>(b + d * width + i, count), total[d]);
+    });
+  });
+  for (int d = 0; d < kDots; ++d) dots[d] = lanes_sum(total[d]);
 }
 
 void normalise(const detail::NewtonSchulzMatrix& m) {
   const int64_t count = m.rows * m.cols;
   const float norm = round_bf16(std::sqrt(row_dot(m.x, m.x, count)));
   const float divisor = std::max(norm, round_bf16(m.eps));
-  for (int64_t i = 0; i < count; ++i) m.x[i] = round_bf16(m.x[i] / divisor);
+  by_vectors(count, [&](int64_t i, int64_t n) {
+    round_to_bf16(Vec::loadu(m.x + i, n) / Vec(divisor)).store(m.x + i, n);
+  });
 }
 
 void run(const detail::NewtonSchulzMatrix& m) {
@@ -52,44 +99,55 @@ void run(const detail::NewtonSchulzMatrix& m) {
   normalise(m);
   for (int64_t step = 0; step < m.steps; ++step) {
     for (int64_t i = 0; i < s; ++i) {  // G = X X^T, symmetric
-      for (int64_t j = 0; j <= i; ++j)
+      int64_t j = 0;
+      for (; j + 4 <= i + 1; j += 4) {
+        float dots[4];
+        row_dots<4>(m.x + i * l, m.x + j * l, l, dots);
+        for (int64_t d = 0; d < 4; ++d) gram[i * s + j + d] = gram[(j + d) * s + i] = round_bf16(dots[d]);
+      }
+      for (; j <= i; ++j)
         gram[i * s + j] = gram[j * s + i] = round_bf16(row_dot(m.x + i * l, m.x + j * l, l));
     }
-    for (int64_t i = 0; i < s; ++i) {  // P = b G + c G G
-      addmm_row(m.c, gram.data() + i * s, gram.data(), s, s, m.b, gram.data() + i * s, s,
-                poly.data() + i * s);
-      round_row_bf16(poly.data() + i * s, s);
-    }
-    for (int64_t i = 0; i < s; ++i) {  // X = a X + P X
-      addmm_row(1.f, poly.data() + i * s, m.x, s, l, m.a, m.x + i * l, l, next.data() + i * l);
-      round_row_bf16(next.data() + i * l, l);
-    }
+    // P = b G + c G G;  X = a X + P X
+    addmm_rounded(m.c, gram.data(), gram.data(), s, s, m.b, gram.data(), s, s, poly.data(), s);
+    addmm_rounded(1.f, poly.data(), m.x, s, l, m.a, m.x, l, l, next.data(), s);
     std::copy(next.begin(), next.end(), m.x);
   }
 }
 
 // ATen's lerp as its vectorised CPU kernel computes it: one fused multiply-add from whichever end is nearer.
-inline float lerp_as_aten(float start, float end, float weight) {
-  return std::abs(weight) < 0.5f ? std::fma(weight, end - start, start)
-                                 : std::fma(weight - 1.f, end - start, end);
+inline Vec lerp_as_aten(const Vec& start, const Vec& end, float weight) {
+  return std::abs(weight) < 0.5f ? fused_multiply_add(Vec(weight), end - start, start)
+                                 : fused_multiply_add(Vec(weight - 1.f), end - start, end);
 }
 
+// The element-wise passes run in memory order (param, grad and buffer share one layout, and a dense layout's
+// offsets are a permutation); only the moves into and out of X's row-major [S, L] follow the offsets.
 void muon_step(const detail::MuonMatrix& m) {
   const int64_t count = m.rows * m.cols;
   const bool tall = m.rows > m.cols;
   auto memory = [&](int64_t i) { return m.offsets ? m.offsets[i] : i; };
   auto wide = [&](int64_t i) { return tall ? (i % m.cols) * m.rows + i / m.cols : i; };  // i's place in X
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t at = memory(i);
-    m.buffer[at] = lerp_as_aten(m.buffer[at], m.grad[at], m.to_grad);
-    const float update = m.nesterov ? lerp_as_aten(m.grad[at], m.buffer[at], m.momentum) : m.buffer[at];
-    m.ns.x[wide(i)] = round_bf16(update);
-  }
+  std::vector<float> update(static_cast<size_t>(count));                                 // in memory order
+  by_vectors(count, [&](int64_t i, int64_t n) {
+    const Vec grad = Vec::loadu(m.grad + i, n);
+    const Vec buffer = lerp_as_aten(Vec::loadu(m.buffer + i, n), grad, m.to_grad);
+    buffer.store(m.buffer + i, n);
+    round_to_bf16(m.nesterov ? lerp_as_aten(grad, buffer, m.momentum) : buffer).store(update.data() + i, n);
+  });
+  for (int64_t i = 0; i < count; ++i) m.ns.x[wide(i)] = update[memory(i)];
   run(m.ns);
   // Three passes, as mul_, the product and sub_ are three ops: fused, the update would round once less.
-  for (int64_t i = 0; i < count; ++i) m.param[memory(i)] *= m.decay;
-  for (int64_t i = 0; i < count; ++i) m.ns.x[i] = round_bf16(m.ns.x[i]) * m.scale;
-  for (int64_t i = 0; i < count; ++i) m.param[memory(i)] -= m.ns.x[wide(i)];
+  by_vectors(count, [&](int64_t i, int64_t n) {
+    (Vec::loadu(m.param + i, n) * Vec(m.decay)).store(m.param + i, n);
+  });
+  by_vectors(count, [&](int64_t i, int64_t n) {
+    (round_to_bf16(Vec::loadu(m.ns.x + i, n)) * Vec(m.scale)).store(m.ns.x + i, n);
+  });
+  for (int64_t i = 0; i < count; ++i) update[memory(i)] = m.ns.x[wide(i)];
+  by_vectors(count, [&](int64_t i, int64_t n) {
+    (Vec::loadu(m.param + i, n) - Vec::loadu(update.data() + i, n)).store(m.param + i, n);
+  });
 }
 
 }  // namespace

@@ -158,6 +158,21 @@ inline void accumulate(float* partial, int64_t i, int64_t count, const Vec& v) {
   (Vec::loadu(partial + i, count) + v).store(partial + i, count);
 }
 
+// a * b + c in each lane with one rounding, in every build: at::vec::fmadd is the FMA instruction where the
+// build has vectors, and an unfused multiply and add in the scalar one, where each lane here takes std::fma.
+inline Vec fused_multiply_add(const Vec& a, const Vec& b, const Vec& c) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return at::vec::fmadd(a, b, c);
+#else
+  float x[kLanes], y[kLanes], z[kLanes];
+  a.store(x);
+  b.store(y);
+  c.store(z);
+  for (int64_t l = 0; l < kLanes; ++l) x[l] = std::fma(x[l], y[l], z[l]);
+  return Vec::loadu(x);
+#endif
+}
+
 // Each lane rounded to the nearest bf16 (ties to even), kept as fp32: what a bf16 op's output holds, for
 // comparisons that must see the values it would see. A NaN stays a NaN, made quiet, so that its upper
 // half (store_bf16_row) is a NaN too and not an infinity.
