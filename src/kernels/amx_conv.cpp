@@ -352,6 +352,15 @@ bool all_finite(const uint16_t*, int64_t) {
 
 #endif
 
+// all_finite over a whole tensor's values, in pieces on the pool's threads.
+bool all_finite_in_parallel(const uint16_t* values, int64_t count) {
+  std::atomic<bool> finite{true};
+  parallel_pieces(0, count, 1 << 16, [&](int64_t begin, int64_t end) {
+    if (!all_finite(values + begin, end - begin)) finite = false;
+  });
+  return finite;
+}
+
 // Rows [begin, end) of the zero-padded images (of the batch * padded_height): a border row zeros, an image
 // row its pixels between a zero pixel on the left and zeros on the right. Returns whether the image rows
 // copied hold only finite values (asked where `check_finite`).
@@ -408,11 +417,7 @@ std::optional<Pooled> one_channel_max_pool(AmxConvImages& p, const torch::Tensor
                                            const torch::Tensor& weight, const torch::Tensor& bias) {
   const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
   const auto* pixels = reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>());
-  std::atomic<bool> finite{true};
-  parallel_pieces(0, images.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
-    if (!all_finite(pixels + begin, end - begin)) finite = false;
-  });
-  if (!finite) return std::nullopt;
+  if (!all_finite_in_parallel(pixels, images.numel())) return std::nullopt;
   const torch::Tensor packed = pack_window_weight(weight, p.out_channels), bias_values = rounded_bias(bias);
   if (!finite_parameters(packed, bias_values)) return std::nullopt;
   Pooled pooled = pooled_maps(p, input);
@@ -693,7 +698,7 @@ std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input
                                    reinterpret_cast<uint16_t*>(input_t.data_ptr<at::BFloat16>()), begin, end);
                   });
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
-  if (!all_finite(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), grad.numel()))
+  if (!all_finite_in_parallel(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), grad.numel()))
     return std::nullopt;
   torch::Tensor grad_pairs = torch::empty({w.batch, w.positions / 2, w.out_channels, 2}, grad.options());
   w.input_t = reinterpret_cast<const uint16_t*>(input_t.data_ptr<at::BFloat16>());
