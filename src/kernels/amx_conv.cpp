@@ -404,7 +404,7 @@ Pooled pooled_maps(const AmxConvImages& p, const torch::Tensor& input) {
   return pooled;
 }
 
-// A pooled row's cost for at::parallel_for's grain: two conv rows of 2 * out_width x's, 9 * Cin * Cout
+// A pooled row's cost for the pieces' grain: two conv rows of 2 * out_width x's, 9 * Cin * Cout
 // multiply-adds each, 16 to a tile's column.
 int64_t pooled_row_cost(const AmxConvImages& p) {
   return 2 * 2 * p.out_width * 9 * p.in_channels * p.out_channels / 16;

@@ -115,8 +115,9 @@ TEST(CpuBatchNormRelu, StatisticsHoldAFarMeanAndTheCumulativeMomentum) {
 }
 
 TEST(CpuBatchNormRelu, ChunksPastTheLastRowReadNothing) {
-  // 16 threads over 75 and 17 rows: row_chunks gives chunks of 5 and 2 rows, so the last ones start at or
-  // past the end (a read there would be out of bounds: the sanitizer build runs this too).
+  // 16 threads over 75 and 17 rows: row_chunks gives 38 chunks of 2 rows (the last of 1) and 17 of 1, more
+  // chunks than threads and the last one short; no chunk may read past the last row (the sanitizer build runs
+  // this too).
   const int threads = at::get_num_threads();
   at::set_num_threads(16);
   torch::manual_seed(3);

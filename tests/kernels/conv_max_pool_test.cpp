@@ -280,9 +280,9 @@ TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
 }
 
 TEST(CpuConvMaxPool, SumsTheSameOverMoreThreadsThanRows) {
-  // 16 threads over 18 and 17 output rows: row_chunks gives 16 chunks of 2 rows, so the last 7 and 8 start
-  // past the end and must add nothing to the weight's gradient (nor read past the images). Past
-  // kConvMaxPoolInChannels the winners' backward splits the images: 3 over 16 threads.
+  // 16 threads over 18 and 17 output rows: row_chunks gives chunks of one row, taken in turn by more
+  // threads than chunks, each adding only its own row to the weight's gradient (and reading no row past the
+  // images). Past kConvMaxPoolInChannels the winners' backward splits the images: 3 over 16 threads.
   const int threads = at::get_num_threads();
   at::set_num_threads(16);
   torch::manual_seed(1);

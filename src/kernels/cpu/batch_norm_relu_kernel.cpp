@@ -78,7 +78,7 @@ class ChannelMoments {
 template <typename Values>
 void statistics_as(const Maps& m, int64_t begin, int64_t end, int64_t chunk) {
   const int64_t channels = m.channels;
-  if (begin >= end) {  // a chunk past the last row (more threads than rows per chunk): nothing to read
+  if (begin >= end) {  // an empty chunk (a map of no rows): nothing to read
     std::fill(m.partial_first + chunk * channels, m.partial_first + (chunk + 1) * channels, 0.f);
     std::fill(m.partial_second + chunk * channels, m.partial_second + (chunk + 1) * channels, 0.f);
     return;

@@ -25,7 +25,8 @@ inline float round_bf16(float value) {
   return static_cast<float>(c10::BFloat16(value));
 }
 
-// Each value rounded to bf16 as c10::BFloat16 rounds it (a NaN stays a NaN, its payload kept).
+// Each value rounded to bf16 as c10::BFloat16 rounds a finite value or an infinity (a NaN stays a NaN, its
+// sign and payload kept where c10 writes 0x7FC0).
 void round_row_bf16(float* row, int64_t width) {
   by_vectors(width, [&](int64_t i, int64_t n) { round_to_bf16(Vec::loadu(row + i, n)).store(row + i, n); });
 }
