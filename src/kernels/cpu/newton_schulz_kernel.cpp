@@ -31,42 +31,38 @@ void round_row_bf16(float* row, int64_t width) {
   by_vectors(width, [&](int64_t i, int64_t n) { round_to_bf16(Vec::loadu(row + i, n)).store(row + i, n); });
 }
 
-// out_r [width] = alpha (sum_k weights_r[k] rows[k]) + beta self_r for kRows rows r at once (weights_r
-// `count` apart, self_r and out_r `row_stride` apart, rows[k] `stride` apart): addmm's alpha A B + beta C, in
-// fp32. The rows share each load of rows[k], and their sums are independent chains; each lane's sum still
-// runs k = 0, 1, ... in order, as one row's would.
+// out_r = alpha (sum_k weights_r[k] rows[k]) + beta self_r for kRows rows r at once: weights_r rows of
+// `count`, rows, self_r and out_r rows of `width`, all row-major; addmm's alpha A B + beta C, in fp32. The
+// rows share each load of rows[k], and their sums are independent chains; each lane's sum still runs
+// k = 0, 1, ... in order, as one row's would.
 template <int kRows>
-void addmm_rows(float alpha, const float* weights, const float* rows, int64_t count, int64_t stride,
-                float beta, const float* self, int64_t width, int64_t row_stride, float* out) {
+void addmm_rows(float alpha, const float* weights, const float* rows, int64_t count, float beta,
+                const float* self, int64_t width, float* out) {
   by_vectors(width, [&](int64_t j, int64_t n) {
     whole_or_partial(n, [&](auto whole) {
       Vec sum[kRows];
       for (int r = 0; r < kRows; ++r) sum[r] = Vec(0.f);
       for (int64_t k = 0; k < count; ++k) {
-        const Vec row = load_lanes<whole.value>(rows + k * stride + j, n);
+        const Vec row = load_lanes<whole.value>(rows + k * width + j, n);
         for (int r = 0; r < kRows; ++r) sum[r] = at::vec::fmadd(Vec(weights[r * count + k]), row, sum[r]);
       }
       for (int r = 0; r < kRows; ++r) {
-        const Vec kept = Vec(beta) * Vec::loadu(self + r * row_stride + j, n);
-        at::vec::fmadd(Vec(alpha), sum[r], kept).store(out + r * row_stride + j, n);
+        const Vec kept = Vec(beta) * Vec::loadu(self + r * width + j, n);
+        at::vec::fmadd(Vec(alpha), sum[r], kept).store(out + r * width + j, n);
       }
     });
   });
 }
 
-// Rows [0, total) of out = alpha weights rows + beta self (weights [total, count]; self and out `row_stride`
-// apart), each rounded to bf16: four rows at a time, then one.
-void addmm_rounded(float alpha, const float* weights, const float* rows, int64_t count, int64_t stride,
-                   float beta, const float* self, int64_t width, int64_t row_stride, float* out,
-                   int64_t total) {
+// out = alpha A B + beta C for A [s, s] and B, C, out [s, width], each value rounded to bf16: four rows at a
+// time, then one.
+void addmm_rounded(float alpha, const float* a, const float* b, float beta, const float* c, int64_t s,
+                   int64_t width, float* out) {
   int64_t i = 0;
-  for (; i + 4 <= total; i += 4)
-    addmm_rows<4>(alpha, weights + i * count, rows, count, stride, beta, self + i * row_stride, width,
-                  row_stride, out + i * row_stride);
-  for (; i < total; ++i)
-    addmm_rows<1>(alpha, weights + i * count, rows, count, stride, beta, self + i * row_stride, width,
-                  row_stride, out + i * row_stride);
-  round_row_bf16(out, total * row_stride);
+  for (; i + 4 <= s; i += 4)
+    addmm_rows<4>(alpha, a + i * s, b, s, beta, c + i * width, width, out + i * width);
+  for (; i < s; ++i) addmm_rows<1>(alpha, a + i * s, b, s, beta, c + i * width, width, out + i * width);
+  round_row_bf16(out, s * width);
 }
 
 // dots[d] = a . b_d for kDots rows b_d (`width` apart), sharing each load of a: each dot's lanes and their
@@ -110,8 +106,8 @@ void run(const detail::NewtonSchulzMatrix& m) {
         gram[i * s + j] = gram[j * s + i] = round_bf16(row_dot(m.x + i * l, m.x + j * l, l));
     }
     // P = b G + c G G;  X = a X + P X
-    addmm_rounded(m.c, gram.data(), gram.data(), s, s, m.b, gram.data(), s, s, poly.data(), s);
-    addmm_rounded(1.f, poly.data(), m.x, s, l, m.a, m.x, l, l, next.data(), s);
+    addmm_rounded(m.c, gram.data(), gram.data(), m.b, gram.data(), s, s, poly.data());
+    addmm_rounded(1.f, poly.data(), m.x, m.a, m.x, s, l, next.data());
     std::copy(next.begin(), next.end(), m.x);
   }
 }
