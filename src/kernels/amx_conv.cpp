@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <optional>
 #include <vector>
 
@@ -476,21 +477,24 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
 //   dW[co, ci, dy, dx] = sum over positions p of x[p + (dy, dx), ci] g[p, co]       C [9 Cin, Cout] fp32
 // with g the winners' gradient (zero where a window's output lost). K runs over each image's positions on a
 // grid Wp = W + 2 wide (rounded up to even): p = y Wp + x, the columns x >= W holding g = 0. A: the input
-// channel-major and zero-padded, x_t[n, ci, plane] (a tap's 32 positions are then one contiguous row of a
-// tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[n, p / 2, co, 2], written straight from the
-// pooled gradient and the argmax bytes. Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) a
+// channel-major and zero-padded, x_t[ci, plane] (a tap's 32 positions are then one contiguous row of a
+// tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[p / 2, co, 2], written straight from the
+// pooled gradient and the argmax bytes. Both are built an image at a time in the thread's scratch, just
+// before its sums, so that they are written and read in L1 (across the batch they would be 1.6 and 1.1 MB
+// here, written to memory and read back). Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) a
 // pass, (9 Cin / 16 + 1) / 2 x Cout / 32 passes an image, loaded from and stored to the thread's own fp32
-// rows between passes, so that each image's A and B stay in L1 over its passes.
+// rows between passes.
 
 namespace {
 
 struct WeightGradientImages {
   int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0, out_height = 0, out_width = 0;
-  int64_t grid_width = 0;             // Wp
-  int64_t positions = 0;              // K per image: height * Wp rounded up to a multiple of 32
-  int64_t plane = 0;                  // values per channel of x_t: (positions / Wp rounded up + 3) * Wp
-  const uint16_t* input_t = nullptr;  // x_t [N, Cin, plane] bf16
-  uint16_t* grad_pairs = nullptr;     // [N, positions / 2, Cout, 2] bf16
+  int64_t grid_width = 0;            // Wp
+  int64_t positions = 0;             // K per image: height * Wp rounded up to a multiple of 32
+  int64_t plane = 0;                 // values per channel of x_t: (positions / Wp rounded up + 3) * Wp
+  const uint16_t* images = nullptr;  // the input [N, H, W, Cin] bf16
+  const uint16_t* grad = nullptr;    // the pooled maps' gradient [N, out_height, out_width, Cout] bf16
+  const uint8_t* argmax = nullptr;   // its winners' bytes
 };
 
 WeightGradientImages describe_weight_gradient(c10::IntArrayRef input_sizes, int64_t out_channels) {
@@ -508,43 +512,62 @@ WeightGradientImages describe_weight_gradient(c10::IntArrayRef input_sizes, int6
   return w;
 }
 
+// bf16 values in a block that starts on a cache line: an image's A or B, built in it just before its tiles
+// load them.
+class LineAlignedValues {
+ public:
+  explicit LineAlignedValues(int64_t count)
+      : values_(static_cast<uint16_t*>(::operator new(count * sizeof(uint16_t), kLine))) {}
+  ~LineAlignedValues() { ::operator delete(values_, kLine); }
+  LineAlignedValues(const LineAlignedValues&) = delete;
+  LineAlignedValues& operator=(const LineAlignedValues&) = delete;
+  uint16_t* data() { return values_; }
+
+ private:
+  static constexpr std::align_val_t kLine{64};
+  uint16_t* values_;
+};
+
 #if FASTTRAIN_AMX_BUILD
 
-// Pooled rows [begin, end) of grad [N, out_height, out_width, Cout] (bf16, Cout a multiple of 32) into the
-// zero-filled grad_pairs: a window's top pair of positions (k 0, 1) and its bottom pair (k 2, 3), each
-// channel's gradient at its winner and zero at the other three.
-FASTTRAIN_AVX512_CODE void scatter_pairs(const WeightGradientImages& w, const uint16_t* grad,
-                                         const uint8_t* argmax, int64_t begin, int64_t end) {
+// The parts of x_t and g_pairs that no image writes, zero: x_t's plane rows above the image's first row
+// and from below its last to the plane's end; g_pairs' columns right of the last window (x >= 2 out_width)
+// and its positions after the last window row.
+FASTTRAIN_AVX512_CODE void zero_borders(const WeightGradientImages& w, uint16_t* input_t,
+                                        uint16_t* grad_pairs) {
+  for (int64_t c = 0; c < w.in_channels; ++c) {
+    uint16_t* plane = input_t + c * w.plane;
+    std::fill(plane, plane + w.grid_width, uint16_t{0});
+    std::fill(plane + (w.height + 1) * w.grid_width, plane + w.plane, uint16_t{0});
+  }
+  const int64_t channels = w.out_channels, right = w.grid_width - 2 * w.out_width;
+  for (int64_t y = 0; y < 2 * w.out_height; ++y)
+    std::fill_n(grad_pairs + (y * w.grid_width + 2 * w.out_width) * channels, right * channels, uint16_t{0});
+  const int64_t from = 2 * w.out_height * w.grid_width;
+  std::fill(grad_pairs + from * channels, grad_pairs + w.positions * channels, uint16_t{0});
+}
+
+// Image n's pooled gradient into g_pairs: a window's top pair of positions (k 0, 1) and its bottom pair
+// (k 2, 3), each channel's gradient at its winner and zero at the other three.
+FASTTRAIN_AVX512_CODE void scatter_pairs(const WeightGradientImages& w, int64_t n, uint16_t* grad_pairs) {
   const int64_t channels = w.out_channels;
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / w.out_height, oh = r % w.out_height;
+  for (int64_t oh = 0; oh < w.out_height; ++oh) {
     for (int64_t ow = 0; ow < w.out_width; ++ow) {
-      const int64_t at = (r * w.out_width + ow) * channels;
+      const int64_t at = ((n * w.out_height + oh) * w.out_width + ow) * channels;
       const int64_t top = (2 * oh * w.grid_width + 2 * ow) / 2, bottom = top + w.grid_width / 2;
       for (int64_t c = 0; c < channels; c += 32) {
-        const __m512i values = _mm512_loadu_si512(grad + at + c);
-        const __m256i which = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(argmax + at + c));
+        const __m512i values = _mm512_loadu_si512(w.grad + at + c);
+        const __m256i which = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.argmax + at + c));
         __m512i won[4];
         for (int k = 0; k < 4; ++k) {
           won[k] = _mm512_maskz_mov_epi16(
               _mm256_cmpeq_epi8_mask(which, _mm256_set1_epi8(static_cast<char>(k))), values);
         }
-        uint16_t* top_row = w.grad_pairs + ((n * w.positions / 2 + top) * channels + c) * 2;
-        uint16_t* bottom_row = w.grad_pairs + ((n * w.positions / 2 + bottom) * channels + c) * 2;
+        uint16_t* top_row = grad_pairs + (top * channels + c) * 2;
+        uint16_t* bottom_row = grad_pairs + (bottom * channels + c) * 2;
         interleave_rows(won[0], won[1], top_row, top_row + 32);
         interleave_rows(won[2], won[3], bottom_row, bottom_row + 32);
       }
-    }
-    // Zeros where no window reaches: the pair rows' last columns, and after an image's last window row the
-    // rest of its positions.
-    uint16_t* image = w.grad_pairs + n * w.positions * channels;
-    const int64_t right = w.grid_width - 2 * w.out_width;  // columns
-    for (const int64_t y : {2 * oh, 2 * oh + 1})
-      std::memset(image + (y * w.grid_width + 2 * w.out_width) * channels, 0,
-                  right * channels * sizeof(uint16_t));
-    if (oh + 1 == w.out_height) {
-      const int64_t from = 2 * w.out_height * w.grid_width;
-      std::memset(image + from * channels, 0, (w.positions - from) * channels * sizeof(uint16_t));
     }
   }
 }
@@ -575,69 +598,78 @@ FASTTRAIN_AVX512_CODE void transpose16x16(__m256i (&r)[16]) {
   }
 }
 
-// Image rows [begin, end) of the batch * height (channels_last bf16 `images`) into x_t, 16 pixels by 16
-// channels at a time, with the zeros around them: each row's first column and its last ones, and the plane's
-// rows above the first image row and below the last.
-FASTTRAIN_AVX512_CODE void transpose_rows(const WeightGradientImages& w, const uint16_t* images,
-                                          uint16_t* input_t, int64_t begin, int64_t end) {
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / w.height, y = r % w.height;
-    for (int64_t x0 = 0; x0 < w.width; x0 += 16) {
-      const int64_t count = std::min<int64_t>(16, w.width - x0);
+// Image n's rows into x_t, 16 grid columns by 16 channels at a time: grid column X holds pixel X - 1, so each
+// row's first column and its last ones get their zeros in the same stores.
+FASTTRAIN_AVX512_CODE void transpose_image(const WeightGradientImages& w, int64_t n, uint16_t* input_t) {
+  for (int64_t y = 0; y < w.height; ++y) {
+    const uint16_t* row = w.images + (n * w.height + y) * w.width * w.in_channels;
+    for (int64_t x0 = 0; x0 < w.grid_width; x0 += 16) {
+      const int64_t count = std::min<int64_t>(16, w.grid_width - x0);
       const __mmask16 valid = static_cast<__mmask16>((1u << count) - 1);
       for (int64_t c0 = 0; c0 < w.in_channels; c0 += 16) {
         __m256i rows[16];
-        for (int i = 0; i < 16; ++i) {
-          rows[i] = i < count ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                                    images + ((r * w.width) + x0 + i) * w.in_channels + c0))
-                              : _mm256_setzero_si256();
+        for (int64_t i = 0; i < 16; ++i) {
+          const int64_t x = x0 + i - 1;
+          rows[i] = x >= 0 && x < w.width
+                        ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + x * w.in_channels + c0))
+                        : _mm256_setzero_si256();
         }
         transpose16x16(rows);
-        for (int c = 0; c < 16; ++c) {
-          uint16_t* out = input_t + (n * w.in_channels + c0 + c) * w.plane + (y + 1) * w.grid_width + x0 + 1;
-          _mm256_mask_storeu_epi16(out, valid, rows[c]);
-        }
+        for (int64_t c = 0; c < 16; ++c)
+          _mm256_mask_storeu_epi16(input_t + (c0 + c) * w.plane + (y + 1) * w.grid_width + x0, valid,
+                                   rows[c]);
       }
-    }
-    for (int64_t c = 0; c < w.in_channels; ++c) {
-      uint16_t* plane = input_t + (n * w.in_channels + c) * w.plane;
-      uint16_t* row = plane + (y + 1) * w.grid_width;
-      row[0] = 0;
-      std::fill(row + w.width + 1, row + w.grid_width, uint16_t{0});
-      if (y == 0) std::fill(plane, plane + w.grid_width, uint16_t{0});
-      if (y + 1 == w.height) std::fill(row + w.grid_width, plane + w.plane, uint16_t{0});
     }
   }
 }
 
-// Images [begin, end): their sums added into sums [9 Cin, Cout] (row tap * Cin + ci), fp32. Each image's A
-// and B stay in L1 over the passes; the accumulators go to and from sums between them.
+// Images [begin, end): their sums into sums [9 Cin, Cout] (row tap * Cin + ci), fp32, zero where there are
+// none. Each image's A and B are built in the thread's scratch and stay in L1 over its passes; the
+// accumulators go to and from sums between them (from zero for the first image).
 FASTTRAIN_AMX_CODE void weight_gradient_images(const WeightGradientImages& w, int64_t begin, int64_t end,
                                                float* sums) {
+  if (begin == end) {
+    std::fill_n(sums, 9 * w.in_channels * w.out_channels, 0.0f);
+    return;
+  }
+  LineAlignedValues input_values(w.in_channels * w.plane), grad_values(w.positions * w.out_channels);
+  uint16_t* const input_t = input_values.data();
+  uint16_t* const grad_pairs = grad_values.data();
+  zero_borders(w, input_t, grad_pairs);
   configure_tiles(16);
   const int64_t ci_tiles = w.in_channels / kChannelTile, m_tiles = 9 * ci_tiles;
   const int64_t co_tiles = w.out_channels / kChannelTile, steps = w.positions / kStep;
   const int64_t a_stride = w.plane * 2, b_stride = w.out_channels * 4, c_stride = w.out_channels * 4;
-  auto a_of = [&](int64_t tile, int64_t n) {
+  auto a_of = [&](int64_t tile) {
     const int64_t tap = tile / ci_tiles, ci = (tile % ci_tiles) * kChannelTile;
-    return w.input_t + (n * w.in_channels + ci) * w.plane + (tap / 3) * w.grid_width + tap % 3;
+    return input_t + ci * w.plane + (tap / 3) * w.grid_width + tap % 3;
   };
   for (int64_t n = begin; n < end; ++n) {
+    transpose_image(w, n, input_t);
+    scatter_pairs(w, n, grad_pairs);
+    const bool first = n == begin;
     for (int64_t m = 0; m < m_tiles; m += 2) {
       const bool both_m = m + 1 < m_tiles;
       for (int64_t j = 0; j < co_tiles; j += 2) {
         const bool both_j = j + 1 < co_tiles;
         float* c0 = sums + m * kChannelTile * w.out_channels + j * kChannelTile;
         float* c1 = c0 + kChannelTile * w.out_channels;  // the next M tile's rows
-        _tile_loadd(0, c0, c_stride);
-        if (both_j) _tile_loadd(1, c0 + kChannelTile, c_stride);
-        if (both_m) {
-          _tile_loadd(2, c1, c_stride);
-          if (both_j) _tile_loadd(3, c1 + kChannelTile, c_stride);
+        if (first) {
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+        } else {
+          _tile_loadd(0, c0, c_stride);
+          if (both_j) _tile_loadd(1, c0 + kChannelTile, c_stride);
+          if (both_m) {
+            _tile_loadd(2, c1, c_stride);
+            if (both_j) _tile_loadd(3, c1 + kChannelTile, c_stride);
+          }
         }
-        const uint16_t* a0 = a_of(m, n);
-        const uint16_t* a1 = both_m ? a_of(m + 1, n) : a0;
-        const uint16_t* b = w.grad_pairs + (n * w.positions / 2 * w.out_channels + j * kChannelTile) * 2;
+        const uint16_t* a0 = a_of(m);
+        const uint16_t* a1 = both_m ? a_of(m + 1) : a0;
+        const uint16_t* b = grad_pairs + j * kChannelTile * 2;
         for (int64_t s = 0; s < steps; ++s, a0 += kStep, a1 += kStep, b += 16 * w.out_channels * 2) {
           _tile_loadd(4, a0, a_stride);
           _tile_loadd(6, b, b_stride);
@@ -666,8 +698,6 @@ FASTTRAIN_AMX_CODE void weight_gradient_images(const WeightGradientImages& w, in
 
 #else
 
-void scatter_pairs(const WeightGradientImages&, const uint16_t*, const uint8_t*, int64_t, int64_t) {}
-void transpose_rows(const WeightGradientImages&, const uint16_t*, uint16_t*, int64_t, int64_t) {}
 void weight_gradient_images(const WeightGradientImages&, int64_t, int64_t, float*) {}
 
 #endif
@@ -688,28 +718,14 @@ std::optional<torch::Tensor> amx_conv_weight_gradient(const torch::Tensor& input
       "the AMX conv's weight gradient takes a multiple of 16 input channels and of 32 output channels on "
       "a CPU whose AMX tiles this process may use; got {} -> {}",
       w.in_channels, w.out_channels);
-  // x_t: the input channel-major, its pixel (y, x) at plane position (y + 1) Wp + x + 1.
-  torch::Tensor input_t = torch::empty({w.batch, w.in_channels, w.plane / w.grid_width, w.grid_width},
-                                       input.options().dtype(torch::kBFloat16));
   const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
-  parallel_pieces(0, w.batch * w.height, rows_per_task(w.width * w.in_channels),
-                  [&](int64_t begin, int64_t end) {
-                    transpose_rows(w, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
-                                   reinterpret_cast<uint16_t*>(input_t.data_ptr<at::BFloat16>()), begin, end);
-                  });
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
-  if (!all_finite_in_parallel(reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()), grad.numel()))
-    return std::nullopt;
-  torch::Tensor grad_pairs = torch::empty({w.batch, w.positions / 2, w.out_channels, 2}, grad.options());
-  w.input_t = reinterpret_cast<const uint16_t*>(input_t.data_ptr<at::BFloat16>());
-  w.grad_pairs = reinterpret_cast<uint16_t*>(grad_pairs.data_ptr<at::BFloat16>());
-  parallel_pieces(0, w.batch * w.out_height, rows_per_task(w.out_width * w.out_channels * 4),
-                  [&](int64_t begin, int64_t end) {
-                    scatter_pairs(w, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
-                                  argmax.data_ptr<uint8_t>(), begin, end);
-                  });
+  w.images = reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>());
+  w.grad = reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>());
+  w.argmax = argmax.data_ptr<uint8_t>();
+  if (!all_finite_in_parallel(w.grad, grad.numel())) return std::nullopt;
   const RowChunks chunks = row_chunks(w.batch, kPiecesPerThread);
-  torch::Tensor sums = torch::zeros({chunks.count, 9 * w.in_channels, w.out_channels}, torch::kFloat);
+  torch::Tensor sums = torch::empty({chunks.count, 9 * w.in_channels, w.out_channels}, torch::kFloat);
   for_each_row_chunk(w.batch, chunks, [&](int64_t begin, int64_t end, int64_t chunk) {
     weight_gradient_images(w, begin, end, sums[chunk].data_ptr<float>());
   });
@@ -733,9 +749,10 @@ namespace {
 
 struct InputGradientImages {
   int64_t batch = 0, height = 0, width = 0, in_channels = 0, out_channels = 0, out_height = 0, out_width = 0;
-  const uint16_t* winners = nullptr;  // g_p [N, H + 2, W + 2, Cout] bf16
-  const uint16_t* packed = nullptr;   // [9 taps][Cout / 32][Cin / 16] B tiles
-  uint16_t* grad_input = nullptr;     // [N, H, W, Cin] bf16
+  const uint16_t* grad = nullptr;    // the pooled maps' gradient [N, out_height, out_width, Cout] bf16
+  const uint8_t* argmax = nullptr;   // its winners' bytes
+  const uint16_t* packed = nullptr;  // [9 taps][Cout / 32][Cin / 16] B tiles
+  uint16_t* grad_input = nullptr;    // [N, H, W, Cin] bf16
   int64_t padded_width() const { return width + 2; }
   int64_t padded_height() const { return height + 2; }
 };
@@ -761,13 +778,12 @@ torch::Tensor pack_transposed_weight(const torch::Tensor& weight) {
 
 #if FASTTRAIN_AMX_BUILD
 
-// Rows [begin, end) of g_p (of the batch * (H + 2)): the border and an odd last row or column zero, elsewhere
-// each channel's pooled gradient where its window's winner is this position and zero where it lost.
-FASTTRAIN_AVX512_CODE void winner_rows(const InputGradientImages& g, const uint16_t* grad,
-                                       const uint8_t* argmax, uint16_t* winners, int64_t begin, int64_t end) {
+// Image n's g_p: the border and an odd last row or column zero, elsewhere each channel's pooled gradient
+// where its window's winner is this position and zero where it lost.
+FASTTRAIN_AVX512_CODE void winner_rows(const InputGradientImages& g, int64_t n, uint16_t* winners) {
   const int64_t channels = g.out_channels, row_values = g.padded_width() * channels;
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / g.padded_height(), y = r % g.padded_height() - 1;
+  for (int64_t r = 0; r < g.padded_height(); ++r) {
+    const int64_t y = r - 1;
     uint16_t* out = winners + r * row_values;
     if (y < 0 || y >= 2 * g.out_height) {
       std::memset(out, 0, row_values * sizeof(uint16_t));
@@ -778,8 +794,8 @@ FASTTRAIN_AVX512_CODE void winner_rows(const InputGradientImages& g, const uint1
     for (int64_t ow = 0; ow < g.out_width; ++ow) {
       for (int64_t c = 0; c < channels; c += 32) {
         const int64_t at = (pooled_row + ow) * channels + c;
-        const __m512i values = _mm512_loadu_si512(grad + at);
-        const __m256i which = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(argmax + at));
+        const __m512i values = _mm512_loadu_si512(g.grad + at);
+        const __m256i which = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g.argmax + at));
         for (int64_t dx = 0; dx < 2; ++dx) {
           const __mmask32 won =
               _mm256_cmpeq_epi8_mask(which, _mm256_set1_epi8(static_cast<char>(2 * (y % 2) + dx)));
@@ -797,16 +813,19 @@ FASTTRAIN_AMX_CODE void configure_gradient_tiles(int rows) {
   load_tile_config({rows, rows, rows, rows, rows, 16, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
-// Images [begin, end): four rows of dx at a time (the last four overlapping the ones before where H is not a
-// multiple of four), up to 16 x's at a time (likewise), 16 input channels at a time.
+// Images [begin, end): each image's g_p built in the thread's scratch (in L1 for its tile loads), then four
+// rows of dx at a time (the last four overlapping the ones before where H is not a multiple of four), up to
+// 16 x's at a time (likewise), 16 input channels at a time.
 FASTTRAIN_AMX_CODE void input_gradient_images(const InputGradientImages& g, int64_t begin, int64_t end) {
   const int64_t x_count = std::min(kTileRows, g.width), group = std::min<int64_t>(4, g.height);
   const int64_t blocks = g.out_channels / kStep, tiles = g.in_channels / kChannelTile;
   const int64_t stride = g.out_channels * sizeof(uint16_t), row_values = g.padded_width() * g.out_channels;
   alignas(64) float sums[4][kTileRows][kChannelTile];
+  LineAlignedValues winners(g.padded_height() * row_values);
+  const uint16_t* const image = winners.data();
   configure_gradient_tiles(static_cast<int>(x_count));
   for (int64_t n = begin; n < end; ++n) {
-    const uint16_t* image = g.winners + n * g.padded_height() * row_values;
+    winner_rows(g, n, winners.data());
     for (int64_t y0 = 0;; y0 += group) {
       y0 = std::min(y0, g.height - group);
       for (int64_t x0 = 0;; x0 += x_count) {
@@ -875,7 +894,6 @@ FASTTRAIN_AMX_CODE void input_gradient_images(const InputGradientImages& g, int6
 
 #else
 
-void winner_rows(const InputGradientImages&, const uint16_t*, const uint8_t*, uint16_t*, int64_t, int64_t) {}
 void input_gradient_images(const InputGradientImages&, int64_t, int64_t) {}
 
 #endif
@@ -907,17 +925,10 @@ std::optional<torch::Tensor> amx_conv_input_gradient(const torch::Tensor& grad_o
   if (!all_finite(reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>()), packed.numel()))
     return std::nullopt;
   const torch::Tensor grad = grad_output.to(torch::kBFloat16).contiguous(kChannelsLast);
-  torch::Tensor winners =
-      torch::empty({g.batch, g.padded_height(), g.padded_width(), g.out_channels}, grad.options());
-  parallel_pieces(0, g.batch * g.padded_height(), rows_per_task(g.padded_width() * g.out_channels),
-                  [&](int64_t begin, int64_t end) {
-                    winner_rows(g, reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>()),
-                                argmax.data_ptr<uint8_t>(),
-                                reinterpret_cast<uint16_t*>(winners.data_ptr<at::BFloat16>()), begin, end);
-                  });
   torch::Tensor grad_input =
       torch::empty({g.batch, g.in_channels, g.height, g.width}, grad.options().memory_format(kChannelsLast));
-  g.winners = reinterpret_cast<const uint16_t*>(winners.data_ptr<at::BFloat16>());
+  g.grad = reinterpret_cast<const uint16_t*>(grad.data_ptr<at::BFloat16>());
+  g.argmax = argmax.data_ptr<uint8_t>();
   g.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   g.grad_input = reinterpret_cast<uint16_t*>(grad_input.data_ptr<at::BFloat16>());
   parallel_pieces(0, g.batch, 1, [&](int64_t begin, int64_t end) { input_gradient_images(g, begin, end); });
