@@ -53,7 +53,7 @@ struct AmxConvImages {
   // The input with a zero border: a row above and below, a column left, and right one (two over 16 channels).
   int64_t padded_height = 0, padded_width = 0;
   std::vector<int64_t> block_offsets;  // per K block: values from a position's top-left tap to its A row
-  const uint16_t* padded = nullptr;    // [N, padded_height, padded_width, Cin] bf16
+  const uint16_t* images = nullptr;    // [N, H, W, Cin] bf16 (over one channel too)
   // [K blocks][Cout / 16] B tiles, row r column c: (B[2 r][c], B[2 r + 1][c]).
   const uint16_t* packed = nullptr;
   const float* bias = nullptr;  // [Cout] rounded to bf16, or null
@@ -80,6 +80,22 @@ AmxConvImages describe(const torch::Tensor& input, int64_t out_channels) {
   }
   return p;
 }
+
+// bf16 values in a block that starts on a cache line: an image's A or B, built in it just before its tiles
+// load them.
+class LineAlignedValues {
+ public:
+  explicit LineAlignedValues(int64_t count)
+      : values_(static_cast<uint16_t*>(::operator new(count * sizeof(uint16_t), kLine))) {}
+  ~LineAlignedValues() { ::operator delete(values_, kLine); }
+  LineAlignedValues(const LineAlignedValues&) = delete;
+  LineAlignedValues& operator=(const LineAlignedValues&) = delete;
+  uint16_t* data() { return values_; }
+
+ private:
+  static constexpr std::align_val_t kLine{64};
+  uint16_t* values_;
+};
 
 // The weight [Cout, Cin, 3, 3] rounded to bf16 as B tiles: tile (b, t) row r, column c holds the weights of
 // output channel 16 t + c for K values 2 r and 2 r + 1 of block b.
@@ -193,16 +209,52 @@ FASTTRAIN_AVX512_BF16_CODE void pool_windows(const AmxConvImages& p, const Windo
   }
 }
 
+// Whether none of `count` bf16 values is a NaN or an infinity (all exponent bits set).
+FASTTRAIN_AVX512_CODE bool all_finite(const uint16_t* values, int64_t count) {
+  const __m512i exponent = _mm512_set1_epi16(0x7F80);
+  __mmask32 any = 0;
+  int64_t i = 0;
+  for (; i + 32 <= count; i += 32)
+    any |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(values + i), exponent), exponent);
+  for (; i < count; ++i) any |= (values[i] & 0x7F80) == 0x7F80;
+  return any == 0;
+}
+
+// Image n of the channels_last bf16 images with a zero border, [padded_height][padded_width][Cin]: a row
+// above and below, a column left and one (two over 16 channels) right. Returns whether its pixels are all
+// finite.
+FASTTRAIN_AVX512_CODE bool pad_image(const AmxConvImages& p, int64_t n, uint16_t* padded) {
+  const int64_t channels = p.in_channels, row_values = p.padded_width * channels;
+  const int64_t image_values = p.width * channels;
+  std::memset(padded, 0, row_values * sizeof(uint16_t));
+  std::memset(padded + (p.height + 1) * row_values, 0, row_values * sizeof(uint16_t));
+  bool finite = true;
+  for (int64_t y = 0; y < p.height; ++y) {
+    const uint16_t* in = p.images + (n * p.height + y) * image_values;
+    uint16_t* out = padded + (y + 1) * row_values;
+    std::memset(out, 0, channels * sizeof(uint16_t));
+    std::memcpy(out + channels, in, image_values * sizeof(uint16_t));
+    std::memset(out + channels + image_values, 0, (row_values - channels - image_values) * sizeof(uint16_t));
+    if (finite) finite = all_finite(in, image_values);
+  }
+  return finite;
+}
+
 // Pooled rows [begin, end) of the batch * out_height: a window row's two conv rows, 16 x's at a time, 32
 // output channels at a time (the last 16 alone where Cout is an odd multiple of 16).
-FASTTRAIN_AMX_CODE void forward_rows(const AmxConvImages& p, int64_t begin, int64_t end) {
+FASTTRAIN_AMX_CODE bool forward_rows(const AmxConvImages& p, int64_t begin, int64_t end) {
   alignas(64) float sums[2][kTileRows][2 * kChannelTile];
   const int64_t row_values = p.padded_width * p.in_channels, stride = p.in_channels * 2;
   const int64_t blocks = static_cast<int64_t>(p.block_offsets.size()), tiles = p.out_channels / kChannelTile;
+  LineAlignedValues padded(p.padded_height * row_values);
+  bool finite = true;
   int configured = 0;
-  for (int64_t r = begin; r < end; ++r) {
+  for (int64_t r = begin, padded_image = -1; r < end; ++r) {
     const int64_t n = r / p.out_height, oh = r % p.out_height;
-    const uint16_t* top = p.padded + (n * p.padded_height + 2 * oh) * row_values;
+    if (n != padded_image) {
+      if (!pad_image(p, padded_image = n, padded.data())) finite = false;
+    }
+    const uint16_t* top = padded.data() + 2 * oh * row_values;
     for (int64_t x0 = 0; x0 < 2 * p.out_width; x0 += kTileRows) {
       const int m = static_cast<int>(std::min(kTileRows, 2 * p.out_width - x0));  // even
       if (m != configured) configure_tiles(configured = m);
@@ -238,6 +290,7 @@ FASTTRAIN_AMX_CODE void forward_rows(const AmxConvImages& p, int64_t begin, int6
     }
   }
   _tile_release();
+  return finite;
 }
 
 // Tiles 0-3 accumulate the four window positions and 4 holds A, `windows` rows each; 5-7 hold B_k's 8 rows.
@@ -331,21 +384,12 @@ FASTTRAIN_AMX_CODE void one_channel_rows(const AmxConvImages& p, const uint16_t*
   _tile_release();
 }
 
-// Whether none of `count` bf16 values is a NaN or an infinity (all exponent bits set).
-FASTTRAIN_AVX512_CODE bool all_finite(const uint16_t* values, int64_t count) {
-  const __m512i exponent = _mm512_set1_epi16(0x7F80);
-  __mmask32 any = 0;
-  int64_t i = 0;
-  for (; i + 32 <= count; i += 32)
-    any |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(_mm512_loadu_si512(values + i), exponent), exponent);
-  for (; i < count; ++i) any |= (values[i] & 0x7F80) == 0x7F80;
-  return any == 0;
-}
-
 #else
 
 // Never called in a build without AMX code (amx_tiles_granted() is false there).
-void forward_rows(const AmxConvImages&, int64_t, int64_t) {}
+bool forward_rows(const AmxConvImages&, int64_t, int64_t) {
+  return false;
+}
 void one_channel_rows(const AmxConvImages&, const uint16_t*, int64_t, int64_t) {}
 bool all_finite(const uint16_t*, int64_t) {
   return true;
@@ -359,29 +403,6 @@ bool all_finite_in_parallel(const uint16_t* values, int64_t count) {
   parallel_pieces(0, count, 1 << 16, [&](int64_t begin, int64_t end) {
     if (!all_finite(values + begin, end - begin)) finite = false;
   });
-  return finite;
-}
-
-// Rows [begin, end) of the zero-padded images (of the batch * padded_height): a border row zeros, an image
-// row its pixels between a zero pixel on the left and zeros on the right. Returns whether the image rows
-// copied hold only finite values (asked where `check_finite`).
-bool pad_rows(const AmxConvImages& p, const uint16_t* images, uint16_t* padded, int64_t begin, int64_t end) {
-  const int64_t channels = p.in_channels, row_values = p.padded_width * channels;
-  bool finite = true;
-  for (int64_t r = begin; r < end; ++r) {
-    const int64_t n = r / p.padded_height, y = r % p.padded_height - 1;
-    uint16_t* out = padded + r * row_values;
-    if (y < 0 || y >= p.height) {
-      std::memset(out, 0, row_values * sizeof(uint16_t));
-      continue;
-    }
-    const uint16_t* in = images + (n * p.height + y) * p.width * channels;
-    std::memset(out, 0, channels * sizeof(uint16_t));
-    std::memcpy(out + channels, in, p.width * channels * sizeof(uint16_t));
-    std::memset(out + (p.width + 1) * channels, 0,
-                (p.padded_width - p.width - 1) * channels * sizeof(uint16_t));
-    if (finite) finite = all_finite(in, p.width * channels);
-  }
   return finite;
 }
 
@@ -450,26 +471,22 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   if (p.in_channels == 1) return one_channel_max_pool(p, input, weight, bias);
   // channels_last [N, C, H, W] is [N, H, W, C] in memory.
   const torch::Tensor images = input.detach().to(torch::kBFloat16).contiguous(kChannelsLast);
-  torch::Tensor padded =
-      torch::empty({p.batch, p.padded_height, p.padded_width, p.in_channels}, images.options());
-  std::atomic<bool> finite{true};
-  parallel_pieces(0, p.batch * p.padded_height, rows_per_task(p.padded_width * p.in_channels),
-                  [&](int64_t begin, int64_t end) {
-                    if (!pad_rows(p, reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>()),
-                                  reinterpret_cast<uint16_t*>(padded.data_ptr<at::BFloat16>()), begin, end))
-                      finite = false;
-                  });
-  if (!finite) return std::nullopt;
   const torch::Tensor packed = pack_weight(weight, p), bias_values = rounded_bias(bias);
   if (!finite_parameters(packed, bias_values)) return std::nullopt;
   Pooled pooled = pooled_maps(p, input);
-  p.padded = reinterpret_cast<const uint16_t*>(padded.data_ptr<at::BFloat16>());
+  p.images = reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>());
   p.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
   p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  // Each task pads its images in its own scratch as it reaches them (in L1 for the tiles); a NaN or an
+  // infinity in any declines the images after the pass.
+  std::atomic<bool> finite{true};
   parallel_pieces(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
-                  [&](int64_t begin, int64_t end) { forward_rows(p, begin, end); });
+                  [&](int64_t begin, int64_t end) {
+                    if (!forward_rows(p, begin, end)) finite = false;
+                  });
+  if (!finite) return std::nullopt;
   return pooled;
 }
 
@@ -511,22 +528,6 @@ WeightGradientImages describe_weight_gradient(c10::IntArrayRef input_sizes, int6
   w.plane = ((w.positions + w.grid_width - 1) / w.grid_width + 3) * w.grid_width;
   return w;
 }
-
-// bf16 values in a block that starts on a cache line: an image's A or B, built in it just before its tiles
-// load them.
-class LineAlignedValues {
- public:
-  explicit LineAlignedValues(int64_t count)
-      : values_(static_cast<uint16_t*>(::operator new(count * sizeof(uint16_t), kLine))) {}
-  ~LineAlignedValues() { ::operator delete(values_, kLine); }
-  LineAlignedValues(const LineAlignedValues&) = delete;
-  LineAlignedValues& operator=(const LineAlignedValues&) = delete;
-  uint16_t* data() { return values_; }
-
- private:
-  static constexpr std::align_val_t kLine{64};
-  uint16_t* values_;
-};
 
 #if FASTTRAIN_AMX_BUILD
 
