@@ -53,7 +53,7 @@ struct AmxConvImages {
   // The input with a zero border: a row above and below, a column left, and right one (two over 16 channels).
   int64_t padded_height = 0, padded_width = 0;
   std::vector<int64_t> block_offsets;  // per K block: values from a position's top-left tap to its A row
-  const uint16_t* images = nullptr;    // [N, H, W, Cin] bf16 (over one channel too)
+  const uint16_t* images = nullptr;    // [N, H, W, Cin] bf16 (the forward over 16 or more channels)
   // [K blocks][Cout / 16] B tiles, row r column c: (B[2 r][c], B[2 r + 1][c]).
   const uint16_t* packed = nullptr;
   const float* bias = nullptr;  // [Cout] rounded to bf16, or null
@@ -220,18 +220,22 @@ FASTTRAIN_AVX512_CODE bool all_finite(const uint16_t* values, int64_t count) {
   return any == 0;
 }
 
-// Image n of the channels_last bf16 images with a zero border, [padded_height][padded_width][Cin]: a row
-// above and below, a column left and one (two over 16 channels) right. Returns whether its pixels are all
-// finite.
-FASTTRAIN_AVX512_CODE bool pad_image(const AmxConvImages& p, int64_t n, uint16_t* padded) {
+// Padded rows [first, last) of image n: the channels_last bf16 images with a zero border, as
+// [padded_height][padded_width][Cin] holds them (a row above and below, a column left and one (two over 16
+// channels) right). Returns whether the pixels of those rows are all finite.
+FASTTRAIN_AVX512_CODE bool pad_rows(const AmxConvImages& p, int64_t n, int64_t first, int64_t last,
+                                    uint16_t* padded) {
   const int64_t channels = p.in_channels, row_values = p.padded_width * channels;
   const int64_t image_values = p.width * channels;
-  std::memset(padded, 0, row_values * sizeof(uint16_t));
-  std::memset(padded + (p.height + 1) * row_values, 0, row_values * sizeof(uint16_t));
   bool finite = true;
-  for (int64_t y = 0; y < p.height; ++y) {
+  for (int64_t row = first; row < last; ++row) {
+    uint16_t* out = padded + row * row_values;
+    const int64_t y = row - 1;
+    if (y < 0 || y >= p.height) {
+      std::memset(out, 0, row_values * sizeof(uint16_t));
+      continue;
+    }
     const uint16_t* in = p.images + (n * p.height + y) * image_values;
-    uint16_t* out = padded + (y + 1) * row_values;
     std::memset(out, 0, channels * sizeof(uint16_t));
     std::memcpy(out + channels, in, image_values * sizeof(uint16_t));
     std::memset(out + channels + image_values, 0, (row_values - channels - image_values) * sizeof(uint16_t));
@@ -241,7 +245,9 @@ FASTTRAIN_AVX512_CODE bool pad_image(const AmxConvImages& p, int64_t n, uint16_t
 }
 
 // Pooled rows [begin, end) of the batch * out_height: a window row's two conv rows, 16 x's at a time, 32
-// output channels at a time (the last 16 alone where Cout is an odd multiple of 16).
+// output channels at a time (the last 16 alone where Cout is an odd multiple of 16). Each image's padded rows
+// that these pooled rows read are built in the call's scratch as it reaches the image (so that the tiles load
+// them from the cache); returns whether all of their pixels are finite.
 FASTTRAIN_AMX_CODE bool forward_rows(const AmxConvImages& p, int64_t begin, int64_t end) {
   alignas(64) float sums[2][kTileRows][2 * kChannelTile];
   const int64_t row_values = p.padded_width * p.in_channels, stride = p.in_channels * 2;
@@ -251,8 +257,9 @@ FASTTRAIN_AMX_CODE bool forward_rows(const AmxConvImages& p, int64_t begin, int6
   int configured = 0;
   for (int64_t r = begin, padded_image = -1; r < end; ++r) {
     const int64_t n = r / p.out_height, oh = r % p.out_height;
-    if (n != padded_image) {
-      if (!pad_image(p, padded_image = n, padded.data())) finite = false;
+    if (n != padded_image) {  // pooled rows oh..last of image n read its padded rows 2 oh..2 last + 3
+      const int64_t last = std::min(end, (n + 1) * p.out_height) - 1 - n * p.out_height;
+      if (!pad_rows(p, padded_image = n, 2 * oh, 2 * last + 4, padded.data())) finite = false;
     }
     const uint16_t* top = padded.data() + 2 * oh * row_values;
     for (int64_t x0 = 0; x0 < 2 * p.out_width; x0 += kTileRows) {
@@ -493,14 +500,14 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
 // ---- The weight's gradient on the tiles ----
 //   dW[co, ci, dy, dx] = sum over positions p of x[p + (dy, dx), ci] g[p, co]       C [9 Cin, Cout] fp32
 // with g the winners' gradient (zero where a window's output lost). K runs over each image's positions on a
-// grid Wp = W + 2 wide (rounded up to even): p = y Wp + x, the columns x >= W holding g = 0. A: the input
-// channel-major and zero-padded, x_t[ci, plane] (a tap's 32 positions are then one contiguous row of a
-// tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[p / 2, co, 2], written straight from the
-// pooled gradient and the argmax bytes. Both are built an image at a time in the thread's scratch, just
-// before its sums, so that they are written and read in L1 (across the batch they would be 1.6 and 1.1 MB
-// here, written to memory and read back). Four accumulators (2 M tiles of 16 (tap, ci) rows x 2 of 16 co) a
-// pass, (9 Cin / 16 + 1) / 2 x Cout / 32 passes an image, loaded from and stored to the thread's own fp32
-// rows between passes.
+// grid Wp = W + 2 wide (rounded up to even): p = y Wp + x, the columns x >= 2 out_width and the rows y >= 2
+// out_height holding g = 0. A: the input channel-major and zero-padded, x_t[ci, plane] (a tap's 32 positions
+// are then one contiguous row of a tile, at offset dy Wp + dx); B: g in (p, p + 1) pairs, g_pairs[p / 2, co,
+// 2], written straight from the pooled gradient and the argmax bytes. Both are built an image at a time in
+// the call's scratch just before that image's sums, so that they are written and read in the cache (across
+// the main job's batch they would be 1.1 and 1.8 MB, written to memory and read back). Four accumulators (2 M
+// tiles of 16 (tap, ci) rows x 2 of 16 co) a pass, (9 Cin / 16 + 1) / 2 x Cout / 32 passes an image, loaded
+// from and stored to the chunk's own fp32 sums between passes (from zero tiles for the chunk's first image).
 
 namespace {
 
@@ -625,7 +632,7 @@ FASTTRAIN_AVX512_CODE void transpose_image(const WeightGradientImages& w, int64_
 }
 
 // Images [begin, end): their sums into sums [9 Cin, Cout] (row tap * Cin + ci), fp32, zero where there are
-// none. Each image's A and B are built in the thread's scratch and stay in L1 over its passes; the
+// none. Each image's A and B are built in the call's scratch and stay in the cache over its passes; the
 // accumulators go to and from sums between them (from zero for the first image).
 FASTTRAIN_AMX_CODE void weight_gradient_images(const WeightGradientImages& w, int64_t begin, int64_t end,
                                                float* sums) {
@@ -814,9 +821,9 @@ FASTTRAIN_AMX_CODE void configure_gradient_tiles(int rows) {
   load_tile_config({rows, rows, rows, rows, rows, 16, 16, 16}, {64, 64, 64, 64, 64, 64, 64, 64});
 }
 
-// Images [begin, end): each image's g_p built in the thread's scratch (in L1 for its tile loads), then four
-// rows of dx at a time (the last four overlapping the ones before where H is not a multiple of four), up to
-// 16 x's at a time (likewise), 16 input channels at a time.
+// Images [begin, end): each image's g_p built in the call's scratch (in the cache for its tile loads), then
+// four rows of dx at a time (the last four overlapping the ones before where H is not a multiple of four), up
+// to 16 x's at a time (likewise), 16 input channels at a time.
 FASTTRAIN_AMX_CODE void input_gradient_images(const InputGradientImages& g, int64_t begin, int64_t end) {
   const int64_t x_count = std::min(kTileRows, g.width), group = std::min<int64_t>(4, g.height);
   const int64_t blocks = g.out_channels / kStep, tiles = g.in_channels / kChannelTile;

@@ -221,6 +221,38 @@ TEST(CpuConvMaxPool, AmxForwardMatchesDoubleWhereTheTilesAreLent) {
                         kernels::cpu_capability(), WideConvForward::amx);
 }
 
+// The AMX kernels build an image's operands at a time in a task's scratch: at one thread, tasks of several
+// images each (the forward's starting mid-image), whose scratch is reused from one image to the next, still
+// give the exact sums; a NaN in the last image's last row declines the forward as one in the first does.
+TEST(CpuConvMaxPool, AmxKernelsMatchDoubleOverTasksOfSeveralImages) {
+  if (!amx_conv_runs_here()) GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(1);
+  torch::manual_seed(14);
+  for (const Case& c :
+       {Case{9, 16, 14, 14, 32, false}, Case{6, 32, 6, 35, 32, true}, Case{5, 16, 7, 9, 64, false}}) {
+    SCOPED_TRACE(describe(c));
+    ConvMaxPoolInputs in = make_inputs(c, torch::kBFloat16);
+    const auto amx = kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias);
+    ASSERT_TRUE(amx.has_value());
+    const ConvMaxPoolResult want = run_reference(in, torch::kBFloat16);
+    EXPECT_TRUE(close("AMX's y", amx->output, want.y, 0, 0));
+    const auto grad_y = in.grad_y.to(torch::kBFloat16).contiguous(kChannelsLast);
+    const auto grad_weight =
+        kernels::detail::amx_conv_weight_gradient(in.images, grad_y, amx->argmax, c.out_channels);
+    ASSERT_TRUE(grad_weight.has_value());
+    EXPECT_TRUE(close("AMX's grad_weight", *grad_weight, want.grad_weight, 0, 0));
+    const auto grad_images =
+        kernels::detail::amx_conv_input_gradient(grad_y, amx->argmax, in.weight, in.images.sizes());
+    ASSERT_TRUE(grad_images.has_value());
+    EXPECT_TRUE(close("AMX's grad_images", *grad_images, want.grad_images.to(torch::kBFloat16), 0, 0));
+    in.images.index_put_({c.batch - 1, 0, c.height - 1, c.width - 1},
+                         std::numeric_limits<float>::quiet_NaN());
+    EXPECT_FALSE(kernels::detail::amx_conv_max_pool(in.images, in.weight, in.bias).has_value());
+  }
+  at::set_num_threads(saved_threads);
+}
+
 TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
   if (!amx_conv_runs_here()) GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
   // Normal values, whose sums round: the tiles sum in another order than oneDNN's conv, so a conv output may
