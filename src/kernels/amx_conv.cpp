@@ -19,11 +19,11 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
-#include <new>
 #include <optional>
 #include <vector>
 
 #include "amx.h"
+#include "cache_line.h"
 #include "runnable.h"
 
 namespace fasttrain::kernels::detail {
@@ -81,19 +81,19 @@ AmxConvImages describe(const torch::Tensor& input, int64_t out_channels) {
   return p;
 }
 
-// bf16 values in a block that starts on a cache line: an image's A or B, built in it just before its tiles
-// load them.
+// bf16 values in a block that starts on a cache line, not initialised (every value a tile reads is written
+// before it): an image's A or B, built in it just before its tiles load them.
 class LineAlignedValues {
  public:
   explicit LineAlignedValues(int64_t count)
-      : values_(static_cast<uint16_t*>(::operator new(count * sizeof(uint16_t), kLine))) {}
-  ~LineAlignedValues() { ::operator delete(values_, kLine); }
+      : count_(static_cast<std::size_t>(count)), values_(CacheLineAllocator<uint16_t>().allocate(count_)) {}
+  ~LineAlignedValues() { CacheLineAllocator<uint16_t>().deallocate(values_, count_); }
   LineAlignedValues(const LineAlignedValues&) = delete;
   LineAlignedValues& operator=(const LineAlignedValues&) = delete;
   uint16_t* data() { return values_; }
 
  private:
-  static constexpr std::align_val_t kLine{64};
+  std::size_t count_;
   uint16_t* values_;
 };
 
