@@ -2,6 +2,7 @@
 #include <torch/utils.h>
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "cpu/bodies.h"
@@ -128,6 +129,23 @@ void muon_matrix_step(const torch::Tensor& param, const torch::Tensor& grad, con
   m.ns.eps = static_cast<float>(step.coefficients.eps);
   m.ns.x = scratch.data();
   newton_schulz_bodies(capability).muon_step(m);
+}
+
+void muon_matrix_steps(const std::vector<MuonMatrixUpdate>& updates, CpuCapability capability) {
+  for (const MuonMatrixUpdate& u : updates) {  // refused here, on the calling thread, before any changes
+    FT_CHECK(muon_matrix_step_takes(u.param, u.grad, u.buffer),
+             "muon_matrix_steps: a matrix muon_matrix_step does not take: {} {}",
+             u.param.defined() ? u.param.sizes() : c10::IntArrayRef{},
+             u.param.defined() ? c10::toString(u.param.scalar_type()) : "none");
+  }
+  std::vector<size_t> largest_first(updates.size());
+  std::iota(largest_first.begin(), largest_first.end(), size_t{0});
+  std::stable_sort(largest_first.begin(), largest_first.end(),
+                   [&](size_t a, size_t b) { return updates[a].param.numel() > updates[b].param.numel(); });
+  detail::take_pieces_in_turn(static_cast<int64_t>(updates.size()), [&](int64_t i) {
+    const MuonMatrixUpdate& u = updates[largest_first[static_cast<size_t>(i)]];
+    muon_matrix_step(u.param, u.grad, u.buffer, u.step, capability);
+  });
 }
 
 torch::Tensor newton_schulz_aten(const torch::Tensor& update, int64_t steps,

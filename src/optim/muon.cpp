@@ -134,6 +134,7 @@ class Muon : public Optimizer {
     const std::string& adjust_rule = options().muon_adjust_lr();
     const bool own_kernel = options().muon_newton_schulz() == "fasttrain";
     std::vector<size_t> composed;  // the matrices muon_matrix_step does not take
+    std::vector<kernels::MuonMatrixUpdate> on_kernel;
     std::optional<double> lr_value;
     for (size_t i : with_grad) {
       const torch::Tensor& param = groups()[g].params[i];
@@ -150,8 +151,9 @@ class Muon : public Optimizer {
       step.steps = ns_steps;
       step.decay = 1 - *lr_value * weight_decay;
       step.scale = *lr_value * lr_adjustment(param, adjust_rule);
-      kernels::muon_matrix_step(param, param.grad(), buffer, step);
+      on_kernel.push_back({param, param.grad(), buffer, step});
     }
+    if (!on_kernel.empty()) kernels::muon_matrix_steps(on_kernel);
     if (composed.empty()) return;
     const torch::Tensor lr64 = lr.to(torch::kDouble);
     // The group's decay factor once, not per matrix: these small updates are bound by operator dispatch.

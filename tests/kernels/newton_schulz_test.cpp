@@ -202,5 +202,49 @@ TEST(CpuNewtonSchulz, MuonMatrixStepGivesTheComposedStepOnEveryCapability) {
                                     {"muon_matrix_step takes", "[8, 6]", "Double"}));
 }
 
+// Several matrices at once, taken in turn by two threads: each parameter and buffer exactly as
+// muon_matrix_step on each in turn leaves them; a matrix it does not take is refused by name before any
+// changes.
+TEST(CpuNewtonSchulz, MuonMatrixStepsGiveEachMatrixsOwnStep) {
+  torch::manual_seed(3);
+  const int saved_threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const std::vector<std::vector<int64_t>> shapes = {
+      {16, 1, 3, 3}, {32, 16, 3, 3}, {10, 256}, {40, 7}, {3, 5}};
+  std::vector<kernels::MuonMatrixUpdate> updates;
+  std::vector<torch::Tensor> want_params, want_buffers;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto layout = i == 1 ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+    kernels::MuonMatrixUpdate u{torch::randn(shapes[i]).contiguous(layout),
+                                torch::randn(shapes[i]).contiguous(layout),
+                                torch::randn(shapes[i]).contiguous(layout),
+                                {}};
+    u.step.nesterov = i % 2 == 0;
+    u.step.decay = 1 - 0.006 * 5e-4;
+    u.step.scale = 0.001 * static_cast<double>(i + 1);
+    want_params.push_back(u.param.clone());
+    want_buffers.push_back(u.buffer.clone());
+    kernels::muon_matrix_step(want_params.back(), u.grad, want_buffers.back(), u.step);
+    updates.push_back(std::move(u));
+  }
+  std::vector<torch::Tensor> before;
+  for (const auto& u : updates) before.push_back(u.param.clone());
+  kernels::muon_matrix_steps(updates);
+  for (size_t i = 0; i < updates.size(); ++i) {
+    SCOPED_TRACE(std::to_string(i));
+    EXPECT_TRUE(torch::equal(updates[i].param, want_params[i]));
+    EXPECT_TRUE(torch::equal(updates[i].buffer, want_buffers[i]));
+    EXPECT_FALSE(torch::equal(updates[i].param, before[i]));
+  }
+  // One matrix it does not take: an error naming it, and no matrix changed.
+  auto refused = updates;
+  refused[2].buffer = refused[2].buffer.to(torch::kDouble);
+  const torch::Tensor untouched = refused[0].param.clone();
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] { kernels::muon_matrix_steps(refused); }),
+                                    {"muon_matrix_steps", "[10, 256]"}));
+  EXPECT_TRUE(torch::equal(refused[0].param, untouched));
+  at::set_num_threads(saved_threads);
+}
+
 }  // namespace
 }  // namespace fasttrain

@@ -340,6 +340,19 @@ bool muon_matrix_step_takes(const torch::Tensor& param, const torch::Tensor& gra
 void muon_matrix_step(const torch::Tensor& param, const torch::Tensor& grad, const torch::Tensor& buffer,
                       const MuonMatrixStep& step, CpuCapability capability = cpu_capability());
 
+// One matrix's Muon step, as muon_matrix_steps takes them.
+struct MuonMatrixUpdate {
+  torch::Tensor param, grad, buffer;
+  MuonMatrixStep step;
+};
+
+// muon_matrix_step of each, the matrices taken in turn by the intra-op pool's threads, largest first (each
+// matrix's step runs on one thread: a small matrix's is well under a millisecond, and a step's few matrices
+// would otherwise run one after another while the other threads wait). Every one must be taken
+// (muon_matrix_step_takes); the updates are those of muon_matrix_step on each in turn.
+void muon_matrix_steps(const std::vector<MuonMatrixUpdate>& updates,
+                       CpuCapability capability = cpu_capability());
+
 // The same in ATen's ops, any size, any device: an mm and two addmm an iteration in bf16, as
 // torch.optim.Muon's _zeropower_via_newtonschulz; newton_schulz's reference, and what muon runs for
 // the matrices it does not take.
