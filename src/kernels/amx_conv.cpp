@@ -58,7 +58,8 @@ struct AmxConvImages {
   const uint16_t* packed = nullptr;
   const float* bias = nullptr;  // [Cout] rounded to bf16, or null
   uint16_t* output = nullptr;   // [N, out_height, out_width, Cout] bf16
-  uint8_t* argmax = nullptr;    // a byte per output value
+  uint8_t* argmax = nullptr;    // a byte per output value, or null (the BatchNorm's epilogue writes none)
+  const BatchNormReluEpilogue* batch_norm = nullptr;  // or null: the pooled maps as they are
 };
 
 AmxConvImages describe(const torch::Tensor& input, int64_t out_channels) {
@@ -171,6 +172,19 @@ FASTTRAIN_AVX512_BF16_CODE void store_bf16(__m512 values, uint16_t* out) {
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(values)));
 }
 
+// 16 channels' max(0, (x - mean) * scale + shift) from `first_channel`, computed, rounded to bf16 and stored
+// as batch_norm_relu's kernel computes, rounds and stores them (at::vec's maximum keeps a NaN; c10's
+// rounding, a NaN written as 0x7FC0), so that the epilogue's maps are its bit for bit.
+FASTTRAIN_AVX512_CODE void store_batch_norm_relu(__m512 x, const BatchNormReluEpilogue& norm,
+                                                 int64_t first_channel, uint16_t* out) {
+  const __m512 centred = _mm512_sub_ps(x, _mm512_loadu_ps(norm.mean + first_channel));
+  const __m512 y = _mm512_fmadd_ps(centred, _mm512_loadu_ps(norm.scale + first_channel),
+                                   _mm512_loadu_ps(norm.shift + first_channel));
+  const __m512 relu =
+      _mm512_mask_mov_ps(_mm512_max_ps(y, _mm512_setzero_ps()), _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q), y);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(round_to_bf16_lanes(relu)));
+}
+
 // A scratch of conv sums as pool_windows reads them: [2 conv rows][x][channel] fp32, x from a chunk's first.
 struct WindowSums {
   const float* values;
@@ -201,6 +215,10 @@ FASTTRAIN_AVX512_BF16_CODE void pool_windows(const AmxConvImages& p, const Windo
             _mm512_cmp_ps_mask(value, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(value, value, _CMP_UNORD_Q);
         best = _mm512_mask_mov_ps(best, wins, value);
         which = _mm_mask_mov_epi8(which, wins, _mm_set1_epi8(static_cast<char>(k)));
+      }
+      if (p.batch_norm != nullptr) {
+        store_batch_norm_relu(best, *p.batch_norm, first_channel + c, p.output + at + c);
+        continue;
       }
       // best holds bf16 values: converting it again is exact.
       store_bf16(best, p.output + at + c);
@@ -425,11 +443,16 @@ bool finite_parameters(const torch::Tensor& packed, const torch::Tensor& bias_va
          (!bias_values.defined() || torch::isfinite(bias_values).all().item<bool>());
 }
 
-Pooled pooled_maps(const AmxConvImages& p, const torch::Tensor& input) {
+// The pooled maps, and their argmax bytes unless the BatchNorm's epilogue writes the maps (it keeps none).
+Pooled pooled_maps(AmxConvImages& p, const torch::Tensor& input) {
   Pooled pooled;
   pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
                                input.options().dtype(torch::kBFloat16).memory_format(kChannelsLast));
-  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
+  if (p.batch_norm == nullptr) {
+    pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+    p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  }
   return pooled;
 }
 
@@ -452,8 +475,6 @@ std::optional<Pooled> one_channel_max_pool(AmxConvImages& p, const torch::Tensor
   Pooled pooled = pooled_maps(p, input);
   p.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
-  p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
-  p.argmax = pooled.argmax.data_ptr<uint8_t>();
   parallel_pieces(0, p.batch * p.out_height, rows_per_task(pooled_row_cost(p)),
                   [&](int64_t begin, int64_t end) { one_channel_rows(p, pixels, begin, end); });
   return pooled;
@@ -468,8 +489,9 @@ bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels) {
 }
 
 std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch::Tensor& weight,
-                                        const torch::Tensor& bias) {
+                                        const torch::Tensor& bias, const BatchNormReluEpilogue* batch_norm) {
   AmxConvImages p = describe(input, weight.size(0));
+  p.batch_norm = batch_norm;
   FT_CHECK(
       amx_conv_max_pool_takes(p.in_channels, p.out_channels),
       "the AMX conv takes 1 or 16 input channels or a multiple of 32 and a multiple of 16 output channels "
@@ -484,8 +506,6 @@ std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch:
   p.images = reinterpret_cast<const uint16_t*>(images.data_ptr<at::BFloat16>());
   p.packed = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
-  p.output = reinterpret_cast<uint16_t*>(pooled.output.data_ptr<at::BFloat16>());
-  p.argmax = pooled.argmax.data_ptr<uint8_t>();
   // Each task pads its images in its own scratch as it reaches them (in L1 for the tiles); a NaN or an
   // infinity in any declines the images after the pass.
   std::atomic<bool> finite{true};

@@ -16,6 +16,14 @@ namespace fasttrain::kernels::detail {
 // channels (a tile's columns).
 bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
 
+// An evaluation's BatchNorm with running statistics and the ReLU after it, per output channel fp32 [Cout]
+// each: y = max(0, (x - mean) * scale + shift), batch_norm_relu's terms (batch_norm_relu_inference_terms).
+struct BatchNormReluEpilogue {
+  const float* mean = nullptr;
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+};
+
 // max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2) in bf16 and its argmax bytes
 // (max_pool_kernel.h's: ties to the window's first value, NaN propagates): input channels_last [N, Cin, H, W]
 // (bf16, or fp32 rounded to it), weight [Cout, Cin, 3, 3] and bias [Cout] (or undefined) rounded to bf16, as
@@ -26,8 +34,13 @@ bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
 // input channels a tile row's last pair of taps reads one column past the kernel's, times zero weights; the
 // zero border is multiplied by every weight; and the weight gradient's grid reads past each row, times zero
 // gradients: each would make a NaN where conv2d gives none.
+//
+// With `batch_norm`, an evaluation's BatchNorm + ReLU runs in the epilogue: the maps returned are
+// batch_norm_relu's of the pooled maps (its kernel's arithmetic and rounding, bit for bit), and no argmax
+// bytes are kept (Pooled::argmax undefined).
 std::optional<Pooled> amx_conv_max_pool(const torch::Tensor& input, const torch::Tensor& weight,
-                                        const torch::Tensor& bias);
+                                        const torch::Tensor& bias,
+                                        const BatchNormReluEpilogue* batch_norm = nullptr);
 
 // Whether amx_conv_weight_gradient runs here for a conv from `in_channels` to `out_channels`: AMX tiles
 // granted, a multiple of 16 input channels and of 32 output channels.

@@ -1,3 +1,5 @@
+#include "batch_norm_relu.h"
+
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/types.h>
@@ -28,12 +30,39 @@ struct ChannelTerms {
   float* shift() { return row(3); }
 };
 
-detail::BatchNormReluMaps describe(const torch::Tensor& x, ChannelTerms& terms) {
+// The terms of a batch's or the running mean and variance (double [C] each).
+ChannelTerms channel_terms(const std::vector<double>& mean, const std::vector<double>& variance,
+                           const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+  const int64_t channels = static_cast<int64_t>(mean.size());
+  ChannelTerms terms{torch::empty({4, channels}, torch::kFloat)};
+  const float* w = weight.data_ptr<float>();
+  const float* b = bias.data_ptr<float>();
+  for (int64_t c = 0; c < channels; ++c) {
+    terms.mean()[c] = static_cast<float>(mean[c]);
+    terms.invstd()[c] = static_cast<float>(1.0 / std::sqrt(variance[c] + eps));
+    terms.scale()[c] = w[c] * terms.invstd()[c];
+    terms.shift()[c] = b[c];
+  }
+  return terms;
+}
+
+std::vector<double> as_doubles(const torch::Tensor& values) {
+  const float* v = values.data_ptr<float>();
+  return std::vector<double>(v, v + values.numel());
+}
+
+// x's maps; the statistics' bodies read nothing else.
+detail::BatchNormReluMaps describe(const torch::Tensor& x) {
   detail::BatchNormReluMaps m;
   m.channels = x.size(1);
   m.rows = x.numel() / m.channels;
   m.bf16 = x.scalar_type() == torch::kBFloat16;
   m.x = x.data_ptr();
+  return m;
+}
+
+detail::BatchNormReluMaps describe(const torch::Tensor& x, ChannelTerms& terms) {
+  detail::BatchNormReluMaps m = describe(x);
   m.mean = terms.mean();
   m.scale = terms.scale();
   m.shift = terms.shift();
@@ -104,28 +133,17 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
                                const torch::Tensor& running_mean, const torch::Tensor& running_var,
                                bool training, double momentum, double eps, int64_t capability) {
     const auto kernels = batch_norm_relu_bodies(static_cast<CpuCapability>(capability));
-    ChannelTerms terms{torch::empty({4, x.size(1)}, x.options().dtype(torch::kFloat))};
-    detail::BatchNormReluMaps m = describe(x, terms);
-    std::vector<double> mean(m.channels), variance(m.channels);
+    ChannelTerms terms;
     if (training) {
-      batch_statistics(m, kernels, mean, variance);
-      update_running(running_mean, running_var, mean, variance, m.rows, momentum);
+      std::vector<double> mean(x.size(1)), variance(x.size(1));
+      const detail::BatchNormReluMaps statistics_maps = describe(x);
+      batch_statistics(statistics_maps, kernels, mean, variance);
+      update_running(running_mean, running_var, mean, variance, statistics_maps.rows, momentum);
+      terms = channel_terms(mean, variance, weight, bias, eps);
     } else {
-      const float* rm = running_mean.data_ptr<float>();
-      const float* rv = running_var.data_ptr<float>();
-      for (int64_t c = 0; c < m.channels; ++c) {
-        mean[c] = rm[c];
-        variance[c] = rv[c];
-      }
+      terms = channel_terms(as_doubles(running_mean), as_doubles(running_var), weight, bias, eps);
     }
-    const float* w = weight.data_ptr<float>();
-    const float* b = bias.data_ptr<float>();
-    for (int64_t c = 0; c < m.channels; ++c) {
-      terms.mean()[c] = static_cast<float>(mean[c]);
-      terms.invstd()[c] = static_cast<float>(1.0 / std::sqrt(variance[c] + eps));
-      terms.scale()[c] = w[c] * terms.invstd()[c];
-      terms.shift()[c] = b[c];
-    }
+    detail::BatchNormReluMaps m = describe(x, terms);
     torch::Tensor y = torch::empty_like(x, x.options(), kChannelsLast);
     m.y = y.data_ptr();
     detail::parallel_pieces(0, m.rows, detail::rows_per_task(m.channels),
@@ -187,12 +205,22 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
   }
 };
 
+}  // namespace
+
+namespace detail {
+
 bool channel_vector(const torch::Tensor& t, int64_t channels) {
   return t.defined() && t.device().is_cpu() && t.scalar_type() == torch::kFloat && t.dim() == 1 &&
          t.size(0) == channels && t.is_contiguous();
 }
 
-}  // namespace
+torch::Tensor batch_norm_relu_running_terms(const torch::Tensor& weight, const torch::Tensor& bias,
+                                            const torch::Tensor& running_mean,
+                                            const torch::Tensor& running_var, double eps) {
+  return channel_terms(as_doubles(running_mean), as_doubles(running_var), weight, bias, eps).all;
+}
+
+}  // namespace detail
 
 bool batch_norm_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                            const torch::Tensor& running_mean, const torch::Tensor& running_var,
@@ -202,8 +230,8 @@ bool batch_norm_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, 
   const int64_t channels = x.size(1);
   // One value per channel has no variance: ATen's batch_norm says so.
   if (training && x.numel() / channels < 2) return false;
-  return channel_vector(weight, channels) && channel_vector(bias, channels) &&
-         channel_vector(running_mean, channels) && channel_vector(running_var, channels);
+  return detail::channel_vector(weight, channels) && detail::channel_vector(bias, channels) &&
+         detail::channel_vector(running_mean, channels) && detail::channel_vector(running_var, channels);
 }
 
 torch::Tensor batch_norm_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "amx_conv.h"
+#include "batch_norm_relu.h"
 #include "cpu/bodies.h"
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/util/check.h"
@@ -326,6 +327,51 @@ bool conv3x3_max_pool2x2_takes(const torch::Tensor& input, const torch::Tensor& 
   const bool bias_fits = !bias.defined() || (detail::cpu_float_or_bf16(bias) && bias.dim() == 1 &&
                                              weight.defined() && bias.size(0) == weight.size(0));
   return kernel && bias_fits && is_float_or_bf16(dtype);
+}
+
+bool conv3x3_max_pool2x2_batch_norm_relu_takes(const torch::Tensor& input, const torch::Tensor& weight,
+                                               const torch::Tensor& bias, torch::ScalarType dtype,
+                                               const torch::Tensor& norm_weight,
+                                               const torch::Tensor& norm_bias,
+                                               const torch::Tensor& running_mean,
+                                               const torch::Tensor& running_var) {
+  if (!conv3x3_max_pool2x2_takes(input, weight, bias, dtype) ||
+      !conv3x3_max_pool2x2_runs_on_amx(input.size(1), weight.size(0), dtype) ||
+      cpu_capability() != CpuCapability::avx512)
+    return false;
+  const int64_t channels = weight.size(0);
+  for (const torch::Tensor* t : {&norm_weight, &norm_bias, &running_mean, &running_var}) {
+    if (!detail::channel_vector(*t, channels)) return false;
+  }
+  const bool asks_gradient = input.requires_grad() || weight.requires_grad() ||
+                             (bias.defined() && bias.requires_grad()) || norm_weight.requires_grad() ||
+                             norm_bias.requires_grad();
+  return !torch::GradMode::is_enabled() || !asks_gradient;
+}
+
+std::optional<torch::Tensor> conv3x3_max_pool2x2_batch_norm_relu(
+    const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
+    const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, const torch::Tensor& running_mean,
+    const torch::Tensor& running_var, double eps) {
+  FT_CHECK(conv3x3_max_pool2x2_batch_norm_relu_takes(input, weight, bias, torch::kBFloat16, norm_weight,
+                                                     norm_bias, running_mean, running_var),
+           "conv3x3_max_pool2x2_batch_norm_relu takes what conv3x3_max_pool2x2 runs on AMX's tiles in bf16 "
+           "(with the avx512 capability) and fp32 [Cout] BatchNorm parameters and statistics, asked for no "
+           "gradient; got images {} {}, weight {}, BatchNorm weight {}",
+           input.defined() ? input.sizes() : c10::IntArrayRef{},
+           input.defined() ? c10::toString(input.scalar_type()) : "none",
+           weight.defined() ? weight.sizes() : c10::IntArrayRef{},
+           norm_weight.defined() ? norm_weight.sizes() : c10::IntArrayRef{});
+  torch::NoGradGuard no_grad;
+  const torch::Tensor terms =
+      detail::batch_norm_relu_running_terms(norm_weight, norm_bias, running_mean, running_var, eps);
+  const float* rows = terms.data_ptr<float>();
+  const int64_t channels = terms.size(1);
+  // rows: mean, invstd, scale, shift
+  const detail::BatchNormReluEpilogue epilogue{rows, rows + 2 * channels, rows + 3 * channels};
+  std::optional<detail::Pooled> pooled = detail::amx_conv_max_pool(input, weight, bias, &epilogue);
+  if (!pooled) return std::nullopt;
+  return pooled->output;
 }
 
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,

@@ -5,7 +5,10 @@
 // widths {32, 64} and hidden {128} this is the textbook MNIST network the benchmarks compare against.
 #include <torch/nn.h>
 
+#include <optional>
 #include <ostream>
+#include <utility>
+#include <vector>
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/registry.h"
@@ -65,6 +68,21 @@ class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
     return pool_->forward(torch::nn::Conv2dImpl::forward(images));
   }
 
+  // In evaluation, the conv, its max-pool and `norm` (BatchNorm + ReLU) after it in one pass, where the
+  // forward runs on AMX's tiles and asks for no gradient (conv3x3_max_pool2x2_batch_norm_relu); nullopt
+  // elsewhere, and where that kernel declines the values.
+  std::optional<torch::Tensor> forward_normalised(const torch::Tensor& images,
+                                                  const torch::nn::BatchNorm2dImpl& norm) {
+    const torch::ScalarType dtype = kernels::cpu_compute_dtype(images);
+    if (!amx_ || norm.is_training() || weight.suggest_memory_format() != torch::MemoryFormat::ChannelsLast ||
+        !kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight, bias, dtype, norm.weight,
+                                                            norm.bias, norm.running_mean, norm.running_var))
+      return std::nullopt;
+    return kernels::conv3x3_max_pool2x2_batch_norm_relu(images, weight, bias, norm.weight, norm.bias,
+                                                        norm.running_mean, norm.running_var,
+                                                        norm.options.eps());
+  }
+
  private:
   MaxPool2x2 pool_;                // not registered: it holds nothing
   kernels::WideConvForward wide_;  // fp32's
@@ -105,7 +123,7 @@ TORCH_MODULE(BatchNormReLU2d);
 // Which of fasttrain's CPU kernels the cnn runs (model.kernels, model.aten_kernels).
 struct CnnKernels {
   bool max_pool = false, batch_norm_relu = false, conv_max_pool = false, winograd_conv = false,
-       amx_conv = false, flatten = false;
+       amx_conv = false, conv_batch_norm_relu = false, flatten = false;
   HeadKernels head;
 
   explicit CnnKernels(const CnnOptions& options)
@@ -114,6 +132,8 @@ struct CnnKernels {
         conv_max_pool(runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_max_pool")),
         winograd_conv(runs_own_kernel(options.kernels(), options.aten_kernels(), "winograd_conv")),
         amx_conv(runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_conv")),
+        conv_batch_norm_relu(
+            runs_own_kernel(options.kernels(), options.aten_kernels(), "conv_batch_norm_relu")),
         flatten(runs_own_kernel(options.kernels(), options.aten_kernels(), "flatten")),
         head{runs_own_kernel(options.kernels(), options.aten_kernels(), "amx_linear"),
              runs_own_kernel(options.kernels(), options.aten_kernels(), "linear_relu"),
@@ -131,18 +151,22 @@ class Cnn : public torch::nn::Module {
       const auto conv = torch::nn::Conv2dOptions(channels, stage_width, 3)
                             .padding(1)
                             .bias(!options.batchnorm() || options.bias_before_norm());
+      ConvMaxPool2d conv_max_pool{nullptr};
       if (options.pool_first() && own.conv_max_pool) {
-        features_->push_back(ConvMaxPool2d(
+        conv_max_pool = ConvMaxPool2d(
             conv, own.max_pool,
             own.winograd_conv ? kernels::WideConvForward::winograd : kernels::WideConvForward::onednn,
-            own.amx_conv));
+            own.amx_conv);
+        features_->push_back(conv_max_pool);
         features_->push_back(torch::nn::Identity());
       } else {
         features_->push_back(torch::nn::Conv2d(conv));
         if (options.pool_first()) features_->push_back(MaxPool2x2(own.max_pool));
       }
       if (options.batchnorm() && own.batch_norm_relu) {
-        features_->push_back(BatchNormReLU2d(stage_width));
+        const BatchNormReLU2d norm(stage_width);
+        if (conv_max_pool) evaluation_stages_.emplace_back(conv_max_pool, norm);
+        features_->push_back(norm);
         // The ReLU ran inside it; Identity holds its place, so the modules after keep their indices and
         // the parameters their names (checkpoints load either way).
         features_->push_back(torch::nn::Identity());
@@ -155,6 +179,9 @@ class Cnn : public torch::nn::Module {
       height /= 2;
       width /= 2;
     }
+    // Every stage a conv + max-pool and a BatchNorm + ReLU: evaluations may run each stage in one pass.
+    if (!own.conv_batch_norm_relu || evaluation_stages_.size() != options.widths().size())
+      evaluation_stages_.clear();
     FT_CONFIG_CHECK(height > 0 && width > 0, "model.widths has {} pooling stages, too many for {}x{} inputs",
                     options.widths().size(), shape.input[1], shape.input[2]);
     const int64_t features = channels * height * width;
@@ -165,7 +192,8 @@ class Cnn : public torch::nn::Module {
   }
 
   torch::Tensor forward(torch::Tensor images) {
-    auto maps = features_->forward(images);  // [B, widths.back(), H / 2^S, W / 2^S]
+    auto maps = is_training() ? features_->forward(images)
+                              : evaluation_features(images);  // [B, widths.back(), H / 2^S, W / 2^S]
     // [B, C * H' * W'] in NCHW order whatever the maps' layout, so the hidden Linear's columns mean the
     // same with and without channels_last (checkpoints, the peer).
     auto flat = own_flatten_ && kernels::flatten_channels_last_takes(maps)
@@ -175,7 +203,23 @@ class Cnn : public torch::nn::Module {
   }
 
  private:
+  // An evaluation's features: each stage's conv, max-pool, BatchNorm and ReLU in one pass where the fused
+  // kernel runs them (the BatchNorm's maps written as the conv pools, no winners' bytes kept), else the
+  // stages' modules. The Stage's own forward where block hooks run around its modules (ZeRO-3 gathers the
+  // weights).
+  torch::Tensor evaluation_features(const torch::Tensor& images) {
+    if (evaluation_stages_.empty() || features_->has_block_hooks()) return features_->forward(images);
+    torch::Tensor maps = images;
+    for (auto& [conv, norm] : evaluation_stages_) {
+      std::optional<torch::Tensor> normalised = conv->forward_normalised(maps, *norm);
+      maps = normalised ? *normalised : norm->forward(conv->forward(maps));
+    }
+    return maps;
+  }
+
   bool own_flatten_ = false;
+  // Each stage's conv + max-pool and BatchNorm + ReLU (features_'s modules), where every stage is those two.
+  std::vector<std::pair<ConvMaxPool2d, BatchNormReLU2d>> evaluation_stages_;
   Stage features_;
   Stage classifier_{nullptr};
 };

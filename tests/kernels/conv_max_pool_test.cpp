@@ -253,6 +253,70 @@ TEST(CpuConvMaxPool, AmxKernelsMatchDoubleOverTasksOfSeveralImages) {
   at::set_num_threads(saved_threads);
 }
 
+// An evaluation's BatchNorm + ReLU in the AMX forward's epilogue: batch_norm_relu's maps of the pooled maps
+// bit for bit, on normal values whose sums round, with negative scales, a channel whose outputs are bf16
+// subnormals (c10's rounding keeps them where AVX-512 BF16's conversion flushes them: the epilogue rounding
+// so fails this test) and one whose pre-activations are all negative; one input channel, 16, 32 with a bias,
+// odd sizes. (An fp32 multiply and add in place of the fused multiply-add changes a value's last fp32 bit,
+// which the bf16 rounding hides on these values: the epilogue's arithmetic is the kernel's by reading.) A NaN
+// in the images declines it; asked for a gradient, it does not take the conv.
+TEST(CpuConvMaxPool, AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitForBit) {
+  if (!amx_conv_runs_here() || kernels::cpu_capability() != kernels::CpuCapability::avx512)
+    GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(15);
+  for (const Case& c : {Case{4, 1, 28, 28, 16, false}, Case{3, 16, 14, 14, 32, false},
+                        Case{2, 32, 6, 35, 32, true}, Case{3, 16, 7, 9, 48, false}}) {
+    SCOPED_TRACE(describe(c));
+    const torch::Tensor images =
+        torch::randn({c.batch, c.in_channels, c.height, c.width}).contiguous(kChannelsLast);
+    const torch::Tensor weight = torch::randn({c.out_channels, c.in_channels, 3, 3}) / 3;
+    const torch::Tensor bias = c.bias ? torch::randn({c.out_channels}) : torch::Tensor();
+    torch::Tensor norm_weight = torch::randn({c.out_channels}), norm_bias = torch::randn({c.out_channels});
+    const torch::Tensor running_mean = torch::randn({c.out_channels}) / 4,
+                        running_var = torch::rand({c.out_channels}) + 0.1;
+    norm_weight[0] = 1e-39f;  // outputs under 2^-126
+    norm_bias[0] = 0.f;
+    norm_weight[1] = 1e-3f;  // every pre-activation negative
+    norm_bias[1] = -100.f;
+    const double eps = 1e-5;
+    ASSERT_TRUE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(
+        images, weight, bias, torch::kBFloat16, norm_weight, norm_bias, running_mean, running_var));
+    const auto fused = kernels::conv3x3_max_pool2x2_batch_norm_relu(
+        images, weight, bias, norm_weight, norm_bias, running_mean, running_var, eps);
+    ASSERT_TRUE(fused.has_value());
+    const torch::Tensor pooled =
+        kernels::conv3x3_max_pool2x2(images, weight, bias, torch::kBFloat16, kernels::CpuCapability::avx512,
+                                     kernels::WideConvForward::amx);
+    const torch::Tensor want =
+        kernels::batch_norm_relu(pooled, norm_weight, norm_bias, running_mean, running_var, false, 0.1, eps,
+                                 kernels::CpuCapability::avx512);
+    EXPECT_EQ(fused->scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(fused->is_contiguous(kChannelsLast));
+    EXPECT_TRUE(torch::equal(*fused, want));
+    EXPECT_GT(want.select(1, 0).gt(0).sum().item<int64_t>(), 0);  // the subnormal channel holds some
+    EXPECT_GT(want.gt(0).sum().item<int64_t>(), want.numel() / 4);
+    torch::Tensor with_nan = images.clone();
+    with_nan.index_put_({c.batch - 1, 0, c.height - 1, 0}, std::numeric_limits<float>::quiet_NaN());
+    EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu(with_nan, weight, bias, norm_weight, norm_bias,
+                                                              running_mean, running_var, eps)
+                     .has_value());
+  }
+  // Asked for a gradient, it does not take the conv.
+  torch::AutoGradMode grad(true);
+  const torch::Tensor images = torch::randn({2, 16, 8, 8}).contiguous(kChannelsLast);
+  const torch::Tensor weight = torch::randn({32, 16, 3, 3}).requires_grad_();
+  const torch::Tensor ones = torch::ones({32}), zeros = torch::zeros({32});
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight, {}, torch::kBFloat16, ones,
+                                                                  zeros, zeros, ones));
+  EXPECT_TRUE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {},
+                                                                 torch::kBFloat16, ones, zeros, zeros, ones));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {}, torch::kFloat,
+                                                                  ones, zeros, zeros, ones));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(
+      images, weight.detach(), {}, torch::kBFloat16, torch::ones({16}), zeros, zeros, ones));
+}
+
 TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {
   if (!amx_conv_runs_here()) GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
   // Normal values, whose sums round: the tiles sum in another order than oneDNN's conv, so a conv output may

@@ -406,6 +406,43 @@ TEST(Models, CnnOwnAmxConvMatchesOneDnnsStepInBf16) {
   EXPECT_FALSE(runs_aten_conv({}, false));  // fp32: Winograd's forward, the winners' backward
 }
 
+TEST(Models, CnnEvaluationRunsEachConvStageInOnePassWithTheSameOutputs) {
+  // In evaluation, in bf16 on a CPU that lends AMX-BF16 tiles, each stage's conv + max-pool and its BatchNorm
+  // + ReLU run as one kernel (the BatchNorm in the AMX forward's epilogue); model.aten_kernels =
+  // ["conv_batch_norm_relu"] runs them as two. Training is not touched, and the evaluation's output is the
+  // same bit for bit, after two steps have moved the running statistics. The kernel's reference test:
+  // CpuConvMaxPool.AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitForBit.
+  if (!kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16)) {
+    GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the fused evaluation never runs";
+  }
+  const DataShape shape = DataShape::images(1, 14, 14, 10);
+  const CnnOptions options = CnnOptions().widths({16, 32}).hidden({32}).batchnorm(true).pool_first(true);
+  // Two training steps, then an evaluation in bf16 autocast (and one in fp32, where the stages run apart).
+  auto evaluations = [&](const CnnOptions& cnn) {
+    std::vector<torch::Tensor> result = two_steps_and_an_evaluation(cnn, shape, true);
+    torch::manual_seed(5);
+    Model model = make_cnn(cnn, shape);
+    model.to_channels_last();
+    torch::manual_seed(6);
+    for (int step = 0; step < 2; ++step) {
+      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, true);
+      forward(model, torch::randn({6, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast));
+    }
+    model.module().eval();
+    torch::NoGradGuard no_grad;
+    const auto images = torch::randn({5, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
+    for (bool bf16 : {true, false}) {
+      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+      result.push_back(forward(model, images));
+    }
+    return result;
+  };
+  const auto fused = evaluations(options);
+  const auto apart = evaluations(CnnOptions(options).aten_kernels({"conv_batch_norm_relu"}));
+  ASSERT_EQ(fused.size(), apart.size());
+  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::equal(fused[i], apart[i])) << "tensor " << i;
+}
+
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {
   for (const Model& model : {make_cnn(CnnOptions().widths({8, 16}).batchnorm(true), kFashion),
                              make_resnet(ResnetOptions().widths({8, 16}), kFashion)}) {

@@ -17,6 +17,7 @@
 //   torch::Tensor loss = fasttrain::kernels::cross_entropy(logits, targets, 0.1);  // [N, C], [N] -> 0-dim
 #include <torch/types.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -266,6 +267,30 @@ torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tenso
                                   const torch::Tensor& bias, torch::ScalarType dtype,
                                   CpuCapability capability = cpu_capability(),
                                   WideConvForward wide = WideConvForward::winograd);
+
+// Whether conv3x3_max_pool2x2_batch_norm_relu runs here: conv3x3_max_pool2x2 takes the conv and runs it on
+// AMX's tiles in bf16 (conv3x3_max_pool2x2_runs_on_amx), on the avx512 capability (whose batch_norm_relu
+// arithmetic the epilogue's is), the BatchNorm's weight, bias and running statistics fp32 [Cout], and no
+// gradient is asked of any of them (grad mode off, or none requires one).
+bool conv3x3_max_pool2x2_batch_norm_relu_takes(const torch::Tensor& input, const torch::Tensor& weight,
+                                               const torch::Tensor& bias, torch::ScalarType dtype,
+                                               const torch::Tensor& norm_weight,
+                                               const torch::Tensor& norm_bias,
+                                               const torch::Tensor& running_mean,
+                                               const torch::Tensor& running_var);
+
+// An evaluation's conv3x3_max_pool2x2 on AMX's tiles and the BatchNorm + ReLU with running statistics after
+// it in one pass: batch_norm_relu(conv3x3_max_pool2x2(input, weight, bias, kBFloat16, avx512,
+// WideConvForward::amx), norm_weight, norm_bias, running_mean, running_var, false, momentum, eps, avx512)
+// bit for bit, bf16 channels_last [N, Cout, H / 2, W / 2], with neither the pooled maps before the BatchNorm
+// nor the winners' bytes written (the epilogue normalises each pooled value as it pools it). Not
+// differentiable: for inference. nullopt where the AMX forward declines the values (a NaN or an infinity in
+// the images, weight or bias); the caller then runs the two. conv3x3_max_pool2x2_batch_norm_relu_takes must
+// hold.
+std::optional<torch::Tensor> conv3x3_max_pool2x2_batch_norm_relu(
+    const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
+    const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, const torch::Tensor& running_mean,
+    const torch::Tensor& running_var, double eps);
 
 // Whether batch_norm_relu takes these: maps [N, C, H, W] laid out channels_last on the CPU in fp32 or
 // bf16 (at least two values per channel when training), weight, bias, running_mean and running_var fp32

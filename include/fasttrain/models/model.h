@@ -67,6 +67,7 @@ class StageImpl : public torch::nn::SequentialImpl {
   const CheckpointPolicy& checkpointing() const { return policy_; }
   // Run around every block (dist.zero = 3); null for none. Not owned.
   void set_block_hooks(BlockHooks* hooks) { hooks_ = hooks; }
+  bool has_block_hooks() const { return hooks_ != nullptr; }
 
  private:
   CheckpointPolicy policy_;
