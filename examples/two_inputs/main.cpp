@@ -89,7 +89,11 @@ struct ConvPoolNormReluImpl : torch::nn::Module {
     }
     torch::Tensor pooled;
     if (kernels::conv3x3_max_pool2x2_takes(maps, conv->weight, conv->bias, dtype)) {
-      pooled = kernels::conv3x3_max_pool2x2(maps, conv->weight, conv->bias, dtype);
+      // On AMX's tiles where the CPU lends them (bf16): the conv the fused evaluation above runs.
+      const bool amx = kernels::conv3x3_max_pool2x2_runs_on_amx(maps.size(1), conv->weight.size(0), dtype);
+      pooled = kernels::conv3x3_max_pool2x2(
+          maps, conv->weight, conv->bias, dtype, kernels::cpu_capability(),
+          amx ? kernels::WideConvForward::amx : kernels::WideConvForward::winograd);
     } else {
       const torch::Tensor convolved = conv->forward(maps);
       pooled = kernels::max_pool2x2_takes(convolved) ? kernels::max_pool2x2(convolved)

@@ -173,8 +173,8 @@ FASTTRAIN_AVX512_BF16_CODE void store_bf16(__m512 values, uint16_t* out) {
 }
 
 // 16 channels' max(0, (x - mean) * scale + shift) from `first_channel`, computed, rounded to bf16 and stored
-// as batch_norm_relu's kernel computes, rounds and stores them (at::vec's maximum keeps a NaN; c10's
-// rounding, a NaN written as 0x7FC0), so that the epilogue's maps are its bit for bit.
+// as batch_norm_relu's kernel computes, rounds and stores them (at::vec's maximum gives a NaN where y is one;
+// c10's rounding, a NaN written as 0x7FC0), so that the epilogue's maps are its bit for bit.
 FASTTRAIN_AVX512_CODE void store_batch_norm_relu(__m512 x, const BatchNormReluEpilogue& norm,
                                                  int64_t first_channel, uint16_t* out) {
   const __m512 centred = _mm512_sub_ps(x, _mm512_loadu_ps(norm.mean + first_channel));

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <set>
 #include <vector>
 
 #include "cpu/bodies.h"
@@ -132,11 +133,21 @@ void muon_matrix_step(const torch::Tensor& param, const torch::Tensor& grad, con
 }
 
 void muon_matrix_steps(const std::vector<MuonMatrixUpdate>& updates, CpuCapability capability) {
-  for (const MuonMatrixUpdate& u : updates) {  // refused here, on the calling thread, before any changes
+  // Everything muon_matrix_step refuses is refused here, on the calling thread, before any matrix changes.
+  detail::check_runnable(capability, "muon_matrix_steps");
+  std::set<const void*> written;  // two updates writing one tensor would race on the two threads
+  for (const MuonMatrixUpdate& u : updates) {
     FT_CHECK(muon_matrix_step_takes(u.param, u.grad, u.buffer),
              "muon_matrix_steps: a matrix muon_matrix_step does not take: {} {}",
              u.param.defined() ? u.param.sizes() : c10::IntArrayRef{},
              u.param.defined() ? c10::toString(u.param.scalar_type()) : "none");
+    FT_CHECK(u.step.steps >= 0, "muon_matrix_steps: steps must be >= 0, got {} for the matrix {}",
+             u.step.steps, u.param.sizes());
+    for (const torch::Tensor* t : {&u.param, &u.buffer}) {
+      FT_CHECK(written.insert(t->data_ptr()).second,
+               "muon_matrix_steps: the matrix {} shares its parameter or buffer with another update",
+               u.param.sizes());
+    }
   }
   std::vector<size_t> largest_first(updates.size());
   std::iota(largest_first.begin(), largest_first.end(), size_t{0});

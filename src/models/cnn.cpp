@@ -205,10 +205,11 @@ class Cnn : public torch::nn::Module {
  private:
   // An evaluation's features: each stage's conv, max-pool, BatchNorm and ReLU in one pass where the fused
   // kernel runs them (the BatchNorm's maps written as the conv pools, no winners' bytes kept), else the
-  // stages' modules. The Stage's own forward where block hooks run around its modules (ZeRO-3 gathers the
-  // weights).
+  // stages' modules. The Stage's own forward where gradients are recorded (its checkpointing then applies) or
+  // block hooks run around its modules (ZeRO-3 gathers the weights).
   torch::Tensor evaluation_features(const torch::Tensor& images) {
-    if (evaluation_stages_.empty() || features_->has_block_hooks()) return features_->forward(images);
+    if (evaluation_stages_.empty() || torch::GradMode::is_enabled() || features_->has_block_hooks())
+      return features_->forward(images);
     torch::Tensor maps = images;
     for (auto& [conv, norm] : evaluation_stages_) {
       std::optional<torch::Tensor> normalised = conv->forward_normalised(maps, *norm);

@@ -262,7 +262,7 @@ TEST(CpuConvMaxPool, AmxKernelsMatchDoubleOverTasksOfSeveralImages) {
 // in the images declines it; asked for a gradient, it does not take the conv.
 TEST(CpuConvMaxPool, AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitForBit) {
   if (!amx_conv_runs_here() || kernels::cpu_capability() != kernels::CpuCapability::avx512)
-    GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the AMX forward never runs";
+    GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles (or runs below avx512): the fused kernel never runs";
   torch::NoGradGuard no_grad;
   torch::manual_seed(15);
   for (const Case& c : {Case{4, 1, 28, 28, 16, false}, Case{3, 16, 14, 14, 32, false},

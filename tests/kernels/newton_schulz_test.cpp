@@ -236,13 +236,22 @@ TEST(CpuNewtonSchulz, MuonMatrixStepsGiveEachMatrixsOwnStep) {
     EXPECT_TRUE(torch::equal(updates[i].buffer, want_buffers[i]));
     EXPECT_FALSE(torch::equal(updates[i].param, before[i]));
   }
-  // One matrix it does not take: an error naming it, and no matrix changed.
+  // One matrix it does not take, negative steps, two updates of one buffer: an error naming the matrix, and
+  // no matrix changed.
+  const torch::Tensor untouched = updates[0].param.clone();
   auto refused = updates;
   refused[2].buffer = refused[2].buffer.to(torch::kDouble);
-  const torch::Tensor untouched = refused[0].param.clone();
   EXPECT_TRUE(testing::contains_all(testing::error_message([&] { kernels::muon_matrix_steps(refused); }),
                                     {"muon_matrix_steps", "[10, 256]"}));
-  EXPECT_TRUE(torch::equal(refused[0].param, untouched));
+  refused = updates;
+  refused[3].step.steps = -1;
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] { kernels::muon_matrix_steps(refused); }),
+                                    {"muon_matrix_steps", "steps", "-1", "[40, 7]"}));
+  refused = updates;
+  refused.push_back(refused[3]);  // its parameter and buffer again
+  EXPECT_TRUE(testing::contains_all(testing::error_message([&] { kernels::muon_matrix_steps(refused); }),
+                                    {"muon_matrix_steps", "shares", "[40, 7]"}));
+  EXPECT_TRUE(torch::equal(updates[0].param, untouched));
   at::set_num_threads(saved_threads);
 }
 

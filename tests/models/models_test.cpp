@@ -1,9 +1,15 @@
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <functional>
 #include <iostream>
+#include <limits>
+#include <memory>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "fasttrain/kernels/cpu.h"
 #include "fasttrain/models/registry.h"
@@ -406,19 +412,40 @@ TEST(Models, CnnOwnAmxConvMatchesOneDnnsStepInBf16) {
   EXPECT_FALSE(runs_aten_conv({}, false));  // fp32: Winograd's forward, the winners' backward
 }
 
+// Calls on this thread of the RecordFunction `name` while `body` runs.
+int64_t record_function_calls(const char* name, const std::function<void()>& body) {
+  static thread_local const char* wanted = nullptr;
+  static thread_local int64_t calls = 0;
+  wanted = name;
+  calls = 0;
+  const at::CallbackHandle handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        if (std::string(fn.name()) == wanted) ++calls;
+        return nullptr;
+      }));
+  body();
+  at::removeCallback(handle);
+  return calls;
+}
+
 TEST(Models, CnnEvaluationRunsEachConvStageInOnePassWithTheSameOutputs) {
   // In evaluation, in bf16 on a CPU that lends AMX-BF16 tiles, each stage's conv + max-pool and its BatchNorm
   // + ReLU run as one kernel (the BatchNorm in the AMX forward's epilogue); model.aten_kernels =
   // ["conv_batch_norm_relu"] runs them as two. Training is not touched, and the evaluation's output is the
-  // same bit for bit, after two steps have moved the running statistics. The kernel's reference test:
+  // same bit for bit, after two steps have moved the running statistics, and where a NaN image sends the
+  // stages to the two kernels. The kernel's reference test:
   // CpuConvMaxPool.AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitForBit.
-  if (!kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16)) {
-    GTEST_SKIP() << "this CPU lends no AMX-BF16 tiles: the fused evaluation never runs";
+  if (!kernels::conv3x3_max_pool2x2_runs_on_amx(16, 32, torch::kBFloat16) ||
+      kernels::cpu_capability() != kernels::CpuCapability::avx512) {
+    GTEST_SKIP()
+        << "this CPU lends no AMX-BF16 tiles (or runs below avx512): the fused evaluation never runs";
   }
   const DataShape shape = DataShape::images(1, 14, 14, 10);
   const CnnOptions options = CnnOptions().widths({16, 32}).hidden({32}).batchnorm(true).pool_first(true);
-  // Two training steps, then an evaluation in bf16 autocast (and one in fp32, where the stages run apart).
-  auto evaluations = [&](const CnnOptions& cnn) {
+  constexpr const char* kFused = "fasttrain::conv3x3_max_pool2x2_batch_norm_relu";
+  // Two training steps, then evaluations in bf16 autocast (finite images, and with a NaN) and in fp32; the
+  // fused kernel's calls in each.
+  auto evaluations = [&](const CnnOptions& cnn, std::vector<int64_t>& fused_calls) {
     std::vector<torch::Tensor> result = two_steps_and_an_evaluation(cnn, shape, true);
     torch::manual_seed(5);
     Model model = make_cnn(cnn, shape);
@@ -431,16 +458,32 @@ TEST(Models, CnnEvaluationRunsEachConvStageInOnePassWithTheSameOutputs) {
     model.module().eval();
     torch::NoGradGuard no_grad;
     const auto images = torch::randn({5, 1, 14, 14}).contiguous(torch::MemoryFormat::ChannelsLast);
-    for (bool bf16 : {true, false}) {
-      AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
-      result.push_back(forward(model, images));
+    torch::Tensor with_nan = images.clone();
+    with_nan.index_put_({3, 0, 5, 7}, std::numeric_limits<float>::quiet_NaN());
+    for (const auto& [batch, bf16] :
+         {std::pair{images, true}, std::pair{with_nan, true}, std::pair{images, false}}) {
+      fused_calls.push_back(record_function_calls(kFused, [&, bf16 = bf16, batch = batch] {
+        AutocastGuard autocast(torch::kCPU, torch::kBFloat16, bf16);
+        result.push_back(forward(model, batch));
+      }));
     }
     return result;
   };
-  const auto fused = evaluations(options);
-  const auto apart = evaluations(CnnOptions(options).aten_kernels({"conv_batch_norm_relu"}));
+  std::vector<int64_t> on_calls, off_calls;
+  const auto fused = evaluations(options, on_calls);
+  const auto apart = evaluations(CnnOptions(options).aten_kernels({"conv_batch_norm_relu"}), off_calls);
+  // Both stages fused on finite images; on the NaN image both ask the kernel, which declines (the NaN passes
+  // through the first stage's ReLU into the second's images) and the two kernels run instead.
+  EXPECT_EQ(on_calls[0], 2);
+  EXPECT_EQ(on_calls[1], 2);
+  EXPECT_EQ(on_calls[2], 0);  // fp32: no AMX conv
+  EXPECT_EQ(off_calls, (std::vector<int64_t>{0, 0, 0}));
   ASSERT_EQ(fused.size(), apart.size());
-  for (size_t i = 0; i < fused.size(); ++i) EXPECT_TRUE(torch::equal(fused[i], apart[i])) << "tensor " << i;
+  for (size_t i = 0; i < fused.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(fused[i], apart[i], 0, 0, /*equal_nan=*/true)) << "tensor " << i;
+  }
+  EXPECT_TRUE(fused.back().isfinite().all().item<bool>());
+  EXPECT_FALSE(fused[fused.size() - 2].isfinite().all().item<bool>());
 }
 
 TEST(Models, ConvsBeforeBatchNormHaveNoBias) {

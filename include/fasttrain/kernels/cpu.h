@@ -374,7 +374,8 @@ struct MuonMatrixUpdate {
 // muon_matrix_step of each, the matrices taken in turn by the intra-op pool's threads, largest first (each
 // matrix's step runs on one thread: a small matrix's is well under a millisecond, and a step's few matrices
 // would otherwise run one after another while the other threads wait). Every one must be taken
-// (muon_matrix_step_takes); the updates are those of muon_matrix_step on each in turn.
+// (muon_matrix_step_takes, steps >= 0) and no two may share a parameter or buffer: otherwise an error names
+// the matrix before any changes. The updates are those of muon_matrix_step on each in turn.
 void muon_matrix_steps(const std::vector<MuonMatrixUpdate>& updates,
                        CpuCapability capability = cpu_capability());
 
