@@ -17,7 +17,7 @@ namespace fasttrain::kernels::detail {
 bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
 
 // An evaluation's BatchNorm with running statistics and the ReLU after it, per output channel fp32 [Cout]
-// each: y = max(0, (x - mean) * scale + shift), batch_norm_relu's terms (batch_norm_relu_inference_terms).
+// each: y = max(0, (x - mean) * scale + shift), batch_norm_relu's terms (batch_norm_relu_running_terms).
 struct BatchNormReluEpilogue {
   const float* mean = nullptr;
   const float* scale = nullptr;

@@ -20,21 +20,11 @@ detail::BatchNormReluKernels batch_norm_relu_bodies(CpuCapability capability) {
   return FASTTRAIN_BODIES_FOR(batch_norm_relu_kernels, capability);
 }
 
-// The per-channel values both directions read, fp32 [4, C] in one allocation.
-struct ChannelTerms {
-  torch::Tensor all;  // rows: mean, invstd, scale (weight * invstd), shift (the bias)
-  float* row(int64_t i) { return all.data_ptr<float>() + i * all.size(1); }
-  float* mean() { return row(0); }
-  float* invstd() { return row(1); }
-  float* scale() { return row(2); }
-  float* shift() { return row(3); }
-};
-
 // The terms of a batch's or the running mean and variance (double [C] each).
-ChannelTerms channel_terms(const std::vector<double>& mean, const std::vector<double>& variance,
-                           const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
+detail::ChannelTerms channel_terms(const std::vector<double>& mean, const std::vector<double>& variance,
+                                   const torch::Tensor& weight, const torch::Tensor& bias, double eps) {
   const int64_t channels = static_cast<int64_t>(mean.size());
-  ChannelTerms terms{torch::empty({4, channels}, torch::kFloat)};
+  detail::ChannelTerms terms{torch::empty({4, channels}, torch::kFloat)};
   const float* w = weight.data_ptr<float>();
   const float* b = bias.data_ptr<float>();
   for (int64_t c = 0; c < channels; ++c) {
@@ -61,7 +51,7 @@ detail::BatchNormReluMaps describe(const torch::Tensor& x) {
   return m;
 }
 
-detail::BatchNormReluMaps describe(const torch::Tensor& x, ChannelTerms& terms) {
+detail::BatchNormReluMaps describe(const torch::Tensor& x, detail::ChannelTerms& terms) {
   detail::BatchNormReluMaps m = describe(x);
   m.mean = terms.mean();
   m.scale = terms.scale();
@@ -133,7 +123,7 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
                                const torch::Tensor& running_mean, const torch::Tensor& running_var,
                                bool training, double momentum, double eps, int64_t capability) {
     const auto kernels = batch_norm_relu_bodies(static_cast<CpuCapability>(capability));
-    ChannelTerms terms;
+    detail::ChannelTerms terms;
     if (training) {
       std::vector<double> mean(x.size(1)), variance(x.size(1));
       const detail::BatchNormReluMaps statistics_maps = describe(x);
@@ -159,7 +149,7 @@ class BatchNormReluFunction : public torch::autograd::Function<BatchNormReluFunc
     detail::check_first_order("batch_norm_relu");
     const auto saved = ctx->get_saved_variables();
     const torch::Tensor& x = saved[0];
-    ChannelTerms terms{saved[1]};
+    detail::ChannelTerms terms{saved[1]};
     const auto kernels =
         batch_norm_relu_bodies(static_cast<CpuCapability>(ctx->saved_data["capability"].toInt()));
     const torch::Tensor grad_y = grads[0].to(x.scalar_type()).contiguous(kChannelsLast);
@@ -214,10 +204,10 @@ bool channel_vector(const torch::Tensor& t, int64_t channels) {
          t.size(0) == channels && t.is_contiguous();
 }
 
-torch::Tensor batch_norm_relu_running_terms(const torch::Tensor& weight, const torch::Tensor& bias,
-                                            const torch::Tensor& running_mean,
-                                            const torch::Tensor& running_var, double eps) {
-  return channel_terms(as_doubles(running_mean), as_doubles(running_var), weight, bias, eps).all;
+ChannelTerms batch_norm_relu_running_terms(const torch::Tensor& weight, const torch::Tensor& bias,
+                                           const torch::Tensor& running_mean,
+                                           const torch::Tensor& running_var, double eps) {
+  return channel_terms(as_doubles(running_mean), as_doubles(running_var), weight, bias, eps);
 }
 
 }  // namespace detail

@@ -10,11 +10,21 @@ namespace fasttrain::kernels::detail {
 // contiguous, on the CPU.
 bool channel_vector(const torch::Tensor& t, int64_t channels);
 
-// fp32 [4, C], rows mean, invstd, scale (weight * invstd) and shift (the bias), for y = max(0, (x - mean) *
-// scale + shift), from BatchNorm2d's running statistics, weight and bias (fp32 [C] each) and eps: the terms
-// batch_norm_relu evaluates with.
-torch::Tensor batch_norm_relu_running_terms(const torch::Tensor& weight, const torch::Tensor& bias,
-                                            const torch::Tensor& running_mean,
-                                            const torch::Tensor& running_var, double eps);
+// The per-channel values both directions of batch_norm_relu read, for y = max(0, (x - mean) * scale + shift),
+// fp32 [4, C] in one allocation.
+struct ChannelTerms {
+  torch::Tensor all;  // rows: mean, invstd, scale (weight * invstd), shift (the bias)
+  float* row(int64_t i) { return all.data_ptr<float>() + i * all.size(1); }
+  float* mean() { return row(0); }
+  float* invstd() { return row(1); }
+  float* scale() { return row(2); }
+  float* shift() { return row(3); }
+};
+
+// The terms batch_norm_relu evaluates with, from BatchNorm2d's running statistics, weight and bias (fp32 [C]
+// each) and eps.
+ChannelTerms batch_norm_relu_running_terms(const torch::Tensor& weight, const torch::Tensor& bias,
+                                           const torch::Tensor& running_mean,
+                                           const torch::Tensor& running_var, double eps);
 
 }  // namespace fasttrain::kernels::detail

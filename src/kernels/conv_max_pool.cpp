@@ -366,12 +366,9 @@ std::optional<torch::Tensor> conv3x3_max_pool2x2_batch_norm_relu(
   // Named in a profile (and in the tests, which count its calls).
   RECORD_FUNCTION("fasttrain::conv3x3_max_pool2x2_batch_norm_relu", std::vector<c10::IValue>());
   torch::NoGradGuard no_grad;
-  const torch::Tensor terms =
+  detail::ChannelTerms terms =
       detail::batch_norm_relu_running_terms(norm_weight, norm_bias, running_mean, running_var, eps);
-  const float* rows = terms.data_ptr<float>();
-  const int64_t channels = terms.size(1);
-  // rows: mean, invstd, scale, shift
-  const detail::BatchNormReluEpilogue epilogue{rows, rows + 2 * channels, rows + 3 * channels};
+  const detail::BatchNormReluEpilogue epilogue{terms.mean(), terms.scale(), terms.shift()};
   std::optional<detail::Pooled> pooled = detail::amx_conv_max_pool(input, weight, bias, &epilogue);
   if (!pooled) return std::nullopt;
   return pooled->output;
