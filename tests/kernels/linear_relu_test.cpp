@@ -88,6 +88,40 @@ TEST(LinearRelu, GivesTheWeightGradientsAloneWhereXTakesNone) {
   EXPECT_TRUE(torch::equal(bias.grad().to(torch::kDouble), dz.sum(0)));
 }
 
+// A NaN in y's gradient passes where the ReLU passes it (its row of x's gradient and its output's row of the
+// weight's turn NaN, as ATen's dense backward gives them) and stops where the ReLU stops it; the sparse path
+// sees it in the survivors' mask (NaN != 0) as the dense path's threshold_backward does.
+TEST(LinearRelu, PassesANaNGradientWhereTheReluPassesIt) {
+  torch::manual_seed(3);
+  const auto x = eighths({12, 40}, 8), weight = eighths({6, 40}, 2), bias = eighths({6}, 8) - 1;
+  const auto z = x.mm(weight.t()) + bias;
+  const auto passed = (z > 0).nonzero(), stopped = (z <= 0).nonzero();
+  ASSERT_GT(passed.size(0), 0);
+  ASSERT_GT(stopped.size(0), 0);
+  auto weights = torch::randint(-4, 5, {12, 6}).to(torch::kDouble);
+  const int64_t row = passed[0][0].item<int64_t>(), output = passed[0][1].item<int64_t>();
+  weights[row][output] = std::nan("");
+  weights[stopped[0][0].item<int64_t>()][stopped[0][1].item<int64_t>()] = std::nan("");
+  const auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return torch::equal(a.isnan(), b.isnan()) && torch::equal(a.nan_to_num(0), b.nan_to_num(0));
+  };
+  const LayerGradients aten = layer_gradients(x, weight, bias, weights, false, [](auto& a, auto& w, auto& b) {
+    return torch::linear(a, w, b).relu();
+  });
+  for (const double sparse_up_to : {0.0, 1.0}) {
+    SCOPED_TRACE(::testing::Message() << "sparse up to " << sparse_up_to);
+    const LayerGradients own =
+        layer_gradients(x, weight, bias, weights, false, [&](auto& a, auto& w, auto& b) {
+          return kernels::linear_relu(a, w, b, kernels::cpu_capability(), sparse_up_to);
+        });
+    EXPECT_TRUE(own.grad_x[row].isnan().all().item<bool>());
+    EXPECT_EQ(own.grad_x.isnan().sum().item<int64_t>(), x.size(1)) << "only the NaN's row";
+    EXPECT_TRUE(same(own.grad_x, aten.grad_x)) << "grad x";
+    EXPECT_TRUE(same(own.grad_weight, aten.grad_weight)) << "grad weight";
+    EXPECT_TRUE(same(own.grad_bias, aten.grad_bias)) << "grad bias";
+  }
+}
+
 TEST(LinearRelu, RefusesASecondDerivativeByName) {
   auto x = torch::randn({4, 8}).requires_grad_(true);
   const auto y = kernels::linear_relu(x, torch::randn({3, 8}), torch::randn({3}));
