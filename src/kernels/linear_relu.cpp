@@ -19,24 +19,25 @@ namespace {
 // 64 under AVX512), so that only the last task has a shorter run.
 constexpr int64_t kInputsPerTask = 128;
 
-// Whether dz = dy where y > 0 is nonzero at each element of [M, N] (1 or 0), written without branches: the
-// ReLU's survivors fall at random, and a branch per element mispredicted on a good share of them (this
-// serial pass was 2% of the main job's step on an AVX2 EPYC while the other thread waited).
+// Whether dz = dy where the ReLU passes it is nonzero at each element of [M, N] (1 or 0), written without
+// branches: the ReLU's survivors fall at random, and a branch per element mispredicted on a good share of
+// them (this serial pass was 2% of the main job's step on an AVX2 EPYC while the other thread waited). The
+// ReLU passes dy where y is not <= 0, a NaN y included, as ATen's threshold_backward (the dense path) does.
 struct ReluMask {
   std::vector<uint8_t> survives;
-  int64_t nonzeros = 0;
+  int64_t nonzeros = 0;  // what decides between the sparse sums and the dense matmuls
 
   ReluMask(const torch::Tensor& y, const torch::Tensor& grad_y) : survives(static_cast<size_t>(y.numel())) {
     const float* ys = y.data_ptr<float>();
     const float* dys = grad_y.data_ptr<float>();
-    for (size_t at = 0; at < survives.size(); ++at) survives[at] = (ys[at] > 0.f) & (dys[at] != 0.f);
+    for (size_t at = 0; at < survives.size(); ++at) survives[at] = !(ys[at] <= 0.f) & (dys[at] != 0.f);
     for (const uint8_t s : survives) nonzeros += s;
   }
 };
 
 // dz's nonzeros by row and by output (detail::LinearReluMaps): one pass lists each row's and counts each
 // output's, a second places them by output. Each element is written at the list's end and the end moves on
-// only where it survives: no branch on the mask.
+// only where it survives: no branch on the mask (see ReluMask).
 struct ReluSurvivors {
   std::vector<int64_t> by_output, by_row;
   std::vector<int32_t> output_rows, row_outputs;
@@ -47,8 +48,8 @@ struct ReluSurvivors {
     const float* dys = grad_y.data_ptr<float>();
     by_output.assign(outputs + 1, 0);
     by_row.assign(rows + 1, 0);
-    row_outputs.resize(nonzeros +
-                       1);  // one past: each element is written before the mask says whether it counts
+    // One past the last: each element is written before its mask byte says whether the list keeps it.
+    row_outputs.resize(nonzeros + 1);
     row_values.resize(nonzeros + 1);
     int64_t listed = 0;
     for (int64_t r = 0; r < rows; ++r) {

@@ -88,10 +88,36 @@ TEST(LinearRelu, GivesTheWeightGradientsAloneWhereXTakesNone) {
   EXPECT_TRUE(torch::equal(bias.grad().to(torch::kDouble), dz.sum(0)));
 }
 
+// NaN and empty cases by the sparse path and the dense one, each against ATen's linear + relu: NaNs equal
+// where ATen's are, every other value equal.
+class LinearReluEdges : public ::testing::Test {
+ protected:
+  static bool same(const torch::Tensor& a, const torch::Tensor& b) {
+    return torch::equal(a.isnan(), b.isnan()) && torch::equal(a.nan_to_num(0), b.nan_to_num(0));
+  }
+
+  static void expect_atens(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                           const torch::Tensor& weights) {
+    const LayerGradients aten =
+        layer_gradients(x, weight, bias, weights, false,
+                        [](auto& a, auto& w, auto& b) { return torch::linear(a, w, b).relu(); });
+    for (const double sparse_up_to : {0.0, 1.0}) {
+      SCOPED_TRACE(::testing::Message() << "sparse up to " << sparse_up_to);
+      const LayerGradients own =
+          layer_gradients(x, weight, bias, weights, false, [&](auto& a, auto& w, auto& b) {
+            return kernels::linear_relu(a, w, b, kernels::cpu_capability(), sparse_up_to);
+          });
+      EXPECT_TRUE(same(own.y, aten.y)) << "y";
+      EXPECT_TRUE(same(own.grad_x, aten.grad_x)) << "grad x";
+      EXPECT_TRUE(same(own.grad_weight, aten.grad_weight)) << "grad weight";
+      EXPECT_TRUE(same(own.grad_bias, aten.grad_bias)) << "grad bias";
+    }
+  }
+};
+
 // A NaN in y's gradient passes where the ReLU passes it (its row of x's gradient and its output's row of the
-// weight's turn NaN, as ATen's dense backward gives them) and stops where the ReLU stops it; the sparse path
-// sees it in the survivors' mask (NaN != 0) as the dense path's threshold_backward does.
-TEST(LinearRelu, PassesANaNGradientWhereTheReluPassesIt) {
+// weight's turn NaN) and stops where the ReLU stops it; the sparse path's mask keeps it (NaN != 0).
+TEST_F(LinearReluEdges, ANaNGradientPassesWhereTheReluPassesIt) {
   torch::manual_seed(3);
   const auto x = eighths({12, 40}, 8), weight = eighths({6, 40}, 2), bias = eighths({6}, 8) - 1;
   const auto z = x.mm(weight.t()) + bias;
@@ -102,24 +128,37 @@ TEST(LinearRelu, PassesANaNGradientWhereTheReluPassesIt) {
   const int64_t row = passed[0][0].item<int64_t>(), output = passed[0][1].item<int64_t>();
   weights[row][output] = std::nan("");
   weights[stopped[0][0].item<int64_t>()][stopped[0][1].item<int64_t>()] = std::nan("");
-  const auto same = [](const torch::Tensor& a, const torch::Tensor& b) {
-    return torch::equal(a.isnan(), b.isnan()) && torch::equal(a.nan_to_num(0), b.nan_to_num(0));
-  };
-  const LayerGradients aten = layer_gradients(x, weight, bias, weights, false, [](auto& a, auto& w, auto& b) {
-    return torch::linear(a, w, b).relu();
+  expect_atens(x, weight, bias, weights);
+  const LayerGradients own = layer_gradients(x, weight, bias, weights, false, [](auto& a, auto& w, auto& b) {
+    return kernels::linear_relu(a, w, b, kernels::cpu_capability(), 1.0);
   });
-  for (const double sparse_up_to : {0.0, 1.0}) {
-    SCOPED_TRACE(::testing::Message() << "sparse up to " << sparse_up_to);
-    const LayerGradients own =
-        layer_gradients(x, weight, bias, weights, false, [&](auto& a, auto& w, auto& b) {
-          return kernels::linear_relu(a, w, b, kernels::cpu_capability(), sparse_up_to);
-        });
-    EXPECT_TRUE(own.grad_x[row].isnan().all().item<bool>());
-    EXPECT_EQ(own.grad_x.isnan().sum().item<int64_t>(), x.size(1)) << "only the NaN's row";
-    EXPECT_TRUE(same(own.grad_x, aten.grad_x)) << "grad x";
-    EXPECT_TRUE(same(own.grad_weight, aten.grad_weight)) << "grad weight";
-    EXPECT_TRUE(same(own.grad_bias, aten.grad_bias)) << "grad bias";
-  }
+  EXPECT_TRUE(own.grad_x[row].isnan().all().item<bool>());
+  EXPECT_EQ(own.grad_x.isnan().sum().item<int64_t>(), x.size(1)) << "only the NaN's row";
+}
+
+// A NaN in x makes its row of y NaN, which the ReLU passes (relu(NaN) is NaN, and ATen's backward passes dy
+// where y is not <= 0): dy reaches x's gradient there, and the weight's gradient takes the NaN.
+TEST_F(LinearReluEdges, ANaNOutputPassesItsGradientAsATensReluDoes) {
+  torch::manual_seed(4);
+  auto x = eighths({12, 40}, 8);
+  x[5][7] = std::nan("");
+  expect_atens(x, eighths({6, 40}, 2), eighths({6}, 8) - 1, torch::randint(1, 5, {12, 6}).to(torch::kDouble));
+}
+
+// Nothing passes the ReLU (every output below zero), or every gradient is zero: the sparse path's lists are
+// empty and every gradient is zero.
+TEST_F(LinearReluEdges, NoSurvivorsGiveZeroGradients) {
+  torch::manual_seed(5);
+  const auto x = eighths({9, 30}, 8), weight = eighths({5, 30}, 2);
+  const auto weights = torch::randint(-4, 5, {9, 5}).to(torch::kDouble);
+  expect_atens(x, weight, torch::full({5}, -1000.f), weights);
+  expect_atens(x, weight, eighths({5}, 8), torch::zeros({9, 5}, torch::kDouble));
+  const LayerGradients own =
+      layer_gradients(x, weight, torch::full({5}, -1000.f), weights, false, [](auto& a, auto& w, auto& b) {
+        return kernels::linear_relu(a, w, b, kernels::cpu_capability(), 1.0);
+      });
+  EXPECT_EQ(own.grad_x.count_nonzero().item<int64_t>(), 0);
+  EXPECT_EQ(own.grad_weight.count_nonzero().item<int64_t>(), 0);
 }
 
 TEST(LinearRelu, RefusesASecondDerivativeByName) {
