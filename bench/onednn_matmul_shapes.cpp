@@ -1,10 +1,7 @@
 // The gpt's Linear shapes through MKL (ATen's linear and mm) and through oneDNN's fp32 matmul
 // (at::native::mkldnn_matmul), GF/s at 2 threads: what kernels::linear's choices rest on (BENCHMARKS.md "Own
-// CPU kernels, tenth part"). Not built by CMake; against the pinned wheel's LibTorch:
-//   T=.venv/lib/python3.11/site-packages/torch; g++ -O2 -std=c++17 bench/onednn_matmul_shapes.cpp
-//   -I$T/include \
-//     -I$T/include/torch/csrc/api/include -L$T/lib -ltorch -ltorch_cpu -lc10 -Wl,-rpath,$T/lib -o /tmp/mmb &&
-//     /tmp/mmb
+// CPU kernels, tenth part"). Built with the other benchmarks (bench/CMakeLists.txt):
+// build/bin/onednn_matmul_shapes.
 #include <torch/torch.h>
 
 #include <chrono>

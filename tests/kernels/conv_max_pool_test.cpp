@@ -101,7 +101,9 @@ void expect_matches_double(const ConvMaxPoolInputs& in, torch::ScalarType dtype,
   EXPECT_TRUE(close("y", got.y, want.y, 0, 0));
   EXPECT_TRUE(close("grad_weight", got.grad_weight, want.grad_weight, 0, 0));
   EXPECT_EQ(got.grad_weight.scalar_type(), torch::kFloat);
-  if (in.bias.defined()) EXPECT_TRUE(close("grad_bias", got.grad_bias, want.grad_bias, 0, 0));
+  if (in.bias.defined()) {
+    EXPECT_TRUE(close("grad_bias", got.grad_bias, want.grad_bias, 0, 0));
+  }
   // The input's gradient (ATen's transposed conv over few channels, the winners' sums over more) in `dtype`,
   // returned in the images' dtype: bf16 in either rounds its sums.
   EXPECT_EQ(got.grad_images.scalar_type(), images_dtype);

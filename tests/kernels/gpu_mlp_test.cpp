@@ -124,7 +124,9 @@ TEST(GpuMlp, MatchesATenInValuesAndGradients_CUDA) {
         ASSERT_EQ(mine.y.scalar_type(), with_residual ? *residual_dtype : torch::kBFloat16) << what;
         ASSERT_EQ(mine.x.scalar_type(), x_dtype) << what;
         ASSERT_EQ(mine.fc_weight.scalar_type(), torch::kFloat) << what;
-        if (with_residual) ASSERT_EQ(mine.residual.scalar_type(), *residual_dtype) << what;
+        if (with_residual) {
+          ASSERT_EQ(mine.residual.scalar_type(), *residual_dtype) << what;
+        }
         // bf16's 8 bits in the inputs, the pre-activation and the activation: ATen's bf16 run is as far off.
         expect_all_close(aten, want, 3e-2, what + " (ATen bf16 against fp64)");
         expect_all_close(mine, want, 3e-2, what + " (gpu_mlp against fp64)");

@@ -83,7 +83,9 @@ TEST(CpuLinear, MatchesTheSumInDoubleInValuesAndGradients) {
                     1e-4 * want.grad_bias.abs().max().item<double>());
         }
         // The residual's gradient is grad_y itself: the loss's fp64 weights rounded to fp32.
-        if (with_residual) EXPECT_TRUE(torch::equal(got.grad_residual, want.grad_residual.to(torch::kFloat)));
+        if (with_residual) {
+          EXPECT_TRUE(torch::equal(got.grad_residual, want.grad_residual.to(torch::kFloat)));
+        }
       }
     }
   }
@@ -147,7 +149,9 @@ TEST(CpuLinear, TakesOnlyWhatItComputesAndRefusesByName) {
   });
   EXPECT_TRUE(testing::contains_all(message, {"linear takes", "x [4, 8] Float", "residual [4, 4] Float"}))
       << message;
-  if (onednn_fp32_here()) EXPECT_TRUE(kernels::linear_takes(x, weight, bias, residual));
+  if (onednn_fp32_here()) {
+    EXPECT_TRUE(kernels::linear_takes(x, weight, bias, residual));
+  }
 }
 
 }  // namespace
