@@ -62,7 +62,9 @@ TEST(NarrowLinear, AgreesWithAutocastsLinear) {
       x, weight, bias, weights, true, [](auto& a, auto& w, auto& b) { return torch::linear(a, w, b); });
   expect_close(own.y, aten.y.to(torch::kDouble), 1.0 / 64, "y");
   expect_close(own.grad_x, aten.grad_x.to(torch::kDouble), 1.0 / 64, "grad x");
-  expect_close(own.grad_weight, aten.grad_weight.to(torch::kDouble), 1.0 / 64, "grad weight");
+  // LibTorch 1.13's bf16 linear on a CPU without native bf16 (an AVX2-only EPYC) gave a weight gradient 2.1%
+  // of the largest value from this kernel's, which the test above holds to fp64's sums.
+  expect_close(own.grad_weight, aten.grad_weight.to(torch::kDouble), 1.0 / 32, "grad weight");
   expect_close(own.grad_bias, aten.grad_bias.to(torch::kDouble), 1.0 / 64, "grad bias");
 }
 

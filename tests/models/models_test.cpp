@@ -194,14 +194,21 @@ std::vector<torch::Tensor> two_steps_and_an_evaluation(const CnnOptions& options
   return result;
 }
 
-// Each of `own`'s tensors equal to `aten`'s to fp32's rounding (bf16's where `bf16`).
+// Each of `own`'s tensors equal to `aten`'s to fp32's rounding, element by element; in bf16 within 4% of the
+// tensor's largest value, not of each element's: LibTorch 1.13's bf16 conv on a CPU without native bf16 (an
+// AVX2-only EPYC) gave a conv weight's gradient 0.117 from fasttrain's where its largest value was 5.02 (its
+// sums rounded in bf16 along the way; 2.11's agree with fasttrain's to bf16's rounding). The kernels' own
+// tests hold them to fp64's sums.
 void expect_close_to_rounding(const std::vector<torch::Tensor>& own, const std::vector<torch::Tensor>& aten,
                               bool bf16) {
   ASSERT_EQ(own.size(), aten.size());
-  const double tolerance = bf16 ? 2e-2 : 1e-4;
   for (size_t i = 0; i < own.size(); ++i) {
-    EXPECT_TRUE(torch::allclose(own[i].to(torch::kFloat), aten[i].to(torch::kFloat), tolerance, tolerance))
-        << "tensor " << i << ": " << (own[i] - aten[i]).abs().max().item<double>();
+    const torch::Tensor got = own[i].to(torch::kFloat), want = aten[i].to(torch::kFloat);
+    const double difference = (got - want).abs().max().item<double>();
+    const double largest = want.abs().max().item<double>();
+    const bool close = bf16 ? difference <= 4e-2 * largest + 1e-2 : torch::allclose(got, want, 1e-4, 1e-4);
+    EXPECT_TRUE(close) << "tensor " << i << ": max |difference| " << difference << " of max |value| "
+                       << largest;
   }
 }
 
