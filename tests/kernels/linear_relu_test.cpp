@@ -93,7 +93,7 @@ TEST(LinearRelu, GivesTheWeightGradientsAloneWhereXTakesNone) {
 class LinearReluEdges : public ::testing::Test {
  protected:
   static bool same(const torch::Tensor& a, const torch::Tensor& b) {
-    return torch::equal(a.isnan(), b.isnan()) && torch::equal(a.nan_to_num(0), b.nan_to_num(0));
+    return torch::allclose(a, b, /*rtol=*/0, /*atol=*/0, /*equal_nan=*/true);
   }
 
   static void expect_atens(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
