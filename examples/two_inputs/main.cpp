@@ -78,13 +78,14 @@ struct ConvPoolNormReluImpl : torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& maps) {  // [B, C_in, H, W] -> [B, C, H / 2, W / 2]
     namespace kernels = fasttrain::kernels;
     const torch::ScalarType dtype = kernels::cpu_compute_dtype(maps);
-    // In evaluation in bf16 on AMX's tiles: the conv, its max-pool and the BatchNorm + ReLU in one pass.
+    // In evaluation (fp32, or bf16 on AMX's tiles): the conv, its max-pool and the BatchNorm + ReLU in one
+    // pass.
     if (!is_training() && kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(
                               maps, conv->weight, conv->bias, dtype, norm->weight, norm->bias,
                               norm->running_mean, norm->running_var)) {
       if (std::optional<torch::Tensor> normalised = kernels::conv3x3_max_pool2x2_batch_norm_relu(
-              maps, conv->weight, conv->bias, norm->weight, norm->bias, norm->running_mean, norm->running_var,
-              norm->options.eps()))
+              maps, conv->weight, conv->bias, dtype, norm->weight, norm->bias, norm->running_mean,
+              norm->running_var, norm->options.eps()))
         return *normalised;  // nullopt: a NaN or an infinity in the maps; the two kernels below then run
     }
     torch::Tensor pooled;

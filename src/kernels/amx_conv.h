@@ -6,6 +6,7 @@
 
 #include <optional>
 
+#include "cpu/conv_max_pool_kernel.h"  // BatchNormReluEpilogue
 #include "max_pool.h"
 
 namespace fasttrain::kernels::detail {
@@ -15,14 +16,6 @@ namespace fasttrain::kernels::detail {
 // one channel, or 32 bf16: two taps of 16 channels, or 32 channels of one tap), and a multiple of 16 output
 // channels (a tile's columns).
 bool amx_conv_max_pool_takes(int64_t in_channels, int64_t out_channels);
-
-// An evaluation's BatchNorm with running statistics and the ReLU after it, per output channel fp32 [Cout]
-// each: y = max(0, (x - mean) * scale + shift), batch_norm_relu's terms (batch_norm_relu_running_terms).
-struct BatchNormReluEpilogue {
-  const float* mean = nullptr;
-  const float* scale = nullptr;
-  const float* shift = nullptr;
-};
 
 // max_pool2d(conv2d(input, weight, bias, stride 1, padding 1), 2) in bf16 and its argmax bytes
 // (max_pool_kernel.h's: ties to the window's first value, NaN propagates): input channels_last [N, Cin, H, W]

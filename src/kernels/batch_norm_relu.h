@@ -1,7 +1,7 @@
 #pragma once
 // batch_norm_relu's per-channel terms (batch_norm_relu.cpp), for a kernel that runs an evaluation's
-// BatchNorm + ReLU in its own epilogue (the AMX conv's, conv_max_pool.cpp) and must compute what
-// batch_norm_relu computes.
+// BatchNorm + ReLU in its own epilogue (the AMX conv's and the fp32 conv bodies' pool_and_store, through
+// conv_max_pool.cpp) and must compute what batch_norm_relu computes.
 #include <torch/types.h>
 
 namespace fasttrain::kernels::detail {

@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include <array>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -78,18 +79,24 @@ torch::Tensor input_gradient(const torch::Tensor& input, const torch::Tensor& gr
 }
 
 // Runs a forward body over the output rows, each costing `row_cost` multiply-adds: the pooled maps in `dtype`
-// and their argmax bytes. `p` holds the weight as the body reads it.
+// and their argmax bytes, or with `batch_norm` (fp32) the BatchNorm + ReLU's maps of them and no bytes. `p`
+// holds the weight as the body reads it.
 detail::Pooled run_forward(detail::ConvMaxPoolImages p, const torch::Tensor& input, const torch::Tensor& bias,
-                           torch::ScalarType dtype, detail::ConvMaxPoolForward kernel, int64_t row_cost) {
+                           torch::ScalarType dtype, detail::ConvMaxPoolForward kernel, int64_t row_cost,
+                           const detail::BatchNormReluEpilogue* batch_norm) {
+  TORCH_INTERNAL_ASSERT(batch_norm == nullptr || dtype == torch::kFloat,
+                        "conv3x3_max_pool2x2's BatchNorm epilogue runs in fp32 on these bodies");
   const torch::Tensor bias_values = bias.defined() ? rounded_to(bias, dtype).contiguous() : torch::Tensor();
   detail::Pooled pooled;
   pooled.output = torch::empty({p.batch, p.out_channels, p.out_height, p.out_width},
                                input.options().dtype(dtype).memory_format(kChannelsLast));
-  pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
+  if (batch_norm == nullptr)
+    pooled.argmax = torch::empty({pooled.output.numel()}, input.options().dtype(torch::kByte));
   p.input = input.data_ptr();
   p.bias = bias_values.defined() ? bias_values.data_ptr<float>() : nullptr;
   p.output = pooled.output.data_ptr();
-  p.argmax = pooled.argmax.data_ptr<uint8_t>();
+  p.argmax = pooled.argmax.defined() ? pooled.argmax.data_ptr<uint8_t>() : nullptr;
+  p.batch_norm = batch_norm;
   detail::parallel_pieces(0, p.batch * p.out_height, detail::rows_per_task(row_cost),
                           [&](int64_t begin, int64_t end) { kernel(p, begin, end); });
   return pooled;
@@ -99,12 +106,13 @@ detail::Pooled run_forward(detail::ConvMaxPoolImages p, const torch::Tensor& inp
 // from the input patch under it, pooled as they are computed; a row costs 4 x 9 x Cin multiply-adds per
 // output value.
 detail::Pooled direct_forward(const torch::Tensor& input, const torch::Tensor& weight,
-                              const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability) {
+                              const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability,
+                              const detail::BatchNormReluEpilogue* batch_norm = nullptr) {
   detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
   const torch::Tensor taps = taps_of(weight, dtype);
   p.taps = taps.data_ptr<float>();
   return run_forward(p, input, bias, dtype, conv_max_pool_bodies(capability).forward,
-                     p.out_width * p.out_channels * 36 * p.in_channels);
+                     p.out_width * p.out_channels * 36 * p.in_channels, batch_norm);
 }
 
 // Winograd's transform of the weight [Cout, Cin, 3, 3] rounded to `dtype`: U = G g G^T, G = [1 0 0; 1/2 1/2
@@ -124,14 +132,14 @@ torch::Tensor winograd_taps_of(const torch::Tensor& weight, torch::ScalarType dt
 // Over more input channels in Winograd's F(2x2, 3x3): 16 multiply-adds per input and output channel a
 // window where the direct conv takes 36, plus the transforms.
 detail::Pooled winograd_forward(const torch::Tensor& input, const torch::Tensor& weight,
-                                const torch::Tensor& bias, torch::ScalarType dtype,
-                                CpuCapability capability) {
+                                const torch::Tensor& bias, torch::ScalarType dtype, CpuCapability capability,
+                                const detail::BatchNormReluEpilogue* batch_norm = nullptr) {
   detail::ConvMaxPoolImages p = describe(input.sizes(), input.scalar_type(), weight.size(0), dtype);
   const torch::Tensor taps = winograd_taps_of(weight, dtype);
   p.winograd_taps = taps.data_ptr<float>();
   p.winograd_out_channels = taps.size(3);
   return run_forward(p, input, bias, dtype, conv_max_pool_bodies(capability).winograd_forward,
-                     p.out_width * p.winograd_out_channels * 16 * p.in_channels);
+                     p.out_width * p.winograd_out_channels * 16 * p.in_channels, batch_norm);
 }
 
 // More input channels: ATen's conv (oneDNN's GEMM-shaped kernels; a direct conv over 16 channels is slower)
@@ -199,6 +207,11 @@ ParameterGradients direct_parameter_gradients(detail::ConvMaxPoolImages p, CpuCa
 // gradient written by the same pass where `grad_input` is defined.
 ParameterGradients winner_gradients(detail::ConvMaxPoolImages p, const torch::Tensor& weight,
                                     const torch::Tensor& grad_input, CpuCapability capability) {
+  const int64_t padded_image = (p.height + 2) * (p.width + 2) * p.in_channels;
+  FT_CHECK(padded_image <= std::numeric_limits<int32_t>::max(),
+           "conv3x3_max_pool2x2's backward takes images of at most 2^31 values with their zero ring; got "
+           "[{}, {}, {}] per image",
+           p.in_channels, p.height, p.width);
   const int64_t taps = p.in_channels * 9;
   const torch::Tensor weight_rows = rounded_to(weight, compute_dtype(p)).permute({0, 2, 3, 1}).contiguous();
   const detail::RowChunks chunks = detail::row_chunks(p.batch, detail::kPiecesPerThread);
@@ -336,10 +349,10 @@ bool conv3x3_max_pool2x2_batch_norm_relu_takes(const torch::Tensor& input, const
                                                const torch::Tensor& norm_bias,
                                                const torch::Tensor& running_mean,
                                                const torch::Tensor& running_var) {
-  if (!conv3x3_max_pool2x2_takes(input, weight, bias, dtype) ||
-      !conv3x3_max_pool2x2_runs_on_amx(input.size(1), weight.size(0), dtype) ||
-      cpu_capability() != CpuCapability::avx512)
-    return false;
+  if (!conv3x3_max_pool2x2_takes(input, weight, bias, dtype)) return false;
+  const bool on_amx = conv3x3_max_pool2x2_runs_on_amx(input.size(1), weight.size(0), dtype) &&
+                      cpu_capability() == CpuCapability::avx512;
+  if (!on_amx && dtype != torch::kFloat) return false;
   const int64_t channels = weight.size(0);
   for (const torch::Tensor* t : {&norm_weight, &norm_bias, &running_mean, &running_var}) {
     if (!detail::channel_vector(*t, channels)) return false;
@@ -352,26 +365,37 @@ bool conv3x3_max_pool2x2_batch_norm_relu_takes(const torch::Tensor& input, const
 
 std::optional<torch::Tensor> conv3x3_max_pool2x2_batch_norm_relu(
     const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-    const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, const torch::Tensor& running_mean,
-    const torch::Tensor& running_var, double eps) {
-  FT_CHECK(conv3x3_max_pool2x2_batch_norm_relu_takes(input, weight, bias, torch::kBFloat16, norm_weight,
-                                                     norm_bias, running_mean, running_var),
-           "conv3x3_max_pool2x2_batch_norm_relu takes what conv3x3_max_pool2x2 runs on AMX's tiles in bf16 "
-           "(with the avx512 capability) and fp32 [Cout] BatchNorm parameters and statistics, asked for no "
-           "gradient; got images {} {}, weight {}, BatchNorm weight {}",
+    torch::ScalarType dtype, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
+    const torch::Tensor& running_mean, const torch::Tensor& running_var, double eps,
+    CpuCapability capability) {
+  FT_CHECK(conv3x3_max_pool2x2_batch_norm_relu_takes(input, weight, bias, dtype, norm_weight, norm_bias,
+                                                     running_mean, running_var),
+           "conv3x3_max_pool2x2_batch_norm_relu takes what conv3x3_max_pool2x2 takes, in fp32 or (with the "
+           "avx512 capability) on AMX's tiles in bf16, and fp32 [Cout] BatchNorm parameters and statistics, "
+           "asked for no gradient; got images {} {}, weight {}, dtype {}, BatchNorm weight {}",
            input.defined() ? input.sizes() : c10::IntArrayRef{},
            input.defined() ? c10::toString(input.scalar_type()) : "none",
-           weight.defined() ? weight.sizes() : c10::IntArrayRef{},
+           weight.defined() ? weight.sizes() : c10::IntArrayRef{}, c10::toString(dtype),
            norm_weight.defined() ? norm_weight.sizes() : c10::IntArrayRef{});
+  FT_CHECK(dtype == torch::kFloat || capability == CpuCapability::avx512,
+           "conv3x3_max_pool2x2_batch_norm_relu runs bf16 on AMX's tiles with the avx512 capability; got {}",
+           to_string(capability));
+  detail::check_runnable(capability, "conv3x3_max_pool2x2_batch_norm_relu");
   // Named in a profile (and in the tests, which count its calls).
   RECORD_FUNCTION("fasttrain::conv3x3_max_pool2x2_batch_norm_relu", std::vector<c10::IValue>());
   torch::NoGradGuard no_grad;
   detail::ChannelTerms terms =
       detail::batch_norm_relu_running_terms(norm_weight, norm_bias, running_mean, running_var, eps);
   const detail::BatchNormReluEpilogue epilogue{terms.mean(), terms.scale(), terms.shift()};
-  std::optional<detail::Pooled> pooled = detail::amx_conv_max_pool(input, weight, bias, &epilogue);
-  if (!pooled) return std::nullopt;
-  return pooled->output;
+  if (dtype == torch::kBFloat16) {
+    std::optional<detail::Pooled> pooled = detail::amx_conv_max_pool(input, weight, bias, &epilogue);
+    if (!pooled) return std::nullopt;
+    return pooled->output;
+  }
+  const detail::Pooled pooled = runs_direct(input.size(1))
+                                    ? direct_forward(input, weight, bias, dtype, capability, &epilogue)
+                                    : winograd_forward(input, weight, bias, dtype, capability, &epilogue);
+  return pooled.output;
 }
 
 torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tensor& weight,

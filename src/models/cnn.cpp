@@ -68,17 +68,22 @@ class ConvMaxPool2dImpl : public torch::nn::Conv2dImpl {
     return pool_->forward(torch::nn::Conv2dImpl::forward(images));
   }
 
-  // In evaluation, the conv, its max-pool and `norm` (BatchNorm + ReLU) after it in one pass, where the
-  // forward runs on AMX's tiles and asks for no gradient (conv3x3_max_pool2x2_batch_norm_relu); nullopt
-  // elsewhere, and where that kernel declines the values.
+  // In evaluation, the conv, its max-pool and `norm` (BatchNorm + ReLU) after it in one pass, where forward
+  // runs the fused kernel (on AMX's tiles in bf16, or its fp32 bodies: the direct forward, or Winograd's
+  // where that is `wide_`) and no gradient is asked (conv3x3_max_pool2x2_batch_norm_relu); nullopt elsewhere,
+  // and where that kernel declines the values.
   std::optional<torch::Tensor> forward_normalised(const torch::Tensor& images,
                                                   const torch::nn::BatchNorm2dImpl& norm) {
     const torch::ScalarType dtype = kernels::cpu_compute_dtype(images);
-    if (!amx_ || norm.is_training() || weight.suggest_memory_format() != torch::MemoryFormat::ChannelsLast ||
+    const bool amx = amx_ && kernels::conv3x3_max_pool2x2_runs_on_amx(images.size(1), weight.size(0), dtype);
+    const bool fp32_bodies = dtype == torch::kFloat && (images.size(1) <= kernels::kConvMaxPoolInChannels ||
+                                                        wide_ == kernels::WideConvForward::winograd);
+    if (!(amx || fp32_bodies) || norm.is_training() ||
+        weight.suggest_memory_format() != torch::MemoryFormat::ChannelsLast ||
         !kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight, bias, dtype, norm.weight,
                                                             norm.bias, norm.running_mean, norm.running_var))
       return std::nullopt;
-    return kernels::conv3x3_max_pool2x2_batch_norm_relu(images, weight, bias, norm.weight, norm.bias,
+    return kernels::conv3x3_max_pool2x2_batch_norm_relu(images, weight, bias, dtype, norm.weight, norm.bias,
                                                         norm.running_mean, norm.running_var,
                                                         norm.options.eps());
   }

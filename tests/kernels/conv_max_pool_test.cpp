@@ -255,6 +255,29 @@ TEST(CpuConvMaxPool, AmxKernelsMatchDoubleOverTasksOfSeveralImages) {
   at::set_num_threads(saved_threads);
 }
 
+// A conv stage's inputs for the evaluation epilogue's tests: random images, weight, bias (where c.bias) and
+// BatchNorm terms, with channel 0's BatchNorm weight `tiny` (its outputs subnormal in the dtype under test)
+// and channel 1's pre-activations all negative.
+struct EvaluationStage {
+  torch::Tensor images, weight, bias, norm_weight, norm_bias, running_mean, running_var;
+};
+
+EvaluationStage make_evaluation_stage(const Case& c, float tiny) {
+  EvaluationStage s;
+  s.images = torch::randn({c.batch, c.in_channels, c.height, c.width}).contiguous(kChannelsLast);
+  s.weight = torch::randn({c.out_channels, c.in_channels, 3, 3}) / 3;
+  s.bias = c.bias ? torch::randn({c.out_channels}) : torch::Tensor();
+  s.norm_weight = torch::randn({c.out_channels});
+  s.norm_bias = torch::randn({c.out_channels});
+  s.running_mean = torch::randn({c.out_channels}) / 4;
+  s.running_var = torch::rand({c.out_channels}) + 0.1;
+  s.norm_weight[0] = tiny;
+  s.norm_bias[0] = 0.f;
+  s.norm_weight[1] = 1e-3f;
+  s.norm_bias[1] = -100.f;
+  return s;
+}
+
 // An evaluation's BatchNorm + ReLU in the AMX forward's epilogue: batch_norm_relu's maps of the pooled maps
 // bit for bit, on normal values whose sums round, with negative scales, a channel whose outputs are bf16
 // subnormals (c10's rounding keeps them where AVX-512 BF16's conversion flushes them: the epilogue rounding
@@ -270,22 +293,13 @@ TEST(CpuConvMaxPool, AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitFo
   for (const Case& c : {Case{4, 1, 28, 28, 16, false}, Case{3, 16, 14, 14, 32, false},
                         Case{2, 32, 6, 35, 32, true}, Case{3, 16, 7, 9, 48, false}}) {
     SCOPED_TRACE(describe(c));
-    const torch::Tensor images =
-        torch::randn({c.batch, c.in_channels, c.height, c.width}).contiguous(kChannelsLast);
-    const torch::Tensor weight = torch::randn({c.out_channels, c.in_channels, 3, 3}) / 3;
-    const torch::Tensor bias = c.bias ? torch::randn({c.out_channels}) : torch::Tensor();
-    torch::Tensor norm_weight = torch::randn({c.out_channels}), norm_bias = torch::randn({c.out_channels});
-    const torch::Tensor running_mean = torch::randn({c.out_channels}) / 4,
-                        running_var = torch::rand({c.out_channels}) + 0.1;
-    norm_weight[0] = 1e-39f;  // outputs under 2^-126
-    norm_bias[0] = 0.f;
-    norm_weight[1] = 1e-3f;  // every pre-activation negative
-    norm_bias[1] = -100.f;
+    const auto [images, weight, bias, norm_weight, norm_bias, running_mean, running_var] =
+        make_evaluation_stage(c, 1e-39f);  // channel 0's outputs under 2^-126
     const double eps = 1e-5;
     ASSERT_TRUE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(
         images, weight, bias, torch::kBFloat16, norm_weight, norm_bias, running_mean, running_var));
     const auto fused = kernels::conv3x3_max_pool2x2_batch_norm_relu(
-        images, weight, bias, norm_weight, norm_bias, running_mean, running_var, eps);
+        images, weight, bias, torch::kBFloat16, norm_weight, norm_bias, running_mean, running_var, eps);
     ASSERT_TRUE(fused.has_value());
     const torch::Tensor pooled =
         kernels::conv3x3_max_pool2x2(images, weight, bias, torch::kBFloat16, kernels::CpuCapability::avx512,
@@ -300,8 +314,9 @@ TEST(CpuConvMaxPool, AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitFo
     EXPECT_GT(want.gt(0).sum().item<int64_t>(), want.numel() / 4);
     torch::Tensor with_nan = images.clone();
     with_nan.index_put_({c.batch - 1, 0, c.height - 1, 0}, std::numeric_limits<float>::quiet_NaN());
-    EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu(with_nan, weight, bias, norm_weight, norm_bias,
-                                                              running_mean, running_var, eps)
+    EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu(with_nan, weight, bias, torch::kBFloat16,
+                                                              norm_weight, norm_bias, running_mean,
+                                                              running_var, eps)
                      .has_value());
   }
   // Asked for a gradient, it does not take the conv.
@@ -313,10 +328,67 @@ TEST(CpuConvMaxPool, AmxEvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitFo
                                                                   zeros, zeros, ones));
   EXPECT_TRUE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {},
                                                                  torch::kBFloat16, ones, zeros, zeros, ones));
-  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {}, torch::kFloat,
-                                                                  ones, zeros, zeros, ones));
   EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(
       images, weight.detach(), {}, torch::kBFloat16, torch::ones({16}), zeros, zeros, ones));
+}
+
+// An evaluation's BatchNorm + ReLU in the fp32 forwards' epilogue (the direct forward over few input
+// channels, Winograd's over more): batch_norm_relu's maps of conv3x3_max_pool2x2's pooled maps bit for bit,
+// with negative scales, a channel whose outputs are fp32 subnormals, one whose pre-activations are all
+// negative, odd sizes and an odd channel count (a partial vector). A NaN in the images reaches the maps where
+// the two kernels put it. Asked for a gradient, or in bf16 without AMX's tiles, it does not take the conv.
+TEST(CpuConvMaxPool, Fp32EvaluationEpilogueGivesBatchNormReluOfThePooledMapsBitForBit) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(16);
+  for (const Case& c :
+       {Case{4, 1, 28, 28, 16, false}, Case{3, 3, 9, 7, 5, true}, Case{2, 2, 8, 10, 37, true},
+        Case{3, 16, 14, 14, 32, false}, Case{2, 32, 6, 35, 32, true}, Case{3, 6, 7, 9, 21, true}}) {
+    SCOPED_TRACE(describe(c));
+    auto [images, weight, bias, norm_weight, norm_bias, running_mean, running_var] =
+        make_evaluation_stage(c, 1e-40f);  // channel 0's outputs under 2^-126
+    const double eps = 1e-5;
+    ASSERT_TRUE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(
+        images, weight, bias, torch::kFloat, norm_weight, norm_bias, running_mean, running_var));
+    for (bool with_nan : {false, true}) {
+      if (with_nan) {
+        images = images.clone();
+        images.index_put_({c.batch - 1, 0, c.height / 2, c.width / 2},
+                          std::numeric_limits<float>::quiet_NaN());
+      }
+      for (auto capability : kernels::runnable_cpu_capabilities()) {
+        SCOPED_TRACE(kernels::to_string(capability) +
+                     (with_nan ? ", a NaN in the images" : ", finite images"));
+        const auto fused = kernels::conv3x3_max_pool2x2_batch_norm_relu(images, weight, bias, torch::kFloat,
+                                                                        norm_weight, norm_bias, running_mean,
+                                                                        running_var, eps, capability);
+        ASSERT_TRUE(fused.has_value());
+        const torch::Tensor pooled = kernels::conv3x3_max_pool2x2(
+            images, weight, bias, torch::kFloat, capability, kernels::WideConvForward::winograd);
+        const torch::Tensor want = kernels::batch_norm_relu(pooled, norm_weight, norm_bias, running_mean,
+                                                            running_var, false, 0.1, eps, capability);
+        EXPECT_EQ(fused->scalar_type(), torch::kFloat);
+        EXPECT_TRUE(fused->is_contiguous(kChannelsLast));
+        EXPECT_TRUE(torch::allclose(*fused, want, 0, 0, /*equal_nan=*/true));
+        EXPECT_EQ(want.isnan().any().item<bool>(), with_nan);
+        EXPECT_GT(want.select(1, 0).gt(0).sum().item<int64_t>(), 0);  // the subnormal channel holds some
+        EXPECT_EQ(want.select(1, 1).gt(0).sum().item<int64_t>(), 0);
+        EXPECT_GT(want.gt(0).sum().item<int64_t>(), want.numel() / 4);
+      }
+    }
+  }
+  torch::AutoGradMode grad(true);
+  const torch::Tensor images = torch::randn({2, 16, 8, 8}).contiguous(kChannelsLast);
+  const torch::Tensor weight = torch::randn({32, 16, 3, 3}).requires_grad_();
+  const torch::Tensor ones = torch::ones({32}), zeros = torch::zeros({32});
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight, {}, torch::kFloat, ones,
+                                                                  zeros, zeros, ones));
+  EXPECT_TRUE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {}, torch::kFloat,
+                                                                 ones, zeros, zeros, ones));
+  EXPECT_FALSE(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {}, torch::kFloat,
+                                                                  torch::ones({16}), zeros, zeros, ones));
+  EXPECT_EQ(kernels::conv3x3_max_pool2x2_batch_norm_relu_takes(images, weight.detach(), {}, torch::kBFloat16,
+                                                               ones, zeros, zeros, ones),
+            amx_conv_runs_here() && kernels::cpu_capability() == kernels::CpuCapability::avx512);
 }
 
 TEST(CpuConvMaxPool, AmxForwardAgreesWithOneDnnsOnGeneralValues) {

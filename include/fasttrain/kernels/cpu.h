@@ -158,8 +158,8 @@ bool amx_linear_takes(const torch::Tensor& x, const torch::Tensor& weight, const
 torch::Tensor amx_linear(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                          bool relu);
 
-// The largest share of dz = dy where y > 0 that linear_relu's backward sums nonzero by nonzero; above it a
-// dense matmul multiplies fewer wasted zeros than the sparse sums lose in speed (BENCHMARKS.md).
+// The largest share of dz (dy where y is not <= 0) that linear_relu's backward sums nonzero by nonzero; above
+// it a dense matmul multiplies fewer wasted zeros than the sparse sums lose in speed (BENCHMARKS.md).
 constexpr double kLinearReluSparseUpTo = 0.3;
 
 // Whether linear_relu takes these: x [M, K] on the CPU in fp32, not under CPU autocast in bf16; weight fp32
@@ -167,11 +167,11 @@ constexpr double kLinearReluSparseUpTo = 0.3;
 bool linear_relu_takes(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias);
 
 // relu(x weight^T + bias) in fp32, forward as ATen's linear and an in-place ReLU, for a hidden layer whose
-// ReLU passes few outputs: its backward multiplies only dz's nonzeros (dz = dy where y > 0), each row of x's
-// gradient a sum of the weight's rows that row's nonzeros name, each row of the weight's a sum of x's rows,
-// in vectors of inputs held in registers; where more than `sparse_up_to` of dz is nonzero (0: always, 1:
-// never; tests and benchmarks pick a path so), ATen's dense matmuls. The same gradients as linear + relu up
-// to the order of fp32 sums.
+// ReLU passes few outputs: its backward multiplies only dz's nonzeros (dz = dy where y is not <= 0, a NaN y
+// included, as ATen's threshold_backward passes it), each row of x's gradient a sum of the weight's rows that
+// row's nonzeros name, each row of the weight's a sum of x's rows, in vectors of inputs held in registers;
+// where more than `sparse_up_to` of dz is nonzero (0: always, 1: never; tests and benchmarks pick a path so),
+// ATen's dense matmuls. The same gradients as linear + relu up to the order of fp32 sums.
 torch::Tensor linear_relu(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
                           CpuCapability capability = cpu_capability(),
                           double sparse_up_to = kLinearReluSparseUpTo);
@@ -268,10 +268,10 @@ torch::Tensor conv3x3_max_pool2x2(const torch::Tensor& input, const torch::Tenso
                                   CpuCapability capability = cpu_capability(),
                                   WideConvForward wide = WideConvForward::winograd);
 
-// Whether conv3x3_max_pool2x2_batch_norm_relu runs here: conv3x3_max_pool2x2 takes the conv and runs it on
-// AMX's tiles in bf16 (conv3x3_max_pool2x2_runs_on_amx), on the avx512 capability (whose batch_norm_relu
-// arithmetic the epilogue's is), the BatchNorm's weight, bias and running statistics fp32 [Cout], and no
-// gradient is asked of any of them (grad mode off, or none requires one).
+// Whether conv3x3_max_pool2x2_batch_norm_relu runs here: conv3x3_max_pool2x2 takes the conv, computed in fp32
+// (on any capability), or in bf16 on AMX's tiles (conv3x3_max_pool2x2_runs_on_amx) on the avx512 capability
+// (whose batch_norm_relu arithmetic the epilogue's is); the BatchNorm's weight, bias and running statistics
+// fp32 [Cout], and no gradient is asked of any of them (grad mode off, or none requires one).
 bool conv3x3_max_pool2x2_batch_norm_relu_takes(const torch::Tensor& input, const torch::Tensor& weight,
                                                const torch::Tensor& bias, torch::ScalarType dtype,
                                                const torch::Tensor& norm_weight,
@@ -279,18 +279,21 @@ bool conv3x3_max_pool2x2_batch_norm_relu_takes(const torch::Tensor& input, const
                                                const torch::Tensor& running_mean,
                                                const torch::Tensor& running_var);
 
-// An evaluation's conv3x3_max_pool2x2 on AMX's tiles and the BatchNorm + ReLU with running statistics after
-// it in one pass: batch_norm_relu(conv3x3_max_pool2x2(input, weight, bias, kBFloat16, avx512,
-// WideConvForward::amx), norm_weight, norm_bias, running_mean, running_var, false, momentum, eps, avx512)
-// bit for bit, bf16 channels_last [N, Cout, H / 2, W / 2], with neither the pooled maps before the BatchNorm
-// nor the winners' bytes written (the epilogue normalises each pooled value as it pools it). Not
-// differentiable: for inference. nullopt where the AMX forward declines the values (a NaN or an infinity in
-// the images, weight or bias); the caller then runs the two. conv3x3_max_pool2x2_batch_norm_relu_takes must
-// hold.
+// An evaluation's conv3x3_max_pool2x2 and the BatchNorm + ReLU with running statistics after it in one pass:
+// batch_norm_relu(conv3x3_max_pool2x2(input, weight, bias, dtype, capability, wide), norm_weight, norm_bias,
+// running_mean, running_var, false, momentum, eps, capability) bit for bit, channels_last [N, Cout, H / 2,
+// W / 2] in `dtype`, with neither the pooled maps before the BatchNorm nor the winners' bytes written (the
+// epilogue normalises each pooled value as it pools it). In fp32 `wide` is WideConvForward::winograd over
+// more than kConvMaxPoolInChannels input channels (the direct forward over at most that many), on
+// `capability`; in bf16 it is WideConvForward::amx, and `capability` must be avx512. Not differentiable: for
+// inference. In bf16, nullopt where the AMX forward declines the values (a NaN or an infinity in the images,
+// weight or bias); the caller then runs the two. fp32 always gives the maps.
+// conv3x3_max_pool2x2_batch_norm_relu_takes must hold.
 std::optional<torch::Tensor> conv3x3_max_pool2x2_batch_norm_relu(
     const torch::Tensor& input, const torch::Tensor& weight, const torch::Tensor& bias,
-    const torch::Tensor& norm_weight, const torch::Tensor& norm_bias, const torch::Tensor& running_mean,
-    const torch::Tensor& running_var, double eps);
+    torch::ScalarType dtype, const torch::Tensor& norm_weight, const torch::Tensor& norm_bias,
+    const torch::Tensor& running_mean, const torch::Tensor& running_var, double eps,
+    CpuCapability capability = cpu_capability());
 
 // Whether batch_norm_relu takes these: maps [N, C, H, W] laid out channels_last on the CPU in fp32 or
 // bf16 (at least two values per channel when training), weight, bias, running_mean and running_var fp32

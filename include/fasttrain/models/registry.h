@@ -104,8 +104,9 @@ struct CnnOptions {
          "conv_max_pool, winograd_conv: the fused conv's forward over more than 4 input channels as oneDNN's "
          "conv and the max-pool kernel instead of Winograd's F(2x2, 3x3), amx_conv: the same in bf16, and "
          "over one input channel the direct forward, instead of the fused conv on AMX's tiles, "
-         "conv_batch_norm_relu: in evaluation, the conv on AMX's tiles and the BatchNorm + ReLU after it as "
-         "two passes instead of one, flatten, amx_linear, linear_relu, narrow_linear), to "
+         "conv_batch_norm_relu: in evaluation, the fused conv (fp32's, or bf16's on AMX's tiles) and the "
+         "BatchNorm + ReLU after it as two passes instead of one, flatten, amx_linear, linear_relu, "
+         "narrow_linear), to "
          "measure one kernel on and off",
          each_one_of({"max_pool", "batch_norm_relu", "conv_max_pool", "winograd_conv", "amx_conv",
                       "conv_batch_norm_relu", "flatten", "amx_linear", "linear_relu", "narrow_linear"})) = {};

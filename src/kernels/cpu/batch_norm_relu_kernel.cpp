@@ -127,6 +127,8 @@ class ChannelTotals {
 };
 
 template <typename Values>
+// The conv epilogues of an evaluation (conv_max_pool_kernel.cpp's pool_and_store, amx_conv.cpp's
+// store_batch_norm_relu) compute what this does, bit for bit: a change here is a change there.
 void normalize_as(const Maps& m, int64_t begin, int64_t end) {
   const int64_t channels = m.channels;
   for_blocks(m, begin, end, [&](int64_t first, int64_t count) {

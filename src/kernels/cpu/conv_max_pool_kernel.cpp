@@ -96,15 +96,25 @@ inline void pool_window(const Vec (&conv)[kWindow], Vec& best, Vec& which) {
   }
 }
 
-// A window's four conv outputs (for the output channels at `at`, `count` of them) rounded to bf16 where the
-// conv runs in it, pooled, and the maximum and which won stored at `at` of the row's outputs and argmax.
-inline void pool_and_store(const detail::ConvMaxPoolImages& p, Vec (&conv)[kWindow], int64_t at,
+// A window's four conv outputs (for `count` output channels from c, of column ow) rounded to bf16 where the
+// conv runs in it, pooled, and the maximum and which won stored in the row's outputs and argmax; or, with
+// p.batch_norm (fp32 only: the dispatcher's rule), the maximum's max(0, (x - mean) * scale + shift) as
+// batch_norm_relu's normalize computes it (at::vec's maximum keeps a NaN), and which won not kept.
+inline void pool_and_store(const detail::ConvMaxPoolImages& p, Vec (&conv)[kWindow], int64_t ow, int64_t c,
                            int64_t count, float* out, float* argmax_row) {
+  const int64_t at = ow * p.out_channels + c;
   if (p.bf16) {
     for (Vec& value : conv) value = round_to_bf16(value);
   }
   Vec best, which;
   pool_window(conv, best, which);
+  if (p.batch_norm != nullptr) {
+    const detail::BatchNormReluEpilogue& norm = *p.batch_norm;
+    const Vec y = at::vec::fmadd(best - Vec::loadu(norm.mean + c, count), Vec::loadu(norm.scale + c, count),
+                                 Vec::loadu(norm.shift + c, count));
+    at::vec::maximum(y, Vec(0.f)).store(out + at, count);
+    return;
+  }
   best.store(out + at, count);
   which.store(argmax_row + at, count);
 }
@@ -121,8 +131,7 @@ inline void forward_windows(const detail::ConvMaxPoolImages& p, const float* pat
   for_each_tap<kCin, kWindows>(patch, padded_width, ow, [&](int w, int k, int64_t tap, const Vec& value) {
     conv[w][k] = at::vec::fmadd(value, taps[tap], conv[w][k]);
   });
-  for (int w = 0; w < kWindows; ++w)
-    pool_and_store(p, conv[w], (ow + w) * p.out_channels + c, count, out, argmax_row);
+  for (int w = 0; w < kWindows; ++w) pool_and_store(p, conv[w], ow + w, c, count, out, argmax_row);
 }
 
 // The input channels are a template argument: the tap arrays hold exactly the taps, and the loops over
@@ -148,7 +157,7 @@ void forward_rows(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t end
                                  argmax_row.data());
     });
     if (p.bf16) store_bf16_row(out, p.output, r * out_width, out_width);  // rounded already
-    store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
+    if (p.argmax != nullptr) store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
   }
 }
 
@@ -241,33 +250,46 @@ inline int64_t input_channels(const detail::ConvMaxPoolImages& p) {
   return kCin > 0 ? kCin : p.in_channels;
 }
 
+// For each window and output channel of one image (at = window * Cout + co), where in an image padded by
+// load_padded_image the 3x3 neighbourhood of that channel's winner starts (winner_neighbourhood; the
+// dispatcher keeps a padded image within int32's range): computed
+// once an image, so that the weight's loops below read one offset a window instead of recomputing it from
+// the winner's byte, and keep their pointers in registers.
+void winner_offsets(const detail::ConvMaxPoolImages& p, int64_t cin, const uint8_t* argmax,
+                    int32_t* offsets) {
+  const int64_t cout = p.out_channels;
+  for (int64_t oh = 0; oh < p.out_height; ++oh) {
+    for (int64_t ow = 0; ow < p.out_width; ++ow) {
+      int64_t corner[kWindow];
+      for (int k = 0; k < kWindow; ++k) corner[k] = winner_neighbourhood(p, cin, oh, ow, k);
+      const int64_t at = (oh * p.out_width + ow) * cout;
+      for (int64_t co = 0; co < cout; ++co) offsets[at + co] = static_cast<int32_t>(corner[argmax[at + co]]);
+    }
+  }
+}
+
 // One output channel's windows of one image, for input channels [c, c + count): grad_w[t] += g x over the 3x3
-// neighbourhood of each window's winner (t = ky * 3 + kx). Output channel outermost, so its nine sums stay in
-// registers (kWhole: see load_lanes).
+// neighbourhood of each window's winner (t = ky * 3 + kx; `offsets` from winner_offsets). Output channel
+// outermost, so its nine sums stay in registers (kWhole: see load_lanes); the three rows' pointers too, so
+// each multiply-add's load is one address mode, and the windows in order, as the sums were always taken.
 template <int kCin, bool kWhole>
 inline void winner_weight_windows(const detail::ConvMaxPoolImages& p, const float* padded, const float* dy,
-                                  const uint8_t* argmax, int64_t co, int64_t c, int64_t count,
+                                  const int32_t* offsets, int64_t co, int64_t c, int64_t count,
                                   float* grad_row) {
-  const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, padded_width = p.width + 2;
+  const int64_t cin = input_channels<kCin>(p), cout = p.out_channels, windows = p.out_height * p.out_width;
+  const int64_t padded_row = (p.width + 2) * cin;
   Vec grad_w[kTaps];
   for (int t = 0; t < kTaps; ++t) grad_w[t] = Vec::loadu(grad_row + t * cin + c, count);
-  // The winner's neighbourhood from its window's: a corner's offset, and the three rows from there.
-  const int64_t padded_row = padded_width * cin;
-  const int64_t corner[kWindow] = {0, cin, padded_row, padded_row + cin};
-  for (int64_t oh = 0; oh < p.out_height; ++oh) {
-    const float* window_row = padded + 2 * oh * padded_row + c;
-    for (int64_t ow = 0; ow < p.out_width; ++ow) {
-      const int64_t at = (oh * p.out_width + ow) * cout + co;
-      const Vec grad(dy[at]);
-      const float* top = window_row + 2 * ow * cin + corner[argmax[at]];
-      const float* rows[3] = {top, top + padded_row, top + 2 * padded_row};
+  const float* rows[3] = {padded + c, padded + c + padded_row, padded + c + 2 * padded_row};
+  for (int64_t w = 0; w < windows; ++w) {
+    const int64_t at = w * cout + co, offset = offsets[at];
+    const Vec grad(dy[at]);
 #pragma GCC unroll 3
-      for (int ky = 0; ky < 3; ++ky) {
+    for (int ky = 0; ky < 3; ++ky) {
 #pragma GCC unroll 3
-        for (int kx = 0; kx < 3; ++kx) {
-          const int t = ky * 3 + kx;
-          grad_w[t] = at::vec::fmadd(grad, load_lanes<kWhole>(rows[ky] + kx * cin, count), grad_w[t]);
-        }
+      for (int kx = 0; kx < 3; ++kx) {
+        const int t = ky * 3 + kx;
+        grad_w[t] = at::vec::fmadd(grad, load_lanes<kWhole>(rows[ky] + offset + kx * cin, count), grad_w[t]);
       }
     }
   }
@@ -348,16 +370,19 @@ void winner_backward_images(const detail::ConvMaxPoolImages& p, int64_t begin, i
   const int64_t padded_size = (p.height + 2) * (p.width + 2) * cin, windows = p.out_height * p.out_width;
   float* sums = p.grad_rows + chunk * cout * row_width;
   AlignedFloats padded(padded_size), grad_padded(p.grad_input ? padded_size : 0), dy(windows * cout);
+  std::vector<int32_t> offsets(windows * cout);
   for (int64_t n = begin; n < end; ++n) {
     load_padded_image(p, n, padded.data());
     load_row(p.grad_output, p.bf16, n * windows * cout, windows * cout, dy.data());
     const uint8_t* argmax = p.argmax + n * windows * cout;
+    winner_offsets(p, cin, argmax, offsets.data());
     std::fill(grad_padded.begin(), grad_padded.end(), 0.f);
     for (int64_t co = 0; co < cout; ++co) {
       float* grad_row = sums + co * row_width;
       by_vectors(cin, [&](int64_t c, int64_t count) {
         whole_or_partial(count, [&](auto whole) {
-          winner_weight_windows<kCin, whole>(p, padded.data(), dy.data(), argmax, co, c, count, grad_row);
+          winner_weight_windows<kCin, whole>(p, padded.data(), dy.data(), offsets.data(), co, c, count,
+                                             grad_row);
         });
       });
     }
@@ -531,11 +556,11 @@ void winograd_forward(const detail::ConvMaxPoolImages& p, int64_t begin, int64_t
       for (int64_t ow = 0; ow < p.out_width; ++ow) {
         Vec conv[kWindow];
         transform_window(m.data() + ow * kTransformed * padded_cout, padded_cout, c, bias, conv);
-        pool_and_store(p, conv, ow * cout + c, count, out, argmax_row.data());
+        pool_and_store(p, conv, ow, c, count, out, argmax_row.data());
       }
     });
     if (p.bf16) store_bf16_row(out, p.output, r * out_width, out_width);  // rounded already
-    store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
+    if (p.argmax != nullptr) store_bytes(argmax_row.data(), p.argmax + r * out_width, out_width);
   }
 }
 

@@ -11,6 +11,14 @@ namespace fasttrain::kernels::detail {
 // any count.
 constexpr int64_t kConvMaxPoolInChannels = 4;
 
+// An evaluation's BatchNorm with running statistics and the ReLU after it, per output channel fp32 [Cout]
+// each: y = max(0, (x - mean) * scale + shift), batch_norm_relu's terms (batch_norm_relu_running_terms).
+struct BatchNormReluEpilogue {
+  const float* mean = nullptr;
+  const float* scale = nullptr;
+  const float* shift = nullptr;
+};
+
 // conv2d(input, weight, bias, stride 1, padding 1) and then max_pool2d(., 2) over channels_last images:
 // input [N, H, W, Cin] in memory (bf16 where input_bf16, else fp32), output [N, H / 2, W / 2, Cout] (bf16
 // where bf16, else fp32). argmax holds which of each window's four conv outputs won, one byte per output
@@ -27,6 +35,9 @@ struct ConvMaxPoolImages {
   const float* bias = nullptr;
   void* output = nullptr;
   uint8_t* argmax = nullptr;
+  // Or, in an evaluation, the BatchNorm + ReLU after the max-pool applied to each pooled value before it is
+  // stored (batch_norm_relu's arithmetic and rounding, bit for bit), and argmax null: no bytes kept.
+  const BatchNormReluEpilogue* batch_norm = nullptr;
   const void* grad_output = nullptr;  // like output
   float* grad_taps = nullptr;         // [chunks][Cin * 9 + 1][Cout]: each chunk's sums, the bias's last
   // Backward from the winners (any Cin; the dispatcher's path for more than kConvMaxPoolInChannels, whose
@@ -44,7 +55,8 @@ struct ConvMaxPoolImages {
 // Covers every capability's vector of fp32 lanes (8 with AVX2, 16 with AVX512).
 constexpr int64_t kWinogradOutChannelsMultiple = 16;
 
-// Output rows [begin, end) of the batch * out_height: their values and argmax.
+// Output rows [begin, end) of the batch * out_height: their values and argmax (or, with batch_norm, the
+// BatchNorm + ReLU's values and no argmax).
 using ConvMaxPoolForward = void (*)(const ConvMaxPoolImages& images, int64_t begin, int64_t end);
 // Adds the gradients of the taps and of the bias from output rows [begin, end) into chunk `chunk`'s rows of
 // grad_taps; only each window's winner has a gradient, so only it is summed.
